@@ -1,0 +1,3 @@
+from lowband.cli import main
+
+raise SystemExit(main())

@@ -1,0 +1,133 @@
+"""The `lowband` command: train, compare, config, list."""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+from lowband import config as C
+from lowband.errors import UsageError
+
+EXAMPLES = """\
+examples:
+  lowband compare --methods single,allreduce --dataset mnist1d --model cnn1d --workers 4 --epochs 30
+  lowband train --method allreduce --workers 4 --epochs 30
+  lowband train --method allreduce --set optim.lr=0.1 --set data.partition=dirichlet
+  lowband train --resume runs/allreduce-20261121-101500
+  torchrun --nproc-per-node 4 -m lowband train --method allreduce   (one worker per torchrun process)
+  lowband config --method allreduce     (every option, its default and what it means)
+"""
+
+# command-line shortcuts for the most used config fields
+SHORTCUTS = [("--dataset", "data.name", str), ("--model", "model.name", str), ("--workers", "train.workers", int),
+             ("--epochs", "train.epochs", int), ("--batch-size", "train.batch_size", int), ("--lr", "optim.lr", float),
+             ("--seed", "train.seed", int), ("--partition", "data.partition", str),
+             ("--samples", "data.num_samples", int)]
+
+
+def _common(p: argparse.ArgumentParser, with_method: bool = True) -> None:
+    if with_method:
+        p.add_argument("--method", help="training method (see `lowband list`); default allreduce")
+    p.add_argument("--config", metavar="FILE", help="TOML file with [method] [train] [data] [model] [optim] tables")
+    p.add_argument("--set", dest="sets", action="append", default=[], metavar="SECTION.KEY=VALUE",
+                   help="override one config value (repeatable), e.g. --set optim.lr=0.1")
+    for flag, key, typ in SHORTCUTS:
+        p.add_argument(flag, type=typ, dest=key, default=None, help=f"same as --set {key}=...")
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="lowband", description="Train neural networks on workers that talk rarely, "
+                                "and compare what each method costs in bytes and time.",
+                                epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    sub = p.add_subparsers(dest="command", metavar="COMMAND")
+    t = sub.add_parser("train", help="train one method with K worker processes", epilog=EXAMPLES,
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    _common(t)
+    t.add_argument("--run-dir", help="directory for this run (default OUT/METHOD-TIMESTAMP)")
+    t.add_argument("--out", default="runs", help="parent directory of new run directories (default runs)")
+    t.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
+    c = sub.add_parser("compare", help="train several methods on the same data and seeds, print one table")
+    c.add_argument("--methods", default="single,allreduce", help="comma-separated methods (default single,allreduce)")
+    _common(c, with_method=False)
+    c.add_argument("--out", default="runs", help="parent directory of the comparison directory (default runs)")
+    g = sub.add_parser("config", help="print the resolved configuration with every option explained")
+    _common(g)
+    sub.add_parser("list", help="list the known methods, models and data sets")
+    return p
+
+
+def resolve(args, method: str | None = None) -> C.Config:
+    """Defaults <- --config file <- shortcut flags <- --set overrides; validated."""
+    from lowband.runs import method_configs
+
+    raw = C.read_toml(args.config) if args.config else {}
+    name = method or getattr(args, "method", None)
+    if name:
+        raw = C.merge(raw, {"method": {"name": name}})
+    for _, key, _ in SHORTCUTS:
+        value = getattr(args, key, None)
+        if value is not None:
+            raw = C.merge(raw, C.nest(key.split("."), value))
+    for item in args.sets:
+        path, value = C.parse_set(item)
+        raw = C.merge(raw, C.nest(path, value))
+    return C.from_dict(raw, method_configs())
+
+
+def cmd_train(args) -> int:
+    from lowband import runs
+
+    if args.resume:
+        if args.run_dir:
+            raise UsageError("--resume and --run-dir both name a run directory; give one")
+        cfg = runs.read_run_config(args.resume)
+        code, run_dir = runs.start(cfg, args.resume, resume=True)
+    else:
+        code, run_dir = runs.start(resolve(args), args.run_dir, out=args.out)
+    if code == 0:
+        print(f"done: {run_dir}")
+    return code
+
+
+def cmd_compare(args) -> int:
+    from lowband.compare import compare, print_summary
+
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if not methods:
+        raise UsageError(f"--methods={args.methods!r} names no method")
+    code, folder, rows = compare(resolve(args, methods[0]), methods, args.out)
+    if rows:
+        print_summary(rows, folder)
+    return code
+
+
+def cmd_config(args) -> int:
+    print(C.describe(resolve(args)))
+    return 0
+
+
+def cmd_list(args) -> int:
+    from lowband.registry import DATASETS, METHODS, MODELS
+
+    for reg in (METHODS, MODELS, DATASETS):
+        print(f"{reg.kind}s: {', '.join(reg.names())}")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    from lowband.registry import load_all
+
+    p = parser()
+    args = p.parse_args(argv)
+    if not args.command:
+        p.print_help()
+        return 2
+    try:
+        load_all()
+        return {"train": cmd_train, "compare": cmd_compare, "config": cmd_config, "list": cmd_list}[args.command](args)
+    except UsageError as e:
+        print(f"lowband: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        print("lowband: interrupted", file=sys.stderr)
+        return 130

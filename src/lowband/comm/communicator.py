@@ -1,0 +1,225 @@
+"""The one place that talks to torch.distributed, and the one place that counts bytes.
+
+Every call carries a tag ("grad", "params", "ckpt", ...) and adds to that tag's counters the
+bytes this rank put on the wire and took off it, and the seconds it spent blocked in the call.
+
+Byte model. Point-to-point calls are exact: the payload size. Collectives whose algorithm the
+backend hides are counted with the ring model, per rank, for a tensor of S bytes and K ranks:
+  allreduce   sent = recv = 2(K-1)/K * S      (reduce-scatter then all-gather around a ring)
+  all_gather  sent = recv = (K-1) * S         (S is one rank's part)
+  broadcast   a chain from src: every rank but the last forwards S, every rank but src receives S
+Collectives over K = 1 move nothing and count nothing.
+"""
+
+from __future__ import annotations
+
+import os
+import time
+import warnings
+from collections import defaultdict
+from dataclasses import asdict, dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+
+
+@dataclass
+class TagStats:
+    sent: float = 0.0
+    recv: float = 0.0
+    calls: int = 0
+    seconds: float = 0.0
+
+
+def launched_by_torchrun() -> bool:
+    """True in a process started by torchrun (or any launcher exporting RANK and WORLD_SIZE)."""
+    return "RANK" in os.environ and "WORLD_SIZE" in os.environ and "LOWBAND_WORKER" not in os.environ
+
+
+def pick_backend(requested: str, device: torch.device) -> str:
+    if requested != "auto":
+        return requested
+    return "nccl" if device.type == "cuda" else "gloo"
+
+
+class Communicator:
+    """Tagged, byte-counting collectives and point-to-point calls over one process group."""
+
+    def __init__(self, rank: int = 0, world: int = 1, device: torch.device | None = None, group=None):
+        self.rank, self.world = rank, world
+        self.device = device or torch.device("cpu")
+        self.group = group
+        self.stats: dict[str, TagStats] = defaultdict(TagStats)
+        self._launched_at: float | None = None
+
+    # ---- life cycle -------------------------------------------------------------------------
+    @classmethod
+    def from_env(cls, device: torch.device, backend: str = "auto", timeout_s: float = 300.0) -> Communicator:
+        """Join the process group described by the environment (our launcher's or torchrun's)."""
+        rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
+        if world == 1:
+            return cls(0, 1, device)
+        init_file = os.environ.get("LOWBAND_INIT_FILE")
+        dist.init_process_group(
+            backend=pick_backend(backend, device),
+            init_method=f"file://{init_file}" if init_file else "env://",
+            rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s),
+        )
+        return cls(rank, world, device, dist.group.WORLD)
+
+    def close(self) -> None:
+        if self.group is not None and dist.is_initialized():
+            dist.destroy_process_group()
+            self.group = None
+
+    @property
+    def backend(self) -> str:
+        return dist.get_backend(self.group) if self.group is not None else "none"
+
+    # ---- accounting -------------------------------------------------------------------------
+    def count(self, tag: str, sent: float = 0.0, recv: float = 0.0, seconds: float = 0.0) -> None:
+        s = self.stats[tag]
+        s.sent += sent
+        s.recv += recv
+        s.seconds += seconds
+        s.calls += 1
+
+    def add_time(self, tag: str, seconds: float) -> None:
+        self.stats[tag].seconds += seconds
+
+    def snapshot(self) -> dict[str, dict]:
+        return {tag: asdict(s) for tag, s in self.stats.items()}
+
+    def load_snapshot(self, snap: dict[str, dict]) -> None:
+        self.stats.clear()
+        for tag, values in snap.items():
+            self.stats[tag] = TagStats(**values)
+
+    def _sync(self) -> None:
+        if self.device.type == "cuda":
+            torch.cuda.synchronize(self.device)
+
+    def _timed(self, tag: str, sent: float, recv: float, fn):
+        t0 = time.perf_counter()
+        out = fn()
+        self._sync()
+        self.count(tag, sent, recv, time.perf_counter() - t0)
+        return out
+
+    # ---- collectives ------------------------------------------------------------------------
+    def allreduce(self, tensor: torch.Tensor, tag: str, mean: bool = False) -> torch.Tensor:
+        """Sum (or average) `tensor` across ranks in place."""
+        if self.world > 1:
+            size = 2 * (self.world - 1) / self.world * _nbytes(tensor)
+            self._timed(tag, size, size, lambda: dist.all_reduce(tensor, group=self.group))
+        if mean and self.world > 1:
+            tensor.div_(self.world)
+        return tensor
+
+    def broadcast(self, tensor: torch.Tensor, src: int, tag: str) -> torch.Tensor:
+        if self.world > 1:
+            pos = (self.rank - src) % self.world
+            sent = _nbytes(tensor) if pos < self.world - 1 else 0
+            recv = _nbytes(tensor) if pos > 0 else 0
+            self._timed(tag, sent, recv, lambda: dist.broadcast(tensor, src=src, group=self.group))
+        return tensor
+
+    def all_gather(self, tensor: torch.Tensor, tag: str) -> list[torch.Tensor]:
+        """Every rank's `tensor` (same shape on all ranks), in rank order."""
+        if self.world == 1:
+            return [tensor.clone()]
+        parts = [torch.empty_like(tensor) for _ in range(self.world)]
+        size = (self.world - 1) * _nbytes(tensor)
+        self._timed(tag, size, size, lambda: dist.all_gather(parts, tensor.contiguous(), group=self.group))
+        return parts
+
+    def barrier(self, tag: str = "barrier") -> float:
+        """Wait for every rank; returns the seconds waited (counted as waiting, not bytes)."""
+        if self.world == 1:
+            return 0.0
+        t0 = time.perf_counter()
+        dist.barrier(group=self.group)
+        waited = time.perf_counter() - t0
+        self.add_time(tag, waited)
+        return waited
+
+    # ---- point to point ---------------------------------------------------------------------
+    def send(self, tensor: torch.Tensor, dst: int, tag: str) -> None:
+        self._timed(tag, _nbytes(tensor), 0, lambda: dist.send(tensor.contiguous(), dst, group=self.group))
+
+    def recv(self, tensor: torch.Tensor, src: int, tag: str) -> torch.Tensor:
+        self._timed(tag, 0, _nbytes(tensor), lambda: dist.recv(tensor, src, group=self.group))
+        return tensor
+
+    def exchange(self, sends: dict[int, torch.Tensor], recvs: dict[int, torch.Tensor], tag: str) -> None:
+        """Post all sends and receives at once (neighbour exchange), then wait for all of them."""
+        def run():
+            ops = [dist.P2POp(dist.isend, t.contiguous(), peer, self.group) for peer, t in sends.items()]
+            ops += [dist.P2POp(dist.irecv, t, peer, self.group) for peer, t in recvs.items()]
+            for work in dist.batch_isend_irecv(ops) if ops else []:
+                work.wait()
+        sent = sum(_nbytes(t) for t in sends.values())
+        self._timed(tag, sent, sum(_nbytes(t) for t in recvs.values()), run)
+
+    def broadcast_bytes(self, data: bytes | None, src: int, tag: str = "control") -> bytes:
+        """Broadcast a byte string (e.g. a path) from `src`; plain bytes, never pickle."""
+        if self.world == 1:
+            return data or b""
+        length = torch.tensor([len(data) if self.rank == src else 0], dtype=torch.int64, device=self.device)
+        self.broadcast(length, src, tag)
+        buf = torch.zeros(int(length.item()), dtype=torch.uint8, device=self.device)
+        if self.rank == src:
+            buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
+        return bytes(self.broadcast(buf, src, tag).cpu().numpy().tobytes())
+
+    # ---- data parallel ----------------------------------------------------------------------
+    def data_parallel(self, module: torch.nn.Module, tag: str = "grad") -> torch.nn.Module:
+        """Wrap `module` in DDP whose gradient allreduce is counted under `tag`.
+
+        DDP's own initial broadcast and per-forward buffer broadcast would move uncounted bytes,
+        so both are off here: we broadcast parameters and buffers ourselves (tag "init"), and
+        the caller keeps buffers in step with `broadcast_buffers`.
+        """
+        if self.world == 1:
+            return module
+        from torch.nn.parallel import DistributedDataParallel
+
+        self.broadcast_state(module, src=0, tag="init")
+        ids = [self.device.index] if self.device.type == "cuda" else None
+        with warnings.catch_warnings():  # broadcast_buffers=False is what keeps DDP from moving uncounted bytes
+            warnings.simplefilter("ignore", FutureWarning)
+            ddp = DistributedDataParallel(module, device_ids=ids, broadcast_buffers=False, init_sync=False,
+                                          process_group=self.group)
+        ddp.register_comm_hook((self, tag), _counted_allreduce_hook)
+        return ddp
+
+    def settle_async(self, tag: str) -> None:
+        """After backward: add the time spent waiting for the last async bucket (exposed comm)."""
+        if self._launched_at is not None:
+            self.add_time(tag, time.perf_counter() - self._launched_at)
+            self._launched_at = None
+
+    def broadcast_state(self, module: torch.nn.Module, src: int, tag: str, buffers_only: bool = False) -> None:
+        """Make every rank's parameters (and floating buffers) equal to rank `src`'s."""
+        tensors = [] if buffers_only else list(module.parameters())
+        tensors += [b for b in module.buffers() if b.is_floating_point()]
+        with torch.no_grad():
+            for t in tensors:
+                self.broadcast(t.data, src, tag)
+
+
+def _nbytes(tensor: torch.Tensor) -> int:
+    return tensor.numel() * tensor.element_size()
+
+
+def _counted_allreduce_hook(state, bucket):
+    """DDP comm hook: the default mean-allreduce, with the ring-model bytes counted."""
+    comm, tag = state
+    buf = bucket.buffer()
+    size = 2 * (comm.world - 1) / comm.world * _nbytes(buf)
+    comm.count(tag, size, size)
+    buf.div_(comm.world)
+    comm._launched_at = time.perf_counter()
+    fut = dist.all_reduce(buf, group=comm.group, async_op=True).get_future()
+    return fut.then(lambda f: f.value()[0])

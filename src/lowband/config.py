@@ -1,0 +1,237 @@
+"""Configuration as data: nested keyword-only dataclasses, TOML files and `--set a.b=c` overrides.
+
+Every field carries a help text (shown by `lowband config`) and is validated when the dataclass
+is built, with a message naming the field, the value and what is allowed. The `[method]` table
+holds the method's name and its own options; each method defines that table's dataclass.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import tomllib
+import types
+import typing
+from dataclasses import dataclass, fields
+from typing import Any, Literal
+
+import tomli_w
+
+from lowband.errors import ConfigError, require
+
+
+def opt(default, help: str):
+    """A dataclass field with a default and a help text."""
+    if isinstance(default, (list, dict)):
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata={"help": help})
+    return dataclasses.field(default=default, metadata={"help": help})
+
+
+@dataclass(kw_only=True)
+class TrainConfig:
+    workers: int = opt(4, "worker processes K (ignored under torchrun, which sets the world size)")
+    epochs: int = opt(30, "passes over each worker's data")
+    batch_size: int = opt(32, "minibatch size per worker")
+    seed: int = opt(0, "seed for model initialisation, data partition and data order")
+    eval_every: int = opt(1, "evaluate on the test set every this many epochs")
+    eval_batch_size: int = opt(1000, "batch size for evaluation")
+    checkpoint_every: int = opt(1, "write a resumable checkpoint every this many epochs")
+    device: Literal["auto", "cpu", "cuda"] = opt("auto", "auto: cuda when available, else cpu")
+    backend: Literal["auto", "gloo", "nccl"] = opt("auto", "auto: nccl on cuda, gloo on cpu")
+    timeout_s: float = opt(300.0, "process-group timeout: a collective waiting longer fails")
+    threads: int = opt(1, "torch threads per worker process")
+
+    def __post_init__(self):
+        for name in ("workers", "epochs", "batch_size", "eval_every", "eval_batch_size", "threads"):
+            require(getattr(self, name) >= 1, f"train.{name}", getattr(self, name), "must be >= 1")
+        require(self.checkpoint_every >= 0, "train.checkpoint_every", self.checkpoint_every,
+                "must be >= 0 (0: only at the end)")
+        require(self.timeout_s > 0, "train.timeout_s", self.timeout_s, "must be > 0")
+
+
+@dataclass(kw_only=True)
+class DataConfig:
+    name: str = opt("mnist1d", "data set: mnist1d, mnist5k, digits, cifar10, cifar100, imagefolder")
+    root: str = opt("", "directory holding cifar10/cifar100/imagefolder data")
+    num_samples: int = opt(5000, "mnist1d: samples generated (80% train, 20% test)")
+    partition: Literal["iid", "dirichlet", "same"] = opt(
+        "iid", "iid: disjoint random shards; dirichlet: non-IID label skew; same: every worker all data")
+    alpha: float = opt(0.5, "dirichlet concentration: small is more skewed")
+    augment: Literal["auto", "on", "off"] = opt("auto", "random crop + flip; auto: on for cifar/imagefolder")
+    image_size: int = opt(32, "imagefolder: images are resized to this square size")
+    cache_dir: str = opt("", "where generated data sets are cached (default ~/.cache/lowband)")
+
+    def __post_init__(self):
+        require(self.num_samples >= 50, "data.num_samples", self.num_samples, "must be >= 50")
+        require(self.alpha > 0, "data.alpha", self.alpha, "must be > 0")
+        require(self.image_size >= 8, "data.image_size", self.image_size, "must be >= 8")
+
+
+@dataclass(kw_only=True)
+class ModelConfig:
+    name: str = opt("cnn1d", "mlp, cnn1d, cnn2d, resnet20, resnet32, vgg16, nin, cnn13, or package.module:factory")
+    hidden: int = opt(256, "mlp: hidden width")
+
+    def __post_init__(self):
+        require(self.hidden >= 1, "model.hidden", self.hidden, "must be >= 1")
+
+
+@dataclass(kw_only=True)
+class OptimConfig:
+    name: Literal["sgd", "adam"] = opt("sgd", "optimizer")
+    lr: float = opt(0.05, "base learning rate (for one worker's batch)")
+    momentum: float = opt(0.9, "sgd momentum")
+    nesterov: bool = opt(False, "sgd: Nesterov momentum")
+    weight_decay: float = opt(5e-4, "L2 weight decay")
+    schedule: Literal["constant", "step", "cosine"] = opt("cosine", "learning-rate schedule over the epochs")
+    milestones: list = opt([], "step schedule: epochs at which the rate is multiplied by gamma")
+    gamma: float = opt(0.1, "step schedule: factor at each milestone")
+    warmup_epochs: float | str = opt("auto", "linear warm-up length in epochs; auto: the method's default")
+    lr_scaling: Literal["linear", "none"] = opt(
+        "linear", "linear: multiply lr by the method's data-parallel width (K for allreduce; Goyal et al.)")
+
+    def __post_init__(self):
+        require(self.lr > 0, "optim.lr", self.lr, "must be > 0")
+        require(0 <= self.momentum < 1, "optim.momentum", self.momentum, "must be in [0, 1)")
+        require(self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, "must be >= 0")
+        require(0 < self.gamma <= 1, "optim.gamma", self.gamma, "must be in (0, 1]")
+        ok = self.warmup_epochs == "auto" or (not isinstance(self.warmup_epochs, str) and self.warmup_epochs >= 0)
+        require(ok, "optim.warmup_epochs", self.warmup_epochs, "must be 'auto' or a number >= 0")
+        ms = self.milestones
+        require(all(isinstance(m, (int, float)) and m > 0 for m in ms) and ms == sorted(ms),
+                "optim.milestones", ms, "must be increasing positive epoch numbers")
+
+
+@dataclass(kw_only=True)
+class MethodConfig:
+    """Base of every method's `[method]` table; each method subclasses it with its options."""
+
+    name: str = opt("allreduce", "training method")
+
+
+@dataclass(kw_only=True)
+class Config:
+    method: MethodConfig
+    train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
+    data: DataConfig = dataclasses.field(default_factory=DataConfig)
+    model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
+    optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+
+
+SECTIONS = {"train": TrainConfig, "data": DataConfig, "model": ModelConfig, "optim": OptimConfig}
+
+
+def _type_name(tp) -> str:
+    if typing.get_origin(tp) is Literal:
+        return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
+    if typing.get_origin(tp) in (typing.Union, types.UnionType):
+        return " or ".join(_type_name(a) for a in typing.get_args(tp))
+    return {int: "an integer", float: "a number", bool: "true or false", str: "a string",
+            list: "a list", dict: "a table"}.get(tp, getattr(tp, "__name__", str(tp)))
+
+
+def _coerce(tp, value, field_name: str):
+    origin = typing.get_origin(tp)
+    if origin is Literal:
+        require(value in typing.get_args(tp), field_name, value, "must be " + _type_name(tp))
+        return value
+    if origin in (typing.Union, types.UnionType):
+        for arg in typing.get_args(tp):
+            try:
+                return _coerce(arg, value, field_name)
+            except ConfigError:
+                pass
+        raise ConfigError(field_name, value, "must be " + _type_name(tp))
+    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        return float(value)
+    ok = isinstance(value, tp) and not (tp is int and isinstance(value, bool))
+    require(ok, field_name, value, "must be " + _type_name(tp))
+    return value
+
+
+def build(cls, raw: dict, prefix: str):
+    """Build dataclass `cls` from a plain dict, checking keys and types; `prefix` names the table."""
+    if not isinstance(raw, dict):
+        raise ConfigError(prefix, raw, "must be a table")
+    hints = typing.get_type_hints(cls)
+    known = [f.name for f in fields(cls) if f.init]
+    kwargs = {}
+    for key, value in raw.items():
+        require(key in known, f"{prefix}.{key}", value, "unknown key; known keys: " + ", ".join(known))
+        kwargs[key] = _coerce(hints[key], value, f"{prefix}.{key}")
+    return cls(**kwargs)
+
+
+def parse_set(item: str) -> tuple[list[str], Any]:
+    """Parse one `--set a.b=value` override; the value is read as TOML, else taken as a string."""
+    key, sep, text = item.partition("=")
+    path = key.strip().split(".")
+    if not sep or len(path) < 2 or not all(path):
+        raise ConfigError("--set", item, "expected SECTION.KEY=VALUE, e.g. train.epochs=10")
+    try:
+        value = tomllib.loads(f"v = {text}")["v"]
+    except tomllib.TOMLDecodeError:
+        value = text
+    return path, value
+
+
+def merge(base: dict, extra: dict) -> dict:
+    """Deep-merge `extra` into a copy of `base`."""
+    out = dict(base)
+    for key, value in extra.items():
+        if isinstance(value, dict) and isinstance(out.get(key), dict):
+            out[key] = merge(out[key], value)
+        else:
+            out[key] = value
+    return out
+
+
+def nest(path: list[str], value) -> dict:
+    """['a', 'b'], 1 -> {'a': {'b': 1}}"""
+    for key in reversed(path):
+        value = {key: value}
+    return value
+
+
+def read_toml(path: str) -> dict:
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except FileNotFoundError:
+        raise ConfigError("--config", path, "file not found") from None
+    except tomllib.TOMLDecodeError as e:
+        raise ConfigError("--config", path, f"not valid TOML ({e})") from None
+
+
+def from_dict(raw: dict, method_configs: dict[str, type]) -> Config:
+    """Build a Config; `method_configs` maps method names to their `[method]` dataclasses."""
+    raw = dict(raw)
+    unknown = set(raw) - set(SECTIONS) - {"method"}
+    if unknown:
+        key = sorted(unknown)[0]
+        raise ConfigError(key, raw[key], "unknown table; known: method, " + ", ".join(SECTIONS))
+    method_raw = dict(raw.pop("method", {}))
+    name = method_raw.get("name", MethodConfig.name)
+    require(name in method_configs, "method.name", name, "known methods: " + ", ".join(sorted(method_configs)))
+    sections = {key: build(cls, raw.get(key, {}), key) for key, cls in SECTIONS.items()}
+    return Config(method=build(method_configs[name], method_raw, "method"), **sections)
+
+
+def to_dict(cfg: Config) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def to_toml(cfg: Config) -> str:
+    return tomli_w.dumps(to_dict(cfg))
+
+
+def describe(cfg: Config) -> str:
+    """The whole configuration as TOML with each field's help as a comment."""
+    lines = []
+    for section in ("method", *SECTIONS):
+        obj = getattr(cfg, section)
+        lines.append(f"[{section}]")
+        for f in fields(obj):
+            value = tomli_w.dumps({"v": getattr(obj, f.name)})[4:].strip()
+            lines.append(f"{f.name} = {value}".ljust(34) + f"  # {f.metadata.get('help', '')}")
+        lines.append("")
+    return "\n".join(lines)

@@ -1,0 +1,123 @@
+"""Start K local worker processes (the environment torchrun would give them) and supervise them.
+
+Each worker is `python -m lowband.launch MODULE:FUNCTION ARGS...` with RANK, WORLD_SIZE,
+LOCAL_RANK and a fresh rendezvous file in its environment, one thread, and a parent-death
+signal, so no worker outlives its launcher. When one worker fails the others are stopped at
+once (SIGTERM, then SIGKILL after a grace period) and the launcher returns the failure's code;
+Ctrl-C stops every worker the same way.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import importlib
+import os
+import signal
+import subprocess
+import sys
+import time
+import uuid
+
+GRACE_S = 5.0
+
+
+def _die_with_parent() -> None:  # runs in the child between fork and exec
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
+    except OSError:
+        pass
+
+
+def worker_env(rank: int, world: int, init_file: str, threads: int = 1) -> dict:
+    return {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
+            "LOCAL_WORLD_SIZE": str(world), "LOWBAND_WORKER": "1", "LOWBAND_INIT_FILE": init_file,
+            "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+
+
+def spawn(entry: str, args: list[str], world: int, rendezvous_dir: str, threads: int = 1) -> list[subprocess.Popen]:
+    os.makedirs(rendezvous_dir, exist_ok=True)
+    init_file = os.path.join(rendezvous_dir, f".rendezvous-{uuid.uuid4().hex}")
+    cmd = [sys.executable, "-m", "lowband.launch", entry, *args]
+    return [subprocess.Popen(cmd, env=worker_env(r, world, init_file, threads), preexec_fn=_die_with_parent)
+            for r in range(world)]
+
+
+def run(entry: str, args: list[str], world: int, rendezvous_dir: str, threads: int = 1) -> int:
+    """Run `entry` in `world` processes; return 0, or the first failing worker's exit code."""
+    procs = spawn(entry, args, world, rendezvous_dir, threads)
+    try:
+        return supervise(procs)
+    except KeyboardInterrupt:
+        stop(procs)
+        print("lowband: interrupted; stopped every worker", file=sys.stderr)
+        return 130
+    finally:
+        stop(procs)
+        for f in os.listdir(rendezvous_dir):
+            if f.startswith(".rendezvous-"):
+                _remove(os.path.join(rendezvous_dir, f))
+
+
+def supervise(procs: list[subprocess.Popen], poll_s: float = 0.05) -> int:
+    while True:
+        codes = [p.poll() for p in procs]
+        failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+        if failed:
+            rank, code = failed[0]
+            others = sum(c is None for c in codes)
+            stop(procs)
+            if code != 2:  # exit 2 is a usage error the worker has already explained
+                print(f"lowband: worker {rank} (pid {procs[rank].pid}) {_describe(code)}; "
+                      f"stopped the other {others} running worker(s)", file=sys.stderr)
+            return 128 + -code if code < 0 else code
+        if all(c == 0 for c in codes):
+            return 0
+        time.sleep(poll_s)
+
+
+def stop(procs: list[subprocess.Popen], grace_s: float = GRACE_S) -> None:
+    """Terminate, then kill, every process still running; reap all of them."""
+    for p in procs:
+        if p.poll() is None:
+            p.terminate()
+    deadline = time.monotonic() + grace_s
+    for p in procs:
+        try:
+            p.wait(timeout=max(deadline - time.monotonic(), 0.01))
+        except subprocess.TimeoutExpired:
+            p.kill()
+            p.wait()
+
+
+def _describe(code: int) -> str:
+    if code < 0:
+        return f"was killed by {signal.Signals(-code).name}"
+    return f"exited with code {code}"
+
+
+def _remove(path: str) -> None:
+    try:
+        os.remove(path)
+    except OSError:
+        pass
+
+
+def worker_main(argv: list[str]) -> int:
+    """Body of a worker process: call MODULE:FUNCTION(*ARGS), mapping failures to exit codes."""
+    from lowband.errors import UsageError
+
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    module, _, func = argv[0].partition(":")
+    try:
+        getattr(importlib.import_module(module), func)(*argv[1:])
+        return 0
+    except UsageError as e:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"lowband: error: {e}", file=sys.stderr)
+        return 2
+    except KeyboardInterrupt:
+        return 130
+
+
+if __name__ == "__main__":
+    sys.exit(worker_main(sys.argv[1:]))

@@ -1,0 +1,44 @@
+"""Allreduce: synchronous data parallelism (PyTorch DDP), gradients averaged every step.
+
+The baseline every other method is compared with ("N-training" in the EDL-Dist paper). The
+gradients are averaged through a DDP communication hook that counts the bytes under "grad";
+the learning rate is scaled linearly with the number of workers and warmed up gradually over
+the first epochs, as in Goyal et al. 2017, "Accurate, Large Minibatch SGD". Floating buffers
+(BatchNorm statistics) follow rank 0 after every step, which is what DDP does by default,
+but counted under "buffers".
+"""
+
+from dataclasses import dataclass
+
+from lowband.config import MethodConfig, opt
+from lowband.methods.base import Method
+from lowband.registry import METHODS
+
+
+@dataclass(kw_only=True)
+class AllreduceConfig(MethodConfig):
+    name: str = opt("allreduce", "training method")
+    warmup_epochs: float = opt(2.0, "gradual warm-up used when optim.warmup_epochs = 'auto'")
+
+
+@METHODS.register("allreduce")
+class Allreduce(Method):
+    Config = AllreduceConfig
+
+    def setup(self, model):
+        self._has_buffers = any(b.is_floating_point() for b in model.buffers())
+        self.model = self.ctx.comm.data_parallel(model, tag="grad")
+        return self.model
+
+    def lr_scale(self) -> float:
+        return float(self.ctx.comm.world)
+
+    def default_warmup_epochs(self) -> float:
+        return self.cfg.warmup_epochs if self.ctx.comm.world > 1 else 0.0
+
+    def after_backward(self, step: int) -> None:
+        self.ctx.comm.settle_async("grad")
+
+    def after_step(self, step: int) -> None:
+        if self._has_buffers and self.ctx.comm.world > 1:
+            self.ctx.comm.broadcast_state(self.eval_model(), src=0, tag="buffers", buffers_only=True)

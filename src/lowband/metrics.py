@@ -1,0 +1,84 @@
+"""One sink for every figure: metrics.jsonl always, a progress bar on a terminal, plain lines otherwise."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import sys
+
+from tqdm import tqdm
+
+
+def setup_logging(run_dir: str, rank: int) -> logging.Logger:
+    """Rank 0 logs to the console and RUN_DIR/train.log; other ranks only warnings, with their rank."""
+    log = logging.getLogger("lowband")
+    log.handlers.clear()
+    log.propagate = False
+    log.setLevel(logging.INFO if rank == 0 else logging.WARNING)
+    console = _TqdmHandler()
+    console.setFormatter(logging.Formatter("%(message)s" if rank == 0 else f"[rank {rank}] %(message)s"))
+    log.addHandler(console)
+    if rank == 0:
+        fh = logging.FileHandler(os.path.join(run_dir, "train.log"))
+        fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+        log.addHandler(fh)
+    return log
+
+
+class _TqdmHandler(logging.Handler):
+    def emit(self, record):
+        tqdm.write(self.format(record), file=sys.stderr if record.levelno >= logging.WARNING else sys.stdout)
+
+
+def read_metrics(run_dir: str) -> list[dict]:
+    path = os.path.join(run_dir, "metrics.jsonl")
+    if not os.path.exists(path):
+        return []
+    with open(path) as f:
+        return [json.loads(line) for line in f if line.strip()]
+
+
+class MetricsSink:
+    """Writes epoch records (rank 0 only) and drives the progress display."""
+
+    def __init__(self, run_dir: str, active: bool, total_epochs: int, log: logging.Logger):
+        self.path = os.path.join(run_dir, "metrics.jsonl")
+        self.active, self.total_epochs, self.log = active, total_epochs, log
+        self.tty = active and sys.stderr.isatty()
+
+    def keep_until(self, epoch: int) -> None:
+        """On resume: drop records after the checkpointed epoch."""
+        if self.active:
+            records = [r for r in read_metrics(os.path.dirname(self.path)) if r["epoch"] <= epoch]
+            with open(self.path, "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in records)
+
+    def steps(self, iterable, epoch: int, total: int):
+        if not self.tty:
+            return iterable
+        return tqdm(iterable, total=total, desc=f"epoch {epoch}/{self.total_epochs}", leave=False,
+                    dynamic_ncols=True, file=sys.stderr)
+
+    def write(self, record: dict) -> None:
+        if not self.active:
+            return
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+        self.log.info(format_record(record, self.total_epochs))
+
+
+def format_record(r: dict, total_epochs: int) -> str:
+    acc = "   -  " if r.get("test_acc") is None else f"{r['test_acc']:.4f}"
+    t = r["time"]
+    return (f"epoch {r['epoch']:>3}/{total_epochs}  loss {r['train_loss']:.4f}  acc {acc}  "
+            f"lr {r['lr']:.4g}  sent/worker {human_bytes(r['bytes_sent_per_worker'])}  "
+            f"compute {t['compute_s']:.1f}s comm {t['comm_s']:.1f}s wait {t['wait_s']:.1f}s")
+
+
+def human_bytes(n: float) -> str:
+    for unit in ("B", "kB", "MB", "GB"):
+        if abs(n) < 1000 or unit == "GB":
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
+        n /= 1000
+    return f"{n:.2f} TB"

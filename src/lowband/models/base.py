@@ -1,0 +1,69 @@
+"""The model contract: `features(x)` is the input of the final linear layer, `head` maps it to logits."""
+
+from __future__ import annotations
+
+import importlib
+
+import torch
+from torch import nn
+
+from lowband.config import ModelConfig
+from lowband.errors import ConfigError, UsageError
+from lowband.registry import MODELS
+
+
+class Classifier(nn.Module):
+    """Base class: subclasses set `self.body` (x -> flat features) and `self.fc` (features -> logits)."""
+
+    body: nn.Module
+    fc: nn.Linear
+
+    def features(self, x: torch.Tensor) -> torch.Tensor:
+        return self.body(x)
+
+    def head(self, features: torch.Tensor) -> torch.Tensor:
+        return self.fc(features)
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.head(self.features(x))
+
+
+def build_model(cfg: ModelConfig, in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
+    """Build `cfg.name` (a registered name or `package.module:factory`) and check it fits the data."""
+    if ":" in cfg.name:
+        factory = _import_factory(cfg.name)
+        model = factory(in_shape=in_shape, num_classes=num_classes)
+    else:
+        model = MODELS.get(cfg.name)(cfg, in_shape, num_classes)
+    _check_fits(model, cfg.name, in_shape, num_classes)
+    return model
+
+
+def _import_factory(spec: str):
+    module_name, _, attr = spec.partition(":")
+    try:
+        return getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError("model.name", spec, f"could not import the factory ({e})") from None
+
+
+def _check_fits(model: nn.Module, name: str, in_shape, num_classes: int) -> None:
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(torch.zeros(2, *in_shape))
+    except RuntimeError as e:
+        raise ConfigError("model.name", name, f"does not accept inputs of shape {tuple(in_shape)} ({e})") from None
+    finally:
+        model.train(was_training)
+    if tuple(out.shape) != (2, num_classes):
+        raise ConfigError("model.name", name, f"gives outputs {tuple(out.shape)}, expected (batch, {num_classes})")
+
+
+def features_of(model: nn.Module) -> nn.Module:
+    """The model itself, after checking it has `features` and `head` (methods that distill need both)."""
+    inner = getattr(model, "module", model)
+    if not (hasattr(inner, "features") and hasattr(inner, "head")):
+        raise UsageError(f"model {type(inner).__name__} must define features(x) and head(features) for this method")
+    return inner

@@ -1,0 +1,119 @@
+"""A run directory: config.toml, metrics.jsonl, train.log, checkpoints/, model.safetensors.
+
+`start` runs a config in a run directory, either by launching K local workers or, inside a
+process that torchrun started, as one of torchrun's workers (rank 0 picks the directory and
+tells the others).
+"""
+
+from __future__ import annotations
+
+import os
+import time
+
+import torch
+
+from lowband import config as C
+from lowband import launch
+from lowband.comm import Communicator, launched_by_torchrun
+from lowband.errors import ConfigError, UsageError
+from lowband.registry import METHODS, load_all
+
+
+def method_configs() -> dict[str, type]:
+    load_all()
+    return {name: METHODS.get(name).Config for name in METHODS.names()}
+
+
+def world_size(cfg: C.Config) -> int:
+    fixed = METHODS.get(cfg.method.name).fixed_workers
+    return fixed or cfg.train.workers
+
+
+def new_run_dir(out: str, method: str) -> str:
+    stamp = time.strftime("%Y%m%d-%H%M%S")
+    path, n = os.path.join(out, f"{method}-{stamp}"), 1
+    while os.path.exists(path):
+        n += 1
+        path = os.path.join(out, f"{method}-{stamp}-{n}")
+    return path
+
+
+def prepare_run_dir(cfg: C.Config, run_dir: str) -> None:
+    if os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
+        raise ConfigError("--run-dir", run_dir, "holds a run already; continue it with --resume or pick a new directory")
+    os.makedirs(run_dir, exist_ok=True)
+    _write(os.path.join(run_dir, "config.toml"), C.to_toml(cfg))
+
+
+def read_run_config(run_dir: str) -> C.Config:
+    path = os.path.join(run_dir, "config.toml")
+    if not os.path.isfile(path):
+        raise ConfigError("--resume", run_dir, "not a run directory (no config.toml)")
+    return C.from_dict(C.read_toml(path), method_configs())
+
+
+def _write(path: str, text: str) -> None:
+    tmp = f"{path}.tmp-{os.getpid()}"
+    with open(tmp, "w") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def check_plan(cfg: C.Config) -> None:
+    """Fail fast in the launcher, before any worker starts: data, shards, model all fit."""
+    from lowband.models import build_model
+    from lowband.trainer import make_plan
+
+    plan = make_plan(cfg, world_size(cfg))
+    build_model(cfg.model, plan.data.in_shape, plan.data.num_classes)
+
+
+def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = False) -> tuple[int, str]:
+    """Run `cfg`; returns (exit code, run directory)."""
+    if launched_by_torchrun():
+        return _as_torchrun_worker(cfg, run_dir, out, resume)
+    run_dir = run_dir or new_run_dir(out, cfg.method.name)
+    if not resume:
+        check_plan(cfg)
+        prepare_run_dir(cfg, run_dir)
+    code = launch.run("lowband.runs:train_worker", [run_dir, "1" if resume else "0"], world_size(cfg),
+                      run_dir, cfg.train.threads)
+    return code, run_dir
+
+
+def train_worker(run_dir: str, resume: str = "0") -> None:
+    """Entry point of a locally launched worker."""
+    cfg = read_run_config(run_dir)
+    _run(cfg, run_dir, resume == "1", _join(cfg))
+
+
+def _join(cfg: C.Config) -> Communicator:
+    from lowband.trainer import resolve_device
+
+    torch.set_num_threads(cfg.train.threads)
+    return Communicator.from_env(resolve_device(cfg.train.device), cfg.train.backend, cfg.train.timeout_s)
+
+
+def _run(cfg: C.Config, run_dir: str, resume: bool, comm: Communicator) -> None:
+    from lowband.trainer import Trainer
+
+    try:
+        Trainer(cfg, comm, run_dir).fit(resume=resume)
+    finally:
+        comm.close()
+
+
+def _as_torchrun_worker(cfg: C.Config, run_dir: str | None, out: str, resume: bool) -> tuple[int, str]:
+    fixed = METHODS.get(cfg.method.name).fixed_workers
+    world = int(os.environ["WORLD_SIZE"])
+    if fixed and fixed != world:
+        raise UsageError(f"method {cfg.method.name} runs {fixed} process(es); torchrun started {world}")
+    comm = _join(cfg)
+    chosen = None
+    if comm.rank == 0:
+        chosen = run_dir or new_run_dir(out, cfg.method.name)
+        if not resume:
+            prepare_run_dir(cfg, chosen)
+    run_dir = comm.broadcast_bytes(chosen.encode() if chosen else None, src=0).decode()
+    _run(cfg, run_dir, resume, comm)
+    return 0, run_dir

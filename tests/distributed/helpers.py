@@ -1,0 +1,86 @@
+"""Functions that run inside launched worker processes (via lowband.launch) for the tests."""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+
+import torch
+import torch.nn.functional as F
+from torch.nn.utils import parameters_to_vector
+
+from lowband.comm import Communicator
+from lowband.config import Config, ModelConfig
+from lowband.methods.allreduce import Allreduce, AllreduceConfig
+from lowband.methods.base import Context
+from lowband.models import build_model
+
+IN_SHAPE, CLASSES = (1, 40), 10
+
+
+def fixed_batches(steps: int, global_batch: int) -> tuple[torch.Tensor, torch.Tensor]:
+    gen = torch.Generator().manual_seed(123)
+    return torch.randn(steps, global_batch, *IN_SHAPE, generator=gen), torch.randint(0, CLASSES, (steps, global_batch), generator=gen)
+
+
+def initial_model(name: str = "cnn1d") -> torch.nn.Module:
+    torch.manual_seed(0)
+    return build_model(ModelConfig(name=name), IN_SHAPE, CLASSES)
+
+
+def allreduce_trace(out_dir: str, steps: str, batch: str, model_name: str = "cnn1d") -> None:
+    """Train with the allreduce method on fixed batches; record params and cross-rank spread."""
+    torch.set_num_threads(1)
+    steps, batch = int(steps), int(batch)
+    comm = Communicator.from_env(torch.device("cpu"), "gloo", timeout_s=60)
+    torch.manual_seed(1000 + comm.rank)  # different init per rank: setup must make them equal
+    model = build_model(ModelConfig(name=model_name), IN_SHAPE, CLASSES)
+    if comm.rank == 0:
+        model.load_state_dict(initial_model(model_name).state_dict())
+    ctx = Context(Config(method=AllreduceConfig()), comm, torch.device("cpu"), logging.getLogger("t"), out_dir, steps)
+    method = Allreduce(AllreduceConfig(), ctx)
+    model = method.setup(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
+    xs, ys = fixed_batches(steps, batch * comm.world)
+    trace, spread = [], []
+    for s in range(steps):
+        part = slice(comm.rank * batch, (comm.rank + 1) * batch)
+        loss = F.cross_entropy(model(xs[s, part]), ys[s, part])
+        opt.zero_grad()
+        loss.backward()
+        method.after_backward(s)
+        opt.step()
+        method.after_step(s)
+        state = list(model.parameters()) + [b for b in model.buffers() if b.is_floating_point()]
+        flat = torch.cat([t.detach().reshape(-1) for t in state])
+        everyone = comm.all_gather(flat, tag="check")
+        spread.append(max(float((p - flat).abs().max()) for p in everyone))
+        trace.append(flat.clone())
+    if comm.rank == 0:
+        torch.save(torch.stack(trace), os.path.join(out_dir, "trace.pt"))
+    with open(os.path.join(out_dir, f"rank{comm.rank}.json"), "w") as f:
+        json.dump({"spread": spread, "stats": comm.snapshot()}, f)
+    comm.close()
+
+
+class BatchNormMLP(torch.nn.Module):
+    """A user model (plugged in as package.module:factory) with BatchNorm buffers."""
+
+    def __init__(self, in_shape, num_classes):
+        super().__init__()
+        self.body = torch.nn.Sequential(torch.nn.Flatten(), torch.nn.Linear(40, 16), torch.nn.BatchNorm1d(16), torch.nn.ReLU())
+        self.fc = torch.nn.Linear(16, num_classes)
+
+    def features(self, x):
+        return self.body(x)
+
+    def head(self, f):
+        return self.fc(f)
+
+    def forward(self, x):
+        return self.head(self.features(x))
+
+
+def bn_mlp(in_shape, num_classes):
+    return BatchNormMLP(in_shape, num_classes)
