@@ -80,13 +80,26 @@ def cmd_train(args) -> int:
     if args.resume:
         if args.run_dir:
             raise UsageError("--resume and --run-dir both name a run directory; give one")
-        cfg = runs.read_run_config(args.resume)
-        code, run_dir = runs.start(cfg, args.resume, resume=True)
+        code, run_dir = runs.start(resume_config(args), args.resume, resume=True)
     else:
         code, run_dir = runs.start(resolve(args), args.run_dir, out=args.out)
     if code == 0:
         print(f"done: {run_dir}")
     return code
+
+
+def resume_config(args) -> C.Config:
+    """The run's own config; only the epoch count may change (to extend a finished run)."""
+    from lowband import runs
+
+    changed = [flag for flag, key, _ in SHORTCUTS if getattr(args, key) is not None and key != "train.epochs"]
+    if changed or args.sets or args.config or args.method:
+        raise UsageError("--resume continues a run with its own config.toml; only --epochs may change")
+    cfg = runs.read_run_config(args.resume)
+    if args.__dict__["train.epochs"] is not None:
+        cfg.train = C.build(C.TrainConfig, {**C.to_dict(cfg)["train"], "epochs": args.__dict__["train.epochs"]}, "train")
+        runs.write_config(cfg, args.resume)
+    return cfg
 
 
 def cmd_compare(args) -> int:

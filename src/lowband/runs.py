@@ -42,6 +42,10 @@ def prepare_run_dir(cfg: C.Config, run_dir: str) -> None:
     if os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
         raise ConfigError("--run-dir", run_dir, "holds a run already; continue it with --resume or pick a new directory")
     os.makedirs(run_dir, exist_ok=True)
+    write_config(cfg, run_dir)
+
+
+def write_config(cfg: C.Config, run_dir: str) -> None:
     _write(os.path.join(run_dir, "config.toml"), C.to_toml(cfg))
 
 

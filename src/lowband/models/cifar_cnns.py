@@ -12,7 +12,7 @@ from torch import nn
 from lowband.models.base import Classifier
 from lowband.registry import MODELS
 
-VGG16 = [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"]
+VGG16_LAYERS = [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"]
 
 
 @MODELS.register("vgg16")
@@ -20,7 +20,7 @@ class VGG16(Classifier):
     def __init__(self, cfg, in_shape, num_classes):
         super().__init__()
         layers, cin = [], in_shape[0]
-        for v in VGG16:
+        for v in VGG16_LAYERS:
             if v == "M":
                 layers.append(nn.MaxPool2d(2))
             else:

@@ -1,0 +1,109 @@
+"""Failure injection: a killed worker, Ctrl-C, a killed launcher. No orphan may survive."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+from lowband import checkpoint
+from tests.conftest import ROOT, alive, children, small
+
+
+def start_run(tmp_path, world: int) -> tuple[subprocess.Popen, str]:
+    run = str(tmp_path / "run")
+    args = ["train", "--method", "allreduce", "--workers", str(world), "--epochs", "200", "--run-dir", run,
+            *small(tmp_path), "--samples", "3000", "--batch-size", "8"]
+    proc = subprocess.Popen([sys.executable, "-m", "lowband", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    return proc, run
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
+
+
+def wait_training(proc, run: str, world: int) -> list[int]:
+    wait_for(lambda: checkpoint.epochs_saved(run, world - 1) or proc.poll() is not None, 120, "the first checkpoint")
+    assert proc.poll() is None, proc.communicate()
+    workers = children(proc.pid)
+    assert len(workers) == world
+    return workers
+
+
+def rank_of(pid: int) -> int:
+    with open(f"/proc/{pid}/environ", "rb") as f:
+        env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
+    return int(env[b"RANK"])
+
+
+def test_killed_worker_stops_the_run_quickly_and_leaves_no_process(tmp_path):
+    proc, run = start_run(tmp_path, world=3)
+    workers = wait_training(proc, run, 3)
+    victim = next(pid for pid in workers if rank_of(pid) == 1)
+    os.kill(victim, signal.SIGKILL)
+    t0 = time.monotonic()
+    out, err = proc.communicate(timeout=30)
+    assert time.monotonic() - t0 < 15
+    assert proc.returncode == 128 + signal.SIGKILL
+    assert "worker 1" in err and "SIGKILL" in err
+    assert not any(alive(pid) for pid in workers)
+    for rank in range(3):  # the last complete checkpoint of every rank is readable
+        epochs = checkpoint.epochs_saved(run, rank)
+        checkpoint.load_state(checkpoint.rank_path(run, rank, epochs[-1]))
+
+
+def test_ctrl_c_stops_every_worker(tmp_path):
+    proc, run = start_run(tmp_path, world=2)
+    workers = wait_training(proc, run, 2)
+    os.killpg(proc.pid, signal.SIGINT)  # what a terminal's Ctrl-C does: the whole foreground group
+    proc.communicate(timeout=30)
+    assert proc.returncode == 130
+    assert not any(alive(pid) for pid in workers)
+    assert not [f for f in os.listdir(run) if f.startswith(".rendezvous")]
+    assert not [f for f in os.listdir(os.path.join(run, "checkpoints")) if ".tmp" in f]
+
+
+def test_killed_launcher_takes_its_workers_with_it_and_the_run_resumes(tmp_path):
+    proc, run = start_run(tmp_path, world=2)
+    workers = wait_training(proc, run, 2)
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.communicate(timeout=10)
+    wait_for(lambda: not any(alive(pid) for pid in workers), 10, "the orphaned workers to die")
+    saved = checkpoint.latest_common_epoch(run, 2)
+    assert saved >= 1
+    p = subprocess.run([sys.executable, "-m", "lowband", "train", "--resume", run, "--epochs", str(saved + 1)],
+                       cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 0, p.stderr
+    from lowband.metrics import read_metrics
+    assert [r["epoch"] for r in read_metrics(run)] == list(range(1, saved + 2))
+
+
+@pytest.mark.parametrize("args, field", [
+    (["--workers", "0"], "train.workers=0"),
+    (["--lr", "0"], "optim.lr=0.0"),
+    (["--method", "gossipy"], "method.name='gossipy'"),
+    (["--model", "resnet99"], "unknown model 'resnet99'"),
+    (["--dataset", "imagenet"], "unknown dataset 'imagenet'"),
+    (["--set", "train.epohcs=3"], "train.epohcs=3"),
+    (["--dataset", "cifar10", "--set", "data.root='/no/such/dir'", "--model", "resnet20"], "data.root='/no/such/dir'"),
+    (["--workers", "4", "--batch-size", "64", "--samples", "200"], "train.batch_size=64"),
+    (["--model", "cnn2d"], "model.name='cnn2d'"),
+])
+def test_bad_input_is_one_line_exit_2_and_leaves_nothing(tmp_path, args, field):
+    cache = os.environ["LOWBAND_TEST_CACHE"]
+    p = subprocess.run([sys.executable, "-m", "lowband", "train", "--out", str(tmp_path / "runs"),
+                        "--set", f"data.cache_dir={cache!r}", *args], cwd=ROOT, capture_output=True, text=True, timeout=120)
+    assert p.returncode == 2
+    lines = p.stderr.strip().splitlines()
+    assert len(lines) == 1 and lines[0].startswith("lowband: error: ") and field in lines[0], p.stderr
+    assert "Traceback" not in p.stderr
+    assert not (tmp_path / "runs").exists()  # no run directory left behind

@@ -1,0 +1,88 @@
+"""Config building, overrides and validation messages."""
+
+from __future__ import annotations
+
+import pytest
+
+from lowband import config as C
+from lowband.errors import ConfigError, UsageError
+from lowband.runs import method_configs
+
+
+def build(raw: dict) -> C.Config:
+    return C.from_dict(raw, method_configs())
+
+
+def test_defaults_build_and_round_trip_through_toml():
+    import tomllib
+
+    cfg = build({"method": {"name": "allreduce"}, "train": {"epochs": 3}})
+    again = build(tomllib.loads(C.to_toml(cfg)))
+    assert again == cfg and again.train.epochs == 3
+
+
+@pytest.mark.parametrize("raw, field, fragment", [
+    ({"train": {"workers": 0}}, "train.workers", ">= 1"),
+    ({"optim": {"lr": 0.0}}, "optim.lr", "> 0"),
+    ({"optim": {"lr": -1}}, "optim.lr", "> 0"),
+    ({"train": {"epochs": "ten"}}, "train.epochs", "integer"),
+    ({"train": {"workers": True}}, "train.workers", "integer"),
+    ({"data": {"partition": "random"}}, "data.partition", "'iid', 'dirichlet', 'same'"),
+    ({"train": {"wrokers": 4}}, "train.wrokers", "known keys: workers"),
+    ({"trian": {}}, "trian", "known: method"),
+    ({"method": {"name": "nope"}}, "method.name", "allreduce, single"),
+    ({"method": {"name": "single", "warmup_epochs": 1}}, "method.warmup_epochs", "known keys: name"),
+    ({"optim": {"milestones": [20, 10]}}, "optim.milestones", "increasing"),
+    ({"optim": {"warmup_epochs": "soon"}}, "optim.warmup_epochs", "'auto'"),
+])
+def test_invalid_values_name_field_value_and_what_is_allowed(raw, field, fragment):
+    with pytest.raises(ConfigError) as e:
+        build(raw)
+    assert e.value.field == field
+    assert fragment in str(e.value)
+    assert "\n" not in str(e.value)
+
+
+def test_ints_are_accepted_for_floats_and_kept_as_float():
+    cfg = build({"optim": {"lr": 1}})
+    assert cfg.optim.lr == 1.0 and isinstance(cfg.optim.lr, float)
+
+
+@pytest.mark.parametrize("item, path, value", [
+    ("train.epochs=10", ["train", "epochs"], 10),
+    ("optim.lr=0.1", ["optim", "lr"], 0.1),
+    ("data.name=digits", ["data", "name"], "digits"),
+    ('data.root="/a b"', ["data", "root"], "/a b"),
+    ("optim.milestones=[10, 20]", ["optim", "milestones"], [10, 20]),
+    ("optim.nesterov=true", ["optim", "nesterov"], True),
+])
+def test_set_values_are_parsed_as_toml(item, path, value):
+    assert C.parse_set(item) == (path, value)
+
+
+@pytest.mark.parametrize("item", ["epochs=3", "train.epochs", "=3", "train..x=1"])
+def test_malformed_set_is_a_config_error(item):
+    with pytest.raises(ConfigError, match="SECTION.KEY=VALUE"):
+        C.parse_set(item)
+
+
+def test_merge_is_deep_and_does_not_mutate():
+    base = {"train": {"epochs": 1, "seed": 2}}
+    out = C.merge(base, {"train": {"epochs": 5}})
+    assert out == {"train": {"epochs": 5, "seed": 2}} and base["train"]["epochs"] == 1
+
+
+def test_bad_toml_file_is_a_usage_error(tmp_path):
+    bad = tmp_path / "x.toml"
+    bad.write_text("[train\nepochs = 1")
+    with pytest.raises(UsageError, match="not valid TOML"):
+        C.read_toml(str(bad))
+    with pytest.raises(UsageError, match="file not found"):
+        C.read_toml(str(tmp_path / "missing.toml"))
+
+
+def test_describe_lists_every_field_with_its_help():
+    text = C.describe(build({}))
+    for section in ("[method]", "[train]", "[data]", "[model]", "[optim]"):
+        assert section in text
+    assert "workers = 4" in text and "worker processes K" in text

@@ -1,0 +1,108 @@
+"""Data sets from their on-disk formats, and the batch stream."""
+
+from __future__ import annotations
+
+import pickle
+
+import numpy as np
+import pytest
+import torch
+
+from lowband.config import DataConfig
+from lowband.data import Batches, TensorData, load_dataset
+from lowband.data.loader import crop_flip
+from lowband.errors import ConfigError
+
+
+def write_cifar10(root, n=20):
+    rng = np.random.default_rng(0)
+    for name in [f"data_batch_{i}" for i in range(1, 6)] + ["test_batch"]:
+        batch = {b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+                 b"labels": rng.integers(0, 10, n).tolist(), b"batch_label": b"x"}
+        with open(root / name, "wb") as f:
+            pickle.dump(batch, f)
+
+
+def test_cifar10_reads_the_python_pickle_format(tmp_path):
+    write_cifar10(tmp_path)
+    d = load_dataset(DataConfig(name="cifar10", root=str(tmp_path)))
+    assert d.x_train.shape == (100, 3, 32, 32) and d.x_test.shape == (20, 3, 32, 32)
+    assert d.num_classes == 10 and d.y_train.dtype == torch.int64
+    assert d.x_train.mean(dim=(0, 2, 3)).abs().max() < 1e-4  # normalised per channel on the train set
+
+
+def test_cifar100_uses_fine_labels(tmp_path):
+    rng = np.random.default_rng(0)
+    for name, n in (("train", 30), ("test", 10)):
+        with open(tmp_path / name, "wb") as f:
+            pickle.dump({b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
+                         b"fine_labels": [99] * n, b"coarse_labels": [1] * n}, f)
+    d = load_dataset(DataConfig(name="cifar100", root=str(tmp_path)))
+    assert d.num_classes == 100 and set(d.y_train.tolist()) == {99}
+
+
+def test_a_data_file_that_would_run_code_is_refused(tmp_path):
+    write_cifar10(tmp_path)
+
+    class Evil:
+        def __reduce__(self):
+            return (print, ("pwned",))
+
+    with open(tmp_path / "test_batch", "wb") as f:
+        pickle.dump({b"data": Evil(), b"labels": []}, f)
+    with pytest.raises(pickle.UnpicklingError, match="refusing"):
+        load_dataset(DataConfig(name="cifar10", root=str(tmp_path)))
+
+
+def test_missing_data_directory_names_the_field(tmp_path):
+    with pytest.raises(ConfigError) as e:
+        load_dataset(DataConfig(name="cifar10", root=str(tmp_path / "nope")))
+    assert e.value.field == "data.root"
+    with pytest.raises(ConfigError, match="data_batch_1"):
+        load_dataset(DataConfig(name="cifar10", root=str(tmp_path)))
+
+
+def test_imagefolder_reads_class_folders(tmp_path):
+    from PIL import Image
+
+    for split, n in (("train", 3), ("val", 1)):
+        for cls, color in (("cat", (255, 0, 0)), ("dog", (0, 0, 255))):
+            (tmp_path / split / cls).mkdir(parents=True)
+            for i in range(n):
+                Image.new("RGB", (20, 14), color).save(tmp_path / split / cls / f"{i}.png")
+    d = load_dataset(DataConfig(name="imagefolder", root=str(tmp_path), image_size=16))
+    assert d.x_train.shape == (6, 3, 16, 16) and d.x_test.shape == (2, 3, 16, 16)
+    assert d.y_train.tolist() == [0, 0, 0, 1, 1, 1] and d.num_classes == 2
+    assert d.x_train[0, 0].mean() > d.x_train[3, 0].mean()  # the cat is red
+
+
+@pytest.mark.parametrize("name, shape, n_test", [("digits", (1, 8, 8), 360), ("mnist5k", (1, 28, 28), 1000)])
+def test_packaged_datasets_have_fixed_stratified_splits(name, shape, n_test):
+    a, b = load_dataset(DataConfig(name=name)), load_dataset(DataConfig(name=name))
+    assert a.in_shape == shape and len(a.y_test) == n_test
+    assert torch.equal(a.y_test, b.y_test)
+    counts = torch.bincount(a.y_test, minlength=10).float()
+    assert counts.max() - counts.min() <= 0.05 * len(a.y_test)  # stratified
+
+
+def tiny(n=40) -> TensorData:
+    x = torch.arange(n, dtype=torch.float32).reshape(n, 1, 1)
+    return TensorData(x, torch.arange(n) % 3, x[:4], torch.arange(4), 3)
+
+
+def test_batches_cover_the_shard_once_per_epoch_and_reshuffle():
+    data, shard = tiny(), torch.arange(10, 30)
+    stream = Batches(data, shard, batch_size=5, steps=4, seed=7)
+    e1 = torch.cat([ids for _, _, ids in stream.epoch(1)])
+    e2 = torch.cat([ids for _, _, ids in stream.epoch(2)])
+    assert torch.equal(e1.sort().values, shard) and torch.equal(e2.sort().values, shard)
+    assert not torch.equal(e1, e2)
+    assert torch.equal(e1, torch.cat([ids for _, _, ids in stream.epoch(1)]))  # reproducible
+    x, y, ids = next(stream.epoch(1))
+    assert torch.equal(x.flatten(), ids.float()) and torch.equal(y, ids % 3)
+
+
+def test_crop_flip_keeps_shape_and_moves_pixels():
+    x = torch.randn(8, 3, 32, 32)
+    out = crop_flip(x, torch.Generator().manual_seed(0))
+    assert out.shape == x.shape and not torch.equal(out, x)

@@ -1,0 +1,59 @@
+"""Every model: features -> head composes to forward; the input shape is checked up front."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from lowband.config import ModelConfig
+from lowband.errors import ConfigError
+from lowband.models import build_model
+from lowband.registry import MODELS, load_all
+
+load_all()
+
+SHAPES = {"mlp": (1, 40), "cnn1d": (1, 40), "cnn2d": (1, 28, 28), "resnet20": (3, 32, 32),
+          "resnet32": (3, 32, 32), "vgg16": (3, 32, 32), "nin": (3, 32, 32), "cnn13": (3, 32, 32)}
+
+
+def test_every_registered_model_is_covered():
+    assert set(SHAPES) == set(MODELS.names())
+
+
+@pytest.mark.parametrize("name", sorted(SHAPES))
+def test_features_then_head_equals_forward(name):
+    torch.manual_seed(0)
+    model = build_model(ModelConfig(name=name), SHAPES[name], 7).eval()
+    x = torch.randn(3, *SHAPES[name])
+    with torch.no_grad():
+        f = model.features(x)
+        assert f.ndim == 2 and f.shape[0] == 3
+        assert model.fc.in_features == f.shape[1]  # the features are the input of the final linear layer
+        out = model(x)
+        assert out.shape == (3, 7)
+        torch.testing.assert_close(model.head(f), out)
+        torch.testing.assert_close(model.fc(f), out)
+
+
+def test_nin_pool_then_linear_equals_class_conv_then_pool():
+    """Our NiN pools before its final linear map; a 1x1 conv followed by pooling is the same function."""
+    model = build_model(ModelConfig(name="nin"), (3, 32, 32), 10).eval()
+    x = torch.randn(2, 3, 32, 32)
+    with torch.no_grad():
+        maps = model.body[:-2](x)  # before global pooling
+        conv = torch.nn.functional.conv2d(maps, model.fc.weight[:, :, None, None], model.fc.bias)
+        torch.testing.assert_close(conv.mean(dim=(2, 3)), model(x), rtol=1e-4, atol=1e-5)
+
+
+def test_wrong_input_shape_is_a_config_error():
+    with pytest.raises(ConfigError, match="needs 1D signals"):
+        build_model(ModelConfig(name="cnn1d"), (1, 28, 28), 10)
+    with pytest.raises(ConfigError, match="does not accept inputs"):
+        build_model(ModelConfig(name="vgg16"), (1, 8, 8), 10)
+
+
+def test_user_model_plugs_in_by_factory_path():
+    model = build_model(ModelConfig(name="tests.distributed.helpers:bn_mlp"), (1, 40), 10)
+    assert model(torch.randn(4, 1, 40)).shape == (4, 10)
+    with pytest.raises(ConfigError, match="could not import"):
+        build_model(ModelConfig(name="tests.nowhere:factory"), (1, 40), 10)

@@ -1,0 +1,34 @@
+"""Learning-rate schedule against hand-computed values."""
+
+import math
+
+import pytest
+
+from lowband.config import OptimConfig
+from lowband.schedule import lr_at
+
+
+def test_goyal_warmup_ramps_from_one_worker_rate_to_scaled_rate():
+    cfg = OptimConfig(lr=0.1, schedule="constant")
+    assert lr_at(0.0, cfg, 30, scale=4, warmup=2) == pytest.approx(0.1)
+    assert lr_at(1.0, cfg, 30, scale=4, warmup=2) == pytest.approx(0.25)
+    assert lr_at(2.0, cfg, 30, scale=4, warmup=2) == pytest.approx(0.4)
+    assert lr_at(2.0, OptimConfig(lr=0.1, schedule="constant", lr_scaling="none"), 30, 4, 0) == pytest.approx(0.1)
+
+
+def test_warmup_without_scaling_starts_from_zero():
+    cfg = OptimConfig(lr=0.2, schedule="constant")
+    assert lr_at(0.5, cfg, 10, scale=1, warmup=1) == pytest.approx(0.1)
+
+
+def test_step_schedule_multiplies_by_gamma_at_each_milestone():
+    cfg = OptimConfig(lr=1.0, schedule="step", milestones=[45, 55], gamma=0.1)
+    assert [lr_at(e, cfg, 60, 1, 0) for e in (44.9, 45, 54.9, 55)] == pytest.approx([1, 0.1, 0.1, 0.01])
+
+
+def test_cosine_decays_from_peak_to_zero_after_warmup():
+    cfg = OptimConfig(lr=0.1, schedule="cosine")
+    assert lr_at(2, cfg, 12, scale=2, warmup=2) == pytest.approx(0.2)
+    assert lr_at(7, cfg, 12, scale=2, warmup=2) == pytest.approx(0.1)
+    assert lr_at(12, cfg, 12, scale=2, warmup=2) == pytest.approx(0.0, abs=1e-12)
+    assert lr_at(4.5, cfg, 12, 2, 2) == pytest.approx(0.2 * 0.5 * (1 + math.cos(math.pi * 0.25)))
