@@ -10,13 +10,17 @@ from lowband.errors import UsageError
 
 EXAMPLES = """\
 examples:
-  lowband compare --methods single,allreduce --dataset mnist1d --model cnn1d --workers 4 --epochs 30
+  lowband compare --dataset mnist1d --model cnn1d --workers 4 --epochs 30     (every method side by side)
+  lowband compare --methods local_sgd:tau=16,ec_dnn:ensemble=margin,ec_dnn:ensemble=regression
   lowband train --method allreduce --workers 4 --epochs 30
   lowband train --method allreduce --set optim.lr=0.1 --set data.partition=dirichlet
+  lowband train --method ec_dnn --set method.ensemble=margin --set method.tau=64
   lowband train --resume runs/allreduce-20261121-101500
   torchrun --nproc-per-node 4 -m lowband train --method allreduce   (one worker per torchrun process)
   lowband config --method allreduce     (every option, its default and what it means)
 """
+
+DEMO_METHODS = "single,allreduce,local_sgd,ensemble,ec_dnn"
 
 # command-line shortcuts for the most used config fields
 SHORTCUTS = [("--dataset", "data.name", str), ("--model", "model.name", str), ("--workers", "train.workers", int),
@@ -47,7 +51,8 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--out", default="runs", help="parent directory of new run directories (default runs)")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
     c = sub.add_parser("compare", help="train several methods on the same data and seeds, print one table")
-    c.add_argument("--methods", default="single,allreduce", help="comma-separated methods (default single,allreduce)")
+    c.add_argument("--methods", default=DEMO_METHODS,
+                   help=f"comma-separated methods, each NAME or NAME:KEY=VALUE[:...] (default {DEMO_METHODS})")
     _common(c, with_method=False)
     c.add_argument("--out", default="runs", help="parent directory of the comparison directory (default runs)")
     g = sub.add_parser("config", help="print the resolved configuration with every option explained")
@@ -103,12 +108,12 @@ def resume_config(args) -> C.Config:
 
 
 def cmd_compare(args) -> int:
-    from lowband.compare import compare, print_summary
+    from lowband.compare import compare, parse_spec, print_summary
 
     methods = [m.strip() for m in args.methods.split(",") if m.strip()]
     if not methods:
         raise UsageError(f"--methods={args.methods!r} names no method")
-    code, folder, rows = compare(resolve(args, methods[0]), methods, args.out)
+    code, folder, rows = compare(resolve(args, parse_spec(methods[0])[0]), methods, args.out)
     if rows:
         print_summary(rows, folder)
     return code

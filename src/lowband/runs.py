@@ -25,8 +25,11 @@ def method_configs() -> dict[str, type]:
 
 
 def world_size(cfg: C.Config) -> int:
-    fixed = METHODS.get(cfg.method.name).fixed_workers
-    return fixed or cfg.train.workers
+    method = METHODS.get(cfg.method.name)
+    world = method.fixed_workers or cfg.train.workers
+    if world < method.min_workers:
+        raise ConfigError("train.workers", world, f"method {cfg.method.name} needs at least {method.min_workers} workers")
+    return world
 
 
 def new_run_dir(out: str, method: str) -> str:

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
@@ -77,7 +78,8 @@ class Trainer:
         torch.manual_seed(cfg.train.seed if method_cls.same_init else cfg.train.seed + 7919 * self.rank)
         model = build_model(cfg.model, self.plan.data.in_shape, self.plan.data.num_classes).to(self.device)
         self.optimizer = make_optimizer(cfg.optim, model.parameters())
-        ctx = Context(cfg, comm, self.device, self.log, run_dir, self.plan.steps)
+        ctx = Context(cfg, comm, self.device, self.log, run_dir, self.plan.steps, self.plan.data,
+                      self.plan.shards[self.rank], evaluate=self._evaluate, write_round=self._write_round)
         self.method: Method = method_cls(cfg.method, ctx)
         self.model = self.method.setup(model)
         augment = cfg.data.augment == "on" or (cfg.data.augment == "auto" and len(self.plan.data.in_shape) == 3
@@ -87,7 +89,8 @@ class Trainer:
         warm = cfg.optim.warmup_epochs
         self.warmup = self.method.default_warmup_epochs() if warm == "auto" else float(warm)
         self.sink = MetricsSink(run_dir, self.rank == 0, cfg.train.epochs, self.log)
-        self.epoch, self.step, self.samples, self.elapsed = 0, 0, 0, 0.0
+        self.epoch, self.step, self.samples, self.elapsed, self.train_s = 0, 0, 0, 0.0, 0.0
+        self.method_eval_s = 0.0  # evaluations a method asked for inside training hooks
 
     # ---- the loop ----------------------------------------------------------------------------
     def fit(self, resume: bool = False) -> None:
@@ -97,11 +100,11 @@ class Trainer:
             self.log.info(self._banner())
         for epoch in range(self.epoch + 1, self.cfg.train.epochs + 1):
             self._run_epoch(epoch)
-        if self.rank == 0:
-            checkpoint.save_model(self.method.eval_model().state_dict(), os.path.join(self.run_dir, "model.safetensors"))
+        self._save_final()
 
     def _run_epoch(self, epoch: int) -> None:
         t_start, comm_before, wait_before = time.perf_counter(), self._comm_seconds(), self._wait_seconds()
+        eval_before = self.method_eval_s
         loss_sum, data_wait = 0.0, 0.0
         batches = iter(self.batches.epoch(epoch))
         for i in self.sink.steps(range(self.plan.steps), epoch, self.plan.steps):
@@ -110,12 +113,15 @@ class Trainer:
             data_wait += time.perf_counter() - t0
             self._set_lr(epoch - 1 + i / self.plan.steps)
             loss_sum += self._train_step(batch)
-        train_s = time.perf_counter() - t_start
+        hook_eval_s = self.method_eval_s - eval_before
+        train_s = time.perf_counter() - t_start - hook_eval_s
         comm_s = self._comm_seconds() - comm_before
         wait_s = self._wait_seconds() - wait_before + data_wait
         extra = self.method.end_epoch(epoch)
         self.epoch, self.samples = epoch, self.samples + self.plan.steps * self.cfg.train.batch_size
-        times = {"compute_s": max(train_s - comm_s - wait_s, 0.0), "comm_s": comm_s, "wait_s": wait_s}
+        self.train_s += train_s
+        times = {"compute_s": max(train_s - comm_s - wait_s, 0.0), "comm_s": comm_s, "wait_s": wait_s,
+                 "hook_eval_s": hook_eval_s}
         self._finish_epoch(epoch, loss_sum / self.plan.steps, times, t_start, extra)
 
     def _train_step(self, batch) -> float:
@@ -146,34 +152,49 @@ class Trainer:
         tags = [s for tag, s in self.comm.stats.items() if tag not in BOOKKEEPING_TAGS]
         return sum(s.sent for s in tags), sum(s.recv for s in tags)
 
+    def _evaluate(self, model: torch.nn.Module) -> float:
+        t0 = time.perf_counter()
+        d = self.plan.data
+        acc = accuracy(model, d.x_test, d.y_test, self.cfg.train.eval_batch_size, self.device)
+        self.method_eval_s += time.perf_counter() - t0
+        return acc
+
+    def _write_round(self, record: dict) -> None:
+        if self.rank == 0:
+            with open(os.path.join(self.run_dir, "rounds.jsonl"), "a") as f:
+                f.write(json.dumps(record) + "\n")
+
     def _finish_epoch(self, epoch: int, loss: float, times: dict, t_start: float, extra: dict) -> None:
         t_eval = time.perf_counter()
-        evaluate = epoch % self.cfg.train.eval_every == 0 or epoch == self.cfg.train.epochs
-        d = self.plan.data
-        acc = accuracy(self.method.eval_model(), d.x_test, d.y_test, self.cfg.train.eval_batch_size,
-                       self.device) if evaluate else float("nan")
+        last = epoch == self.cfg.train.epochs
+        evaluate = epoch % self.cfg.train.eval_every == 0 or last
+        d, bs = self.plan.data, self.cfg.train.eval_batch_size
+        local = accuracy(self.method.local_model(), d.x_test, d.y_test, bs, self.device) if evaluate else float("nan")
+        glob = self.method.global_model(final=last) if evaluate else None
+        glob_acc = accuracy(glob, d.x_test, d.y_test, bs, self.device) if glob is not None and self.rank == 0 else None
         times["eval_s"] = time.perf_counter() - t_eval
         sent, recv = self._training_bytes()
-        mine = torch.tensor([loss, acc, sent, recv, self.plan.steps * self.cfg.train.batch_size], dtype=torch.float64)
+        mine = torch.tensor([loss, local, sent, recv, self.plan.steps * self.cfg.train.batch_size], dtype=torch.float64)
         ranks = torch.stack(self.comm.all_gather(mine.to(self.device), tag="metrics")).cpu()
         if not math.isfinite(float(ranks[:, 0].max())):
             raise TrainingError(f"training diverged in epoch {epoch} (loss {float(ranks[:, 0].max())}); lower optim.lr")
         self.elapsed += time.perf_counter() - t_start
-        record = {
-            "epoch": epoch, "steps": self.step, "samples": int(ranks[:, 4].sum()) * epoch,
-            "train_loss": float(ranks[:, 0].mean()), "test_acc": acc if evaluate else None,
-            "test_acc_ranks": [float(a) for a in ranks[:, 1]] if evaluate else None,
-            "lr": self.optimizer.param_groups[0]["lr"],
-            "bytes_sent_per_worker": float(ranks[:, 2].mean()), "bytes_recv_per_worker": float(ranks[:, 3].mean()),
-            "bytes": {tag: {"sent": s.sent, "recv": s.recv} for tag, s in sorted(self.comm.stats.items())
-                      if s.sent or s.recv},
-            "time": {**{k: round(v, 4) for k, v in times.items()}, "elapsed_s": round(self.elapsed, 4)},
-            **extra,
-        }
-        self.sink.write(record)
+        self.best_local_rank = int(ranks[:, 0].argmin())
+        record = epoch_record(self, epoch, ranks, glob_acc if evaluate else None, evaluate, times)
+        self.sink.write({**record, **extra})
         every = self.cfg.train.checkpoint_every
-        if (every and epoch % every == 0) or epoch == self.cfg.train.epochs:
+        if (every and epoch % every == 0) or last:
             self._save_checkpoint(epoch)
+        self._final_global = glob if last else None
+
+    def _save_final(self) -> None:
+        """model.safetensors: the global model if the method has one, else this rank's; model_L too."""
+        glob = getattr(self, "_final_global", None)
+        if self.rank == 0:
+            final = glob if glob is not None else self.method.local_model()
+            checkpoint.save_model(final.state_dict(), os.path.join(self.run_dir, "model.safetensors"))
+        if glob is not None and self.rank == getattr(self, "best_local_rank", 0):
+            checkpoint.save_model(self.method.local_model().state_dict(), os.path.join(self.run_dir, "model_L.safetensors"))
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def _save_checkpoint(self, epoch: int) -> None:
@@ -181,7 +202,7 @@ class Trainer:
             "epoch": epoch, "step": self.step, "samples": self.samples, "elapsed": self.elapsed,
             "model": getattr(self.model, "module", self.model).state_dict(),
             "optimizer": self.optimizer.state_dict(), "method": self.method.state_dict(),
-            "comm": self.comm.snapshot(), "rng": torch.get_rng_state(),
+            "comm": self.comm.snapshot(), "rng": torch.get_rng_state(), "train_s": self.train_s,
         }
         checkpoint.save_state(state, checkpoint.rank_path(self.run_dir, self.rank, epoch))
         checkpoint.prune(self.run_dir, self.rank)
@@ -201,13 +222,37 @@ class Trainer:
         self.comm.load_snapshot(state["comm"])
         torch.set_rng_state(state["rng"])
         self.epoch, self.step, self.samples, self.elapsed = state["epoch"], state["step"], state["samples"], state["elapsed"]
+        self.train_s = state.get("train_s", 0.0)
         self.sink.keep_until(epoch)
         self.log.info(f"resumed {self.run_dir} after epoch {epoch} (step {self.step})")
 
     def _banner(self) -> str:
         c, d = self.cfg, self.plan.data
-        params = sum(p.numel() for p in self.method.eval_model().parameters())
+        params = sum(p.numel() for p in self.method.local_model().parameters())
         return (f"{c.method.name}: {self.world} worker(s), backend {self.comm.backend}, device {self.device}; "
                 f"{c.data.name} {len(d.y_train)} train / {len(d.y_test)} test, partition {c.data.partition}; "
                 f"{c.model.name} {params:,} parameters; {self.plan.steps} steps/epoch x {c.train.epochs} epochs, "
                 f"batch {c.train.batch_size}/worker; run dir {self.run_dir}")
+
+
+def epoch_record(t: Trainer, epoch: int, ranks: torch.Tensor, glob_acc: float | None, evaluated: bool,
+                 times: dict) -> dict:
+    """One metrics.jsonl line. `ranks` holds per rank: loss, local test acc, bytes sent, received, samples.
+
+    test_acc is the method's global model when it has one, else rank 0's model; test_acc_L is the
+    local model with the smallest training loss this epoch (the EC-DNN paper's "_L").
+    """
+    local = [float(a) for a in ranks[:, 1]]
+    best = int(ranks[:, 0].argmin())
+    return {
+        "epoch": epoch, "steps": t.step, "samples": int(ranks[:, 4].sum()) * epoch,
+        "train_loss": float(ranks[:, 0].mean()), "train_loss_ranks": [float(x) for x in ranks[:, 0]],
+        "test_acc": (glob_acc if glob_acc is not None else local[0]) if evaluated else None,
+        "test_acc_L": local[best] if evaluated else None,
+        "test_acc_ranks": local if evaluated else None,
+        "lr": t.optimizer.param_groups[0]["lr"],
+        "bytes_sent_per_worker": float(ranks[:, 2].mean()), "bytes_recv_per_worker": float(ranks[:, 3].mean()),
+        "bytes": {tag: {"sent": s.sent, "recv": s.recv} for tag, s in sorted(t.comm.stats.items()) if s.sent or s.recv},
+        "time": {**{k: round(v, 4) for k, v in times.items()}, "train_s": round(t.train_s, 4),
+                 "elapsed_s": round(t.elapsed, 4)},
+    }

@@ -84,3 +84,31 @@ class BatchNormMLP(torch.nn.Module):
 
 def bn_mlp(in_shape, num_classes):
     return BatchNormMLP(in_shape, num_classes)
+
+
+def local_sgd_trace(out_dir: str, steps: str, tau: str) -> None:
+    """MA-DNN on fixed batches; record every rank's parameters before and after each after_step."""
+    from lowband.methods.local_sgd import LocalSGD, LocalSGDConfig
+
+    torch.set_num_threads(1)
+    steps, tau = int(steps), int(tau)
+    comm = Communicator.from_env(torch.device("cpu"), "gloo", timeout_s=60)
+    model = initial_model()
+    mcfg = LocalSGDConfig(tau=tau, round_evals=0)
+    ctx = Context(Config(method=mcfg), comm, torch.device("cpu"), logging.getLogger("t"), out_dir, steps)
+    method = LocalSGD(mcfg, ctx)
+    model = method.setup(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    xs, ys = fixed_batches(steps, 8 * comm.world)
+    pre, post = [], []
+    for s in range(steps):
+        part = slice(comm.rank * 8, (comm.rank + 1) * 8)
+        opt.zero_grad()
+        F.cross_entropy(model(xs[s, part]), ys[s, part]).backward()
+        opt.step()
+        pre.append(parameters_to_vector(model.parameters()).detach().clone())
+        method.after_step(s)
+        post.append(parameters_to_vector(model.parameters()).detach().clone())
+    torch.save({"pre": torch.stack(pre), "post": torch.stack(post), "stats": comm.snapshot()},
+               os.path.join(out_dir, f"rank{comm.rank}.pt"))
+    comm.close()

@@ -63,15 +63,19 @@ def test_resume_refuses_to_change_the_config(tmp_path):
 
 
 def test_compare_prints_one_table_and_writes_summary(tmp_path):
-    p = cli("compare", "--methods", "single,allreduce", "--workers", "2", "--epochs", "1", "--out", str(tmp_path),
-            *small(tmp_path))
+    import csv
+
+    p = cli("compare", "--methods", "single,allreduce,local_sgd:tau=5", "--workers", "2", "--epochs", "1",
+            "--out", str(tmp_path), *small(tmp_path))
     assert p.returncode == 0, p.stderr
     table = p.stdout[p.stdout.index("method "):]
-    assert "single" in table and "allreduce" in table and "sent/worker" in table
+    for word in ("single", "allreduce", "local_sgd:tau=5", "sent/worker", "speed G"):
+        assert word in table
     (folder,) = tmp_path.glob("compare-*")
-    rows = (folder / "summary.csv").read_text().splitlines()
-    assert rows[0].startswith("method,workers,final_acc") and len(rows) == 3
-    assert rows[1].split(",")[:2] == ["single", "1"] and rows[2].split(",")[:2] == ["allreduce", "2"]
-    single_bytes = float(rows[1].split(",")[5])
-    assert single_bytes == 0.0 and float(rows[2].split(",")[5]) > 0
+    with open(folder / "summary.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["label"], r["workers"]) for r in rows] == [("single", "1"), ("allreduce", "2"), ("local_sgd:tau=5", "2")]
+    assert float(rows[0]["bytes_sent_per_worker"]) == 0.0 and float(rows[1]["bytes_sent_per_worker"]) > 0
+    assert float(rows[2]["speed_G"]) == 1.0  # MA-DNN_G is the yardstick of speed
     assert json.loads((folder / "allreduce" / "metrics.jsonl").read_text().splitlines()[0])["epoch"] == 1
+    assert (folder / "local_sgd_tau-5" / "rounds.jsonl").exists()

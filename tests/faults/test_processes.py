@@ -97,6 +97,11 @@ def test_killed_launcher_takes_its_workers_with_it_and_the_run_resumes(tmp_path)
     (["--dataset", "cifar10", "--set", "data.root='/no/such/dir'", "--model", "resnet20"], "data.root='/no/such/dir'"),
     (["--workers", "4", "--batch-size", "64", "--samples", "200"], "train.batch_size=64"),
     (["--model", "cnn2d"], "model.name='cnn2d'"),
+    (["--method", "ec_dnn", "--set", "method.tau=0"], "method.tau=0"),
+    (["--method", "ec_dnn", "--set", "method.ensemble='median'"], "'simple', 'regression', 'margin'"),
+    (["--method", "ec_dnn", "--set", "method.mu=1.5"], "method.mu=1.5"),
+    (["--method", "local_sgd", "--set", "method.alpha=1"], "method.alpha=1"),
+    (["--method", "ec_dnn", "--workers", "1"], "needs at least 2 workers"),
 ])
 def test_bad_input_is_one_line_exit_2_and_leaves_nothing(tmp_path, args, field):
     cache = os.environ["LOWBAND_TEST_CACHE"]

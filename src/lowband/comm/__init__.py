@@ -2,7 +2,8 @@
 
 from lowband.comm.communicator import Communicator, launched_by_torchrun
 
-#: tags for the framework's own bookkeeping, reported apart from a method's training traffic
-BOOKKEEPING_TAGS = frozenset({"metrics", "control", "barrier"})
+#: tags for the framework's own bookkeeping (reporting, evaluating a global model for the
+#: metrics), reported apart from a method's training traffic
+BOOKKEEPING_TAGS = frozenset({"metrics", "control", "barrier", "eval"})
 
 __all__ = ["Communicator", "launched_by_torchrun", "BOOKKEEPING_TAGS"]

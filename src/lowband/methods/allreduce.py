@@ -41,4 +41,4 @@ class Allreduce(Method):
 
     def after_step(self, step: int) -> None:
         if self._has_buffers and self.ctx.comm.world > 1:
-            self.ctx.comm.broadcast_state(self.eval_model(), src=0, tag="buffers", buffers_only=True)
+            self.ctx.comm.broadcast_state(self.local_model(), src=0, tag="buffers", buffers_only=True)

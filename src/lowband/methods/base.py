@@ -8,7 +8,9 @@ hooks, each of which does nothing by default:
   after_backward(step)    gradient communication that must finish before the optimizer step
   after_step(step)        scheduled exchanges after the optimizer step (averaging, gossip, ...)
   end_epoch(epoch)        extra figures for the epoch's metrics record
-  eval_model()            the model whose test accuracy this rank reports
+  local_model()           this rank's model (its test accuracy is reported per rank)
+  global_model(final)     the method's global model now (averaged, ensemble), or None; called on
+                          every rank (it may communicate), evaluated on rank 0
   state_dict()/load_state_dict()   method state that a resumed run needs
 """
 
@@ -16,17 +18,19 @@ from __future__ import annotations
 
 import logging
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 from torch import nn
 
 from lowband.comm.communicator import Communicator
 from lowband.config import Config, MethodConfig
+from lowband.data import TensorData
 
 
 @dataclass
 class Context:
-    """What a method may use: the whole config, the communicator, the device, a logger, the run dir."""
+    """What a method may use: config, communicator, device, logger, run dir, data, and two services."""
 
     cfg: Config
     comm: Communicator
@@ -34,6 +38,16 @@ class Context:
     log: logging.Logger
     run_dir: str
     steps_per_epoch: int
+    data: TensorData | None = None
+    shard: torch.Tensor | None = None
+    #: test accuracy of a model; timed as evaluation, not as training compute
+    evaluate: Callable[[nn.Module], float] = lambda model: float("nan")
+    #: append one record to RUN_DIR/rounds.jsonl (rank 0 writes; others ignore)
+    write_round: Callable[[dict], None] = lambda record: None
+
+    @property
+    def total_steps(self) -> int:
+        return self.steps_per_epoch * self.cfg.train.epochs
 
 
 class Method:
@@ -42,6 +56,8 @@ class Method:
     fixed_workers: int | None = None
     #: True: every rank starts from the same initial weights; False: each rank its own seed
     same_init: bool = True
+    #: the fewest workers the method makes sense with
+    min_workers: int = 1
 
     def __init__(self, cfg: MethodConfig, ctx: Context):
         self.cfg, self.ctx = cfg, ctx
@@ -70,8 +86,11 @@ class Method:
     def end_epoch(self, epoch: int) -> dict:
         return {}
 
-    def eval_model(self) -> nn.Module:
+    def local_model(self) -> nn.Module:
         return getattr(self.model, "module", self.model)
+
+    def global_model(self, final: bool) -> nn.Module | None:
+        return None
 
     def state_dict(self) -> dict:
         return {}

@@ -1,0 +1,1 @@
+"""Knowledge-distillation parts shared by methods (and, later, the elastic teacher service)."""

@@ -1,0 +1,55 @@
+"""Models as flat vectors, gathering every rank's model, and an output ensemble as one module."""
+
+from __future__ import annotations
+
+import copy
+
+import torch
+from torch import nn
+
+
+def state_tensors(model: nn.Module) -> list[torch.Tensor]:
+    """The tensors that define a model's function: parameters and floating buffers (BatchNorm stats)."""
+    return list(model.parameters()) + [b for b in model.buffers() if b.is_floating_point()]
+
+
+def flat_state(model: nn.Module) -> torch.Tensor:
+    return torch.cat([t.detach().reshape(-1) for t in state_tensors(model)])
+
+
+@torch.no_grad()
+def load_flat(model: nn.Module, vector: torch.Tensor) -> None:
+    offset = 0
+    for t in state_tensors(model):
+        t.copy_(vector[offset:offset + t.numel()].view_as(t))
+        offset += t.numel()
+
+
+def gather_models(comm, model: nn.Module, tag: str) -> list[nn.Module]:
+    """Every rank's copy of `model`'s architecture holding that rank's current state, in rank order."""
+    members = []
+    for vector in comm.all_gather(flat_state(model), tag=tag):
+        member = copy.deepcopy(model).eval()
+        load_flat(member, vector)
+        members.append(member)
+    return members
+
+
+class Ensemble(nn.Module):
+    """G(x) = sum_k w_k softmax(f_k(x)); forward returns log G(x), so argmax and NLL work on it."""
+
+    def __init__(self, members: list[nn.Module], weights: torch.Tensor | None = None):
+        super().__init__()
+        self.members = nn.ModuleList(members)
+        k = len(members)
+        self.register_buffer("weights", torch.full((k,), 1.0 / k) if weights is None else weights.clone().float())
+
+    @torch.no_grad()
+    def member_probs(self, x: torch.Tensor) -> torch.Tensor:
+        """(K, N, C) softmax outputs of every member on x."""
+        return torch.stack([torch.softmax(m(x), dim=1) for m in self.members])
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        probs = torch.stack([torch.softmax(m(x), dim=1) for m in self.members])
+        mixed = (self.weights.view(-1, 1, 1) * probs).sum(0)
+        return mixed.clamp_min(1e-12).log()  # regression weights may be negative: clamp before the log

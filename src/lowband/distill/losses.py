@@ -1,0 +1,50 @@
+"""Pure loss and weighting functions: tensors in, tensors out, no process group.
+
+`ensemble_weights` implements the three aggregations of EC-DNN (Sun et al., "Ensemble-Compression:
+A New Method for Parallel Training of Deep Neural Networks"): simple, regression and margin.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+
+def ensemble_weights(probs: torch.Tensor, labels: torch.Tensor | None = None, method: str = "simple") -> torch.Tensor:
+    """Weights (K, N) of K models' softmax outputs `probs` (K, N, C) in an output ensemble.
+
+    simple: 1/K everywhere. regression: the unconstrained least-squares alpha in R^K minimising
+    sum_n ||onehot(y_n) - sum_k alpha_k probs[k, n]||^2, the same for every sample. margin: per
+    sample, max(p_k[y] - max_{i != y} p_k[i], 0) normalised over k; 1/K where every margin is 0.
+    """
+    k, n, c = probs.shape
+    if method == "simple":
+        return torch.full((k, n), 1.0 / k, dtype=probs.dtype, device=probs.device)
+    if method not in ("regression", "margin"):
+        raise ValueError(f"method={method!r}: must be 'simple', 'regression' or 'margin'")
+    if labels is None:
+        raise ValueError(f"labels is required for method={method!r}")
+    if method == "regression":
+        design = probs.permute(1, 2, 0).reshape(n * c, k).double()
+        target = F.one_hot(labels, c).reshape(n * c, 1).double()
+        alpha = torch.linalg.lstsq(design, target, driver="gelsd").solution.reshape(k)
+        return alpha.to(probs.dtype)[:, None].expand(k, n).clone()
+    true = probs.gather(2, labels.view(1, n, 1).expand(k, n, 1)).squeeze(2)
+    others = probs.scatter(2, labels.view(1, n, 1).expand(k, n, 1), float("-inf")).amax(2)
+    margin = (true - others).clamp_min(0)
+    total = margin.sum(0, keepdim=True)
+    return torch.where(total > 0, margin / total.clamp_min(1e-30), torch.full_like(margin, 1.0 / k))
+
+
+def soft_cross_entropy(logits: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:
+    """Per-sample cross-entropy of softmax(logits) against a probability vector."""
+    return -(target_probs * F.log_softmax(logits, dim=1)).sum(1)
+
+
+def diversity_penalty(logits: torch.Tensor, mean_probs: torch.Tensor) -> torch.Tensor:
+    """EC-DNN's similarity loss L_sim = -||softmax(logits) - mean_probs||^2, per sample.
+
+    Adding alpha * L_sim to the loss and minimising it pushes the output away from the mean
+    output of the latest compressed models (more diverse local models).
+    """
+    return -(F.softmax(logits, dim=1) - mean_probs).pow(2).sum(1)
