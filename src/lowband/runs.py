@@ -29,6 +29,7 @@ def world_size(cfg: C.Config) -> int:
     world = method.fixed_workers or cfg.train.workers
     if world < method.min_workers:
         raise ConfigError("train.workers", world, f"method {cfg.method.name} needs at least {method.min_workers} workers")
+    method.check(cfg.method, world)
     return world
 
 
@@ -111,10 +112,13 @@ def _run(cfg: C.Config, run_dir: str, resume: bool, comm: Communicator) -> None:
 
 
 def _as_torchrun_worker(cfg: C.Config, run_dir: str | None, out: str, resume: bool) -> tuple[int, str]:
-    fixed = METHODS.get(cfg.method.name).fixed_workers
+    method = METHODS.get(cfg.method.name)
     world = int(os.environ["WORLD_SIZE"])
-    if fixed and fixed != world:
-        raise UsageError(f"method {cfg.method.name} runs {fixed} process(es); torchrun started {world}")
+    if method.fixed_workers and method.fixed_workers != world:
+        raise UsageError(f"method {cfg.method.name} runs {method.fixed_workers} process(es); torchrun started {world}")
+    if world < method.min_workers:
+        raise UsageError(f"method {cfg.method.name} needs at least {method.min_workers} workers; torchrun started {world}")
+    method.check(cfg.method, world)
     comm = _join(cfg)
     chosen = None
     if comm.rank == 0:

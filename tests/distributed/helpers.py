@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector
 
 from lowband.comm import Communicator
-from lowband.config import Config, ModelConfig
+from lowband.config import Config, ModelConfig, TrainConfig
 from lowband.methods.allreduce import Allreduce, AllreduceConfig
 from lowband.methods.base import Context
 from lowband.models import build_model
@@ -111,4 +111,46 @@ def local_sgd_trace(out_dir: str, steps: str, tau: str) -> None:
         post.append(parameters_to_vector(model.parameters()).detach().clone())
     torch.save({"pre": torch.stack(pre), "post": torch.stack(post), "stats": comm.snapshot()},
                os.path.join(out_dir, f"rank{comm.rank}.pt"))
+    comm.close()
+
+
+def gossip_trace(out_dir: str, steps: str, method: str, options: str = "{}") -> None:
+    """Run a gossip method's hooks in the trainer's order on fixed batches, with plain SGD.
+
+    Records per step: x before mixing, the gradient, x after mixing, x after the step.
+    """
+    from lowband.registry import METHODS, load_all
+
+    load_all()
+    torch.set_num_threads(1)
+    steps = int(steps)
+    comm = Communicator.from_env(torch.device("cpu"), "gloo", timeout_s=60)
+    torch.manual_seed(0)
+    cls = METHODS.get(method)
+    mcfg = cls.Config(**json.loads(options))
+    ctx = Context(Config(method=mcfg, train=TrainConfig(epochs=1)), comm, torch.device("cpu"), logging.getLogger("t"),
+                  out_dir, steps)
+    gossip = cls(mcfg, ctx)
+    model = gossip.setup(initial_model())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    xs, ys = fixed_batches(steps, 8 * comm.world)
+    rec = {"before": [], "grad": [], "mixed": [], "after": []}
+    for s in range(steps):
+        part = slice(comm.rank * 8, (comm.rank + 1) * 8)
+        torch.rand(1)  # stands for dropout etc.: the global RNG must not see the masks
+        opt.zero_grad()
+        F.cross_entropy(model(xs[s, part]), ys[s, part]).backward()
+        rec["before"].append(parameters_to_vector(model.parameters()).detach().clone())
+        rec["grad"].append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
+        gossip.after_backward(s)
+        rec["mixed"].append(parameters_to_vector(model.parameters()).detach().clone())
+        opt.step()
+        gossip.after_step(s)
+        rec["after"].append(parameters_to_vector(model.parameters()).detach().clone())
+    out = {k: torch.stack(v) for k, v in rec.items()}
+    out["rng"] = torch.get_rng_state()
+    out.update({f"copy{j}": t for j, t in getattr(gossip, "copies", {}).items()})
+    torch.save(out, os.path.join(out_dir, f"rank{comm.rank}.pt"))
+    with open(os.path.join(out_dir, f"stats{comm.rank}.json"), "w") as f:
+        json.dump(comm.snapshot(), f)
     comm.close()

@@ -102,6 +102,12 @@ def test_killed_launcher_takes_its_workers_with_it_and_the_run_resumes(tmp_path)
     (["--method", "ec_dnn", "--set", "method.mu=1.5"], "method.mu=1.5"),
     (["--method", "local_sgd", "--set", "method.alpha=1"], "method.alpha=1"),
     (["--method", "ec_dnn", "--workers", "1"], "needs at least 2 workers"),
+    (["--method", "rdpsgd", "--set", "method.p=0"], "method.p=0"),
+    (["--method", "rdpsgd", "--workers", "7", "--set", "method.topology='torus'"], "7 workers cannot form a torus"),
+    (["--method", "dpsgd", "--set", "method.topology='star'"], "'ring', 'torus', 'complete'"),
+    (["--method", "dpsgd", "--set", "method.sync_every=0"], "method.sync_every=0"),
+    (["--method", "dpsgd", "--workers", "1"], "needs at least 2 workers"),
+    (["--method", "topk", "--set", "method.index='seed'"], "'gaps', 'bitmask'"),
 ])
 def test_bad_input_is_one_line_exit_2_and_leaves_nothing(tmp_path, args, field):
     cache = os.environ["LOWBAND_TEST_CACHE"]

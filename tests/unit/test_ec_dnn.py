@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from lowband.comm import Communicator
 from lowband.config import Config, ModelConfig, TrainConfig
 from lowband.data import TensorData
-from lowband.distill.ensemble import flat_state
+from lowband.models.flat import flat_state
 from lowband.methods.base import Context
 from lowband.methods.ec_dnn import ECDNN, ECDNNConfig
 from lowband.models import build_model

@@ -153,14 +153,18 @@ class Communicator:
         return tensor
 
     def exchange(self, sends: dict[int, torch.Tensor], recvs: dict[int, torch.Tensor], tag: str) -> None:
-        """Post all sends and receives at once (neighbour exchange), then wait for all of them."""
-        def run():
-            ops = [dist.P2POp(dist.isend, t.contiguous(), peer, self.group) for peer, t in sends.items()]
-            ops += [dist.P2POp(dist.irecv, t, peer, self.group) for peer, t in recvs.items()]
-            for work in dist.batch_isend_irecv(ops) if ops else []:
-                work.wait()
-        sent = sum(_nbytes(t) for t in sends.values())
-        self._timed(tag, sent, sum(_nbytes(t) for t in recvs.values()), run)
+        """Send to and receive from several peers at once (a neighbour exchange) and wait."""
+        self.exchange_async(sends, recvs, tag).wait()
+
+    def exchange_async(self, sends: dict[int, torch.Tensor], recvs: dict[int, torch.Tensor], tag: str) -> Pending:
+        """Post the sends and receives and return at once; `wait()` on the result before reading `recvs`.
+
+        Bytes are counted when posted; the seconds counted are those spent blocked in `wait()`.
+        """
+        ops = [dist.P2POp(dist.isend, t.contiguous(), peer, self.group) for peer, t in sends.items()]
+        ops += [dist.P2POp(dist.irecv, t, peer, self.group) for peer, t in recvs.items()]
+        self.count(tag, sum(_nbytes(t) for t in sends.values()), sum(_nbytes(t) for t in recvs.values()))
+        return Pending(self, tag, dist.batch_isend_irecv(ops) if ops else [])
 
     def broadcast_bytes(self, data: bytes | None, src: int, tag: str = "control") -> bytes:
         """Broadcast a byte string (e.g. a path) from `src`; plain bytes, never pickle."""
@@ -207,6 +211,21 @@ class Communicator:
         with torch.no_grad():
             for t in tensors:
                 self.broadcast(t.data, src, tag)
+
+
+class Pending:
+    """Point-to-point operations in flight."""
+
+    def __init__(self, comm: Communicator, tag: str, works: list):
+        self.comm, self.tag, self.works = comm, tag, works
+
+    def wait(self) -> None:
+        t0 = time.perf_counter()
+        for work in self.works:
+            work.wait()
+        self.comm._sync()
+        self.comm.add_time(self.tag, time.perf_counter() - t0)
+        self.works = []
 
 
 def _nbytes(tensor: torch.Tensor) -> int:

@@ -1,4 +1,4 @@
-"""Models as flat vectors, gathering every rank's model, and an output ensemble as one module."""
+"""Gathering every rank's model, and an output ensemble of models as one module."""
 
 from __future__ import annotations
 
@@ -7,22 +7,7 @@ import copy
 import torch
 from torch import nn
 
-
-def state_tensors(model: nn.Module) -> list[torch.Tensor]:
-    """The tensors that define a model's function: parameters and floating buffers (BatchNorm stats)."""
-    return list(model.parameters()) + [b for b in model.buffers() if b.is_floating_point()]
-
-
-def flat_state(model: nn.Module) -> torch.Tensor:
-    return torch.cat([t.detach().reshape(-1) for t in state_tensors(model)])
-
-
-@torch.no_grad()
-def load_flat(model: nn.Module, vector: torch.Tensor) -> None:
-    offset = 0
-    for t in state_tensors(model):
-        t.copy_(vector[offset:offset + t.numel()].view_as(t))
-        offset += t.numel()
+from lowband.models.flat import flat_state, load_flat
 
 
 def gather_models(comm, model: nn.Module, tag: str) -> list[nn.Module]:

@@ -59,6 +59,10 @@ class Method:
     #: the fewest workers the method makes sense with
     min_workers: int = 1
 
+    @classmethod
+    def check(cls, cfg: MethodConfig, world: int) -> None:
+        """Reject options that cannot work with `world` workers (raise ConfigError); before any worker starts."""
+
     def __init__(self, cfg: MethodConfig, ctx: Context):
         self.cfg, self.ctx = cfg, ctx
         self.model: nn.Module | None = None

@@ -14,7 +14,7 @@ import copy
 from dataclasses import dataclass
 
 from lowband.config import opt
-from lowband.distill.ensemble import flat_state, load_flat
+from lowband.models.flat import flat_state, load_flat
 from lowband.methods.base import Method
 from lowband.methods.rounds import RoundLog, RoundsConfig
 from lowband.registry import METHODS

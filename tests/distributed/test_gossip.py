@@ -1,0 +1,102 @@
+"""D-PSGD, RD-PSGD and TopK gossip on real gloo ranks against a single-process simulation."""
+
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import torch
+
+from lowband import launch
+from lowband.comm.codecs import GapsIndex
+from lowband.comm.masks import random_indices
+from lowband.comm.topology import mixing_matrix, neighbours
+from lowband.methods.gossip import mask_seed
+
+STEPS, LR = 5, 0.1
+
+
+def trace(tmp_path, world: int, method: str, **options):
+    out = tmp_path / f"{method}-{json.dumps(options, sort_keys=True)}".replace(" ", "").replace('"', "")
+    out.mkdir()
+    code = launch.run("tests.distributed.helpers:gossip_trace", [str(out), str(STEPS), method, json.dumps(options)],
+                      world, str(out))
+    assert code == 0
+    ranks = [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(world)]
+    stats = [json.loads((out / f"stats{r}.json").read_text()) for r in range(world)]
+    return ranks, stats
+
+
+def stacked(ranks, key, step):
+    return torch.stack([r[key][step] for r in ranks]).double()
+
+
+def test_dpsgd_matches_x_gets_wx_minus_lr_g(tmp_path):
+    world = 4
+    ranks, stats = trace(tmp_path, world, "dpsgd")
+    w = mixing_matrix("ring", world)
+    x = stacked(ranks, "before", 0)
+    for s in range(STEPS):
+        torch.testing.assert_close(stacked(ranks, "before", s).float(), x.float())
+        x = w @ x - LR * stacked(ranks, "grad", s)  # the simulation, with the gradients the ranks computed
+        torch.testing.assert_close(stacked(ranks, "after", s).float(), x.float(), rtol=1e-5, atol=1e-6)
+    d = ranks[0]["before"].shape[1]
+    for st in stats:  # two neighbours, d float32 values each, every step; no index
+        assert st["params"]["sent"] == st["params"]["recv"] == STEPS * 2 * d * 4
+        assert "index" not in st
+
+
+@pytest.mark.parametrize("index", ["seed", "gaps", "bitmask"])
+def test_rdpsgd_mixes_exactly_the_masked_coordinates(tmp_path, index):
+    world, p = 4, 0.3
+    ranks, stats = trace(tmp_path, world, "rdpsgd", p=p, index=index)
+    w = mixing_matrix("ring", world)
+    d = ranks[0]["before"].shape[1]
+    index_bytes = 0
+    for s in range(STEPS):
+        idx = random_indices(d, p, torch.Generator().manual_seed(mask_seed(0, s)), "geometric")
+        outside = torch.ones(d, dtype=torch.bool)
+        outside[idx] = False
+        before, mixed = stacked(ranks, "before", s), stacked(ranks, "mixed", s)
+        assert torch.equal(mixed[:, outside], before[:, outside])  # untouched by mixing
+        torch.testing.assert_close(mixed[:, idx], (w @ before)[:, idx], rtol=1e-5, atol=1e-6)
+        index_bytes += {"seed": 0, "gaps": 8 + GapsIndex.analytic_bytes(idx), "bitmask": 8 + math.ceil(d / 8)}[index]
+    for st in stats:
+        sent = sum(len(random_indices(d, p, torch.Generator().manual_seed(mask_seed(0, s)), "geometric"))
+                   for s in range(STEPS)) * 4 * 2
+        assert st["params"]["sent"] == sent
+        assert st.get("index", {"sent": 0})["sent"] == 2 * index_bytes
+
+
+def test_rdpsgd_with_p_one_is_dpsgd_and_masks_leave_the_global_rng_alone(tmp_path):
+    world = 3
+    dense, _ = trace(tmp_path, world, "dpsgd")
+    full, _ = trace(tmp_path, world, "rdpsgd", p=1.0)
+    sparse, _ = trace(tmp_path, world, "rdpsgd", p=0.2, sampler="bernoulli")
+    for a, b in zip(dense, full):
+        assert torch.equal(a["after"], b["after"])
+    for a, b in zip(dense, sparse):
+        assert torch.equal(a["rng"], b["rng"])
+        assert not torch.equal(a["after"], b["after"])
+
+
+def test_topk_with_everything_sent_is_dpsgd(tmp_path):
+    world = 4
+    dense, _ = trace(tmp_path, world, "dpsgd")
+    topk, _ = trace(tmp_path, world, "topk", p=1.0)
+    for a, b in zip(dense, topk):
+        torch.testing.assert_close(b["after"], a["after"], rtol=1e-5, atol=1e-6)
+
+
+def test_topk_public_copies_agree_across_ranks(tmp_path):
+    world = 4
+    ranks, stats = trace(tmp_path, world, "topk", p=0.05, index="bitmask")
+    for i in range(world):
+        for j in neighbours("ring", i, world):  # i's copy of j is what j itself holds as its own copy
+            torch.testing.assert_close(ranks[i][f"copy{j}"], ranks[j][f"copy{j}"], rtol=0, atol=0)
+    d = ranks[0]["before"].shape[1]
+    k = round(0.05 * d)
+    for st in stats:
+        assert st["params"]["sent"] == STEPS * 2 * k * 4
+        assert st["index"]["sent"] == STEPS * 2 * (16 + math.ceil(d / 8))  # (length, k) header + bitmask
