@@ -18,6 +18,8 @@ examples:
   lowband train --resume runs/allreduce-20261121-101500
   torchrun --nproc-per-node 4 -m lowband train --method allreduce   (one worker per torchrun process)
   lowband config --method allreduce     (every option, its default and what it means)
+  lowband train --method afsd --set method.interval=200 --target-from runs/allreduce-20261121-101500
+  lowband churn runs/codistill-a runs/codistill-b     (how often two runs' predictions differ)
 """
 
 DEMO_METHODS = "single,allreduce,local_sgd,ensemble,ec_dnn"
@@ -50,14 +52,20 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--run-dir", help="directory for this run (default OUT/METHOD-TIMESTAMP)")
     t.add_argument("--out", default="runs", help="parent directory of new run directories (default runs)")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
+    t.add_argument("--target-from", metavar="RUN_DIR",
+                   help="set train.target_accuracy to that run's final test accuracy (e.g. an allreduce run)")
     c = sub.add_parser("compare", help="train several methods on the same data and seeds, print one table")
     c.add_argument("--methods", default=DEMO_METHODS,
                    help=f"comma-separated methods, each NAME or NAME:KEY=VALUE[:...] (default {DEMO_METHODS})")
     _common(c, with_method=False)
     c.add_argument("--out", default="runs", help="parent directory of the comparison directory (default runs)")
+    c.add_argument("--target-from", metavar="RUN_DIR", help="set train.target_accuracy to that run's final test accuracy")
     g = sub.add_parser("config", help="print the resolved configuration with every option explained")
     _common(g)
     sub.add_parser("list", help="list the known methods, models and data sets")
+    h = sub.add_parser("churn", help="share of test examples on which two runs' final models disagree")
+    h.add_argument("run_a", metavar="RUN_A")
+    h.add_argument("run_b", metavar="RUN_B")
     return p
 
 
@@ -73,10 +81,21 @@ def resolve(args, method: str | None = None) -> C.Config:
         value = getattr(args, key, None)
         if value is not None:
             raw = C.merge(raw, C.nest(key.split("."), value))
+    if getattr(args, "target_from", None):
+        raw = C.merge(raw, {"train": {"target_accuracy": final_accuracy(args.target_from)}})
     for item in args.sets:
         path, value = C.parse_set(item)
         raw = C.merge(raw, C.nest(path, value))
     return C.from_dict(raw, method_configs())
+
+
+def final_accuracy(run_dir: str) -> float:
+    from lowband.metrics import read_metrics
+
+    accs = [r["test_acc"] for r in read_metrics(run_dir) if r.get("test_acc") is not None]
+    if not accs:
+        raise UsageError(f"--target-from {run_dir}: no test accuracy recorded there (metrics.jsonl missing or empty)")
+    return accs[-1]
 
 
 def cmd_train(args) -> int:
@@ -98,7 +117,7 @@ def resume_config(args) -> C.Config:
     from lowband import runs
 
     changed = [flag for flag, key, _ in SHORTCUTS if getattr(args, key) is not None and key != "train.epochs"]
-    if changed or args.sets or args.config or args.method:
+    if changed or args.sets or args.config or args.method or args.target_from:
         raise UsageError("--resume continues a run with its own config.toml; only --epochs may change")
     cfg = runs.read_run_config(args.resume)
     if args.__dict__["train.epochs"] is not None:
@@ -124,6 +143,15 @@ def cmd_config(args) -> int:
     return 0
 
 
+def cmd_churn(args) -> int:
+    from lowband.churn import churn
+
+    r = churn(args.run_a, args.run_b)
+    print(f"churn {r['churn']:.4f} ({round(r['churn'] * r['examples'])} of {r['examples']} test examples differ); "
+          f"accuracy {r['acc_a']:.4f} vs {r['acc_b']:.4f}")
+    return 0
+
+
 def cmd_list(args) -> int:
     from lowband.registry import DATASETS, METHODS, MODELS
 
@@ -142,7 +170,8 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     try:
         load_all()
-        return {"train": cmd_train, "compare": cmd_compare, "config": cmd_config, "list": cmd_list}[args.command](args)
+        return {"train": cmd_train, "compare": cmd_compare, "config": cmd_config, "list": cmd_list,
+                "churn": cmd_churn}[args.command](args)
     except UsageError as e:
         print(f"lowband: error: {e}", file=sys.stderr)
         return 2

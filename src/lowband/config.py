@@ -39,8 +39,13 @@ class TrainConfig:
     backend: Literal["auto", "gloo", "nccl"] = opt("auto", "auto: nccl on cuda, gloo on cpu")
     timeout_s: float = opt(300.0, "process-group timeout: a collective waiting longer fails")
     threads: int = opt(1, "torch threads per worker process")
+    target_accuracy: float = opt(0.0, "report the first epoch whose test accuracy reaches this (0: none)")
+    stop_at_target: bool = opt(False, "stop training at the first epoch that reaches target_accuracy")
 
     def __post_init__(self):
+        require(0 <= self.target_accuracy <= 1, "train.target_accuracy", self.target_accuracy, "must be in [0, 1]")
+        require(not self.stop_at_target or self.target_accuracy > 0, "train.stop_at_target", self.stop_at_target,
+                "needs train.target_accuracy > 0 (or --target-from RUN_DIR)")
         for name in ("workers", "epochs", "batch_size", "eval_every", "eval_batch_size", "threads"):
             require(getattr(self, name) >= 1, f"train.{name}", getattr(self, name), "must be >= 1")
         require(self.checkpoint_every >= 0, "train.checkpoint_every", self.checkpoint_every,

@@ -42,11 +42,16 @@ def spawn(entry: str, args: list[str], world: int, rendezvous_dir: str, threads:
             for r in range(world)]
 
 
-def run(entry: str, args: list[str], world: int, rendezvous_dir: str, threads: int = 1) -> int:
-    """Run `entry` in `world` processes; return 0, or the first failing worker's exit code."""
+def run(entry: str, args: list[str], world: int, rendezvous_dir: str, threads: int = 1,
+        keep_going: bool = False) -> int:
+    """Run `entry` in `world` processes; return 0, or the first failing worker's exit code.
+
+    keep_going: a failed worker does not stop the others (for methods whose workers train
+    separate models); the run succeeds if at least one worker finished.
+    """
     procs = spawn(entry, args, world, rendezvous_dir, threads)
     try:
-        return supervise(procs)
+        return supervise(procs, keep_going=keep_going)
     except KeyboardInterrupt:
         stop(procs)
         print("lowband: interrupted; stopped every worker", file=sys.stderr)
@@ -58,10 +63,21 @@ def run(entry: str, args: list[str], world: int, rendezvous_dir: str, threads: i
                 _remove(os.path.join(rendezvous_dir, f))
 
 
-def supervise(procs: list[subprocess.Popen], poll_s: float = 0.05) -> int:
+def supervise(procs: list[subprocess.Popen], poll_s: float = 0.05, keep_going: bool = False) -> int:
+    reported: set[int] = set()
     while True:
         codes = [p.poll() for p in procs]
         failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
+        if keep_going and failed and any(c in (None, 0) for c in codes) and 2 not in codes:
+            for rank, code in failed:
+                if rank not in reported:
+                    reported.add(rank)
+                    print(f"lowband: worker {rank} (pid {procs[rank].pid}) {_describe(code)}; "
+                          f"the others carry on without it", file=sys.stderr)
+            if all(c is not None for c in codes):
+                return 0
+            time.sleep(poll_s)
+            continue
         if failed:
             rank, code = failed[0]
             others = sum(c is None for c in codes)

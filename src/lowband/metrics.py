@@ -31,8 +31,8 @@ class _TqdmHandler(logging.Handler):
         tqdm.write(self.format(record), file=sys.stderr if record.levelno >= logging.WARNING else sys.stdout)
 
 
-def read_metrics(run_dir: str) -> list[dict]:
-    path = os.path.join(run_dir, "metrics.jsonl")
+def read_metrics(run_dir: str, filename: str = "metrics.jsonl") -> list[dict]:
+    path = os.path.join(run_dir, filename)
     if not os.path.exists(path):
         return []
     with open(path) as f:
@@ -42,15 +42,17 @@ def read_metrics(run_dir: str) -> list[dict]:
 class MetricsSink:
     """Writes epoch records (rank 0 only) and drives the progress display."""
 
-    def __init__(self, run_dir: str, active: bool, total_epochs: int, log: logging.Logger):
-        self.path = os.path.join(run_dir, "metrics.jsonl")
+    def __init__(self, run_dir: str, active: bool, total_epochs: int, log: logging.Logger,
+                 filename: str = "metrics.jsonl"):
+        self.path = os.path.join(run_dir, filename)
         self.active, self.total_epochs, self.log = active, total_epochs, log
         self.tty = active and sys.stderr.isatty()
 
     def keep_until(self, epoch: int) -> None:
         """On resume: drop records after the checkpointed epoch."""
         if self.active:
-            records = [r for r in read_metrics(os.path.dirname(self.path)) if r["epoch"] <= epoch]
+            records = [r for r in read_metrics(os.path.dirname(self.path), os.path.basename(self.path))
+                       if r["epoch"] <= epoch]
             with open(self.path, "w") as f:
                 f.writelines(json.dumps(r) + "\n" for r in records)
 

@@ -85,7 +85,7 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
         check_plan(cfg)
         prepare_run_dir(cfg, run_dir)
     code = launch.run("lowband.runs:train_worker", [run_dir, "1" if resume else "0"], world_size(cfg),
-                      run_dir, cfg.train.threads)
+                      run_dir, cfg.train.threads, keep_going=METHODS.get(cfg.method.name).independent_models)
     return code, run_dir
 
 

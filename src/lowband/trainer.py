@@ -37,7 +37,9 @@ class Plan:
 
 def make_plan(cfg: Config, world: int) -> Plan:
     data = load_dataset(cfg.data)
-    shards = partition(data.y_train, world, cfg.data.partition, cfg.train.seed, cfg.data.alpha)
+    shards = METHODS.get(cfg.method.name).partition(cfg.method, data.y_train, world, cfg.train.seed)
+    if shards is None:
+        shards = partition(data.y_train, world, cfg.data.partition, cfg.train.seed, cfg.data.alpha)
     return Plan(data, shards, steps_per_epoch(shards, cfg.train.batch_size))
 
 
@@ -88,7 +90,10 @@ class Trainer:
                                seed=cfg.train.seed * 131 + self.rank, augment=augment, device=self.device)
         warm = cfg.optim.warmup_epochs
         self.warmup = self.method.default_warmup_epochs() if warm == "auto" else float(warm)
-        self.sink = MetricsSink(run_dir, self.rank == 0, cfg.train.epochs, self.log)
+        self.independent = method_cls.independent_models
+        metrics_file = "metrics.jsonl" if self.rank == 0 else f"metrics.rank{self.rank}.jsonl"
+        self.sink = MetricsSink(run_dir, self.rank == 0 or self.independent, cfg.train.epochs, self.log, metrics_file)
+        self.reached_target: int | None = None
         self.epoch, self.step, self.samples, self.elapsed, self.train_s = 0, 0, 0, 0.0, 0.0
         self.method_eval_s = 0.0  # evaluations a method asked for inside training hooks
 
@@ -100,7 +105,18 @@ class Trainer:
             self.log.info(self._banner())
         for epoch in range(self.epoch + 1, self.cfg.train.epochs + 1):
             self._run_epoch(epoch)
+            if self._should_stop():
+                self.log.info(f"stopping at epoch {epoch}: test accuracy reached {self.cfg.train.target_accuracy}")
+                break
         self._save_final()
+
+    def _should_stop(self) -> bool:
+        if not self.cfg.train.stop_at_target:
+            return False
+        flag = torch.tensor([1.0 if self.reached_target is not None else 0.0], device=self.device)
+        if not self.independent:  # everyone follows rank 0, whose model is the one reported
+            self.comm.broadcast(flag, src=0, tag="control")
+        return bool(flag.item())
 
     def _run_epoch(self, epoch: int) -> None:
         t_start, comm_before, wait_before = time.perf_counter(), self._comm_seconds(), self._wait_seconds()
@@ -175,12 +191,17 @@ class Trainer:
         times["eval_s"] = time.perf_counter() - t_eval
         sent, recv = self._training_bytes()
         mine = torch.tensor([loss, local, sent, recv, self.plan.steps * self.cfg.train.batch_size], dtype=torch.float64)
-        ranks = torch.stack(self.comm.all_gather(mine.to(self.device), tag="metrics")).cpu()
+        ranks = mine[None] if self.independent else torch.stack(self.comm.all_gather(mine.to(self.device), tag="metrics")).cpu()
         if not math.isfinite(float(ranks[:, 0].max())):
             raise TrainingError(f"training diverged in epoch {epoch} (loss {float(ranks[:, 0].max())}); lower optim.lr")
         self.elapsed += time.perf_counter() - t_start
         self.best_local_rank = int(ranks[:, 0].argmin())
         record = epoch_record(self, epoch, ranks, glob_acc if evaluate else None, evaluate, times)
+        target = self.cfg.train.target_accuracy
+        if target and self.reached_target is None and evaluate and record["test_acc"] >= target:
+            self.reached_target = epoch
+            self.log.info(f"epoch {epoch}: test accuracy {record['test_acc']:.4f} reached the target {target}")
+        record["reached_target_epoch"] = self.reached_target
         self.sink.write({**record, **extra})
         every = self.cfg.train.checkpoint_every
         if (every and epoch % every == 0) or last:
@@ -190,6 +211,9 @@ class Trainer:
     def _save_final(self) -> None:
         """model.safetensors: the global model if the method has one, else this rank's; model_L too."""
         glob = getattr(self, "_final_global", None)
+        if self.independent and self.rank > 0:
+            path = os.path.join(self.run_dir, f"model.rank{self.rank}.safetensors")
+            checkpoint.save_model(self.method.local_model().state_dict(), path)
         if self.rank == 0:
             final = glob if glob is not None else self.method.local_model()
             checkpoint.save_model(final.state_dict(), os.path.join(self.run_dir, "model.safetensors"))
@@ -200,7 +224,7 @@ class Trainer:
     def _save_checkpoint(self, epoch: int) -> None:
         state = {
             "epoch": epoch, "step": self.step, "samples": self.samples, "elapsed": self.elapsed,
-            "model": getattr(self.model, "module", self.model).state_dict(),
+            "model": self.method.local_model().state_dict(), "reached_target": self.reached_target or 0,
             "optimizer": self.optimizer.state_dict(), "method": self.method.state_dict(),
             "comm": self.comm.snapshot(), "rng": torch.get_rng_state(), "train_s": self.train_s,
         }
@@ -208,15 +232,20 @@ class Trainer:
         checkpoint.prune(self.run_dir, self.rank)
 
     def _resume(self) -> None:
-        epoch = checkpoint.latest_common_epoch(self.run_dir, self.world)
-        agreed = self.comm.all_gather(torch.tensor([epoch], device=self.device), tag="control")
+        if self.independent:
+            epoch = max(checkpoint.epochs_saved(self.run_dir, self.rank), default=0)
+            agreed = [torch.tensor([epoch])]
+        else:
+            epoch = checkpoint.latest_common_epoch(self.run_dir, self.world)
+            agreed = self.comm.all_gather(torch.tensor([epoch], device=self.device), tag="control")
         if len({int(t.item()) for t in agreed}) != 1:
             raise TrainingError(f"ranks see different checkpoints ({[int(t) for t in agreed]}); is the run dir shared?")
         if epoch == 0:
             self.log.warning(f"no checkpoint in {self.run_dir}; starting from scratch")
             return
         state = checkpoint.load_state(checkpoint.rank_path(self.run_dir, self.rank, epoch))
-        getattr(self.model, "module", self.model).load_state_dict(state["model"])
+        self.method.local_model().load_state_dict(state["model"])
+        self.reached_target = state.get("reached_target") or None
         self.optimizer.load_state_dict(state["optimizer"])
         self.method.load_state_dict(state["method"])
         self.comm.load_snapshot(state["comm"])

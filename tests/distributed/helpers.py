@@ -15,6 +15,7 @@ from lowband.config import Config, ModelConfig, TrainConfig
 from lowband.methods.allreduce import Allreduce, AllreduceConfig
 from lowband.methods.base import Context
 from lowband.models import build_model
+from lowband.models.flat import flat_state
 
 IN_SHAPE, CLASSES = (1, 40), 10
 
@@ -153,4 +154,39 @@ def gossip_trace(out_dir: str, steps: str, method: str, options: str = "{}") -> 
     torch.save(out, os.path.join(out_dir, f"rank{comm.rank}.pt"))
     with open(os.path.join(out_dir, f"stats{comm.rank}.json"), "w") as f:
         json.dump(comm.snapshot(), f)
+    comm.close()
+
+
+def codistill_trace(out_dir: str, steps: str, interval: str, method: str = "codistill") -> None:
+    """Codistillation hooks in the trainer's order; records own and teacher parameters every step."""
+    from lowband.methods.afsd import AFSD, AFSDConfig
+    from lowband.methods.codistill import Codistill, CodistillConfig
+
+    torch.set_num_threads(1)
+    steps, interval = int(steps), int(interval)
+    comm = Communicator.from_env(torch.device("cpu"), "gloo", timeout_s=60)
+    cls, config = (AFSD, AFSDConfig) if method == "afsd" else (Codistill, CodistillConfig)
+    mcfg = config(interval=interval, wait_s=30.0, store=os.path.join(out_dir, "store"))
+    ctx = Context(Config(method=mcfg, train=TrainConfig(epochs=1)), comm, torch.device("cpu"), logging.getLogger("t"),
+                  out_dir, steps)
+    torch.manual_seed(comm.rank)
+    codistill = cls(mcfg, ctx)
+    model = codistill.setup(build_model(ModelConfig(name="cnn1d"), IN_SHAPE, CLASSES))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    xs, ys = fixed_batches(steps, 8 * comm.world)
+    own, teachers, versions = [], [], []
+    for s in range(steps):
+        part = slice(comm.rank * 8, (comm.rank + 1) * 8)
+        out = model(xs[s, part])
+        loss = codistill.loss((xs[s, part], ys[s, part], torch.arange(8)), out, F.cross_entropy(out, ys[s, part]))
+        opt.zero_grad()
+        loss.backward()
+        codistill.after_backward(s)
+        opt.step()
+        codistill.after_step(s)
+        own.append(flat_state(codistill.local_model()).clone())
+        teachers.append({j: flat_state(t).clone() for j, t in codistill.teachers.items()})
+        versions.append(dict(codistill.teacher_step))
+    torch.save({"own": torch.stack(own), "teachers": teachers, "versions": versions, "stats": comm.snapshot(),
+                "metrics": codistill.end_epoch(1)}, os.path.join(out_dir, f"rank{comm.rank}.pt"))
     comm.close()

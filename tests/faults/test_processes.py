@@ -108,6 +108,13 @@ def test_killed_launcher_takes_its_workers_with_it_and_the_run_resumes(tmp_path)
     (["--method", "dpsgd", "--set", "method.sync_every=0"], "method.sync_every=0"),
     (["--method", "dpsgd", "--workers", "1"], "needs at least 2 workers"),
     (["--method", "topk", "--set", "method.index='seed'"], "'gaps', 'bitmask'"),
+    (["--method", "codistill", "--workers", "2", "--set", "method.group_size=2"], "at least 2 models"),
+    (["--method", "codistill", "--set", "method.interval=0"], "method.interval=0"),
+    (["--method", "afsd", "--set", "method.alpha=-1"], "method.alpha=-1"),
+    (["--method", "afsd", "--set", "method.distance='manhattan'"], "'euclidean', 'sqeuclidean', 'cosine'"),
+    (["--method", "codistill", "--set", "method.store='/proc/no/such'"], "method.store='/proc/no/such'"),
+    (["--target-from", "/no/such/run"], "--target-from /no/such/run"),
+    (["--set", "train.stop_at_target=true"], "train.stop_at_target=True"),
 ])
 def test_bad_input_is_one_line_exit_2_and_leaves_nothing(tmp_path, args, field):
     cache = os.environ["LOWBAND_TEST_CACHE"]

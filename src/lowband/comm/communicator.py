@@ -46,10 +46,12 @@ def pick_backend(requested: str, device: torch.device) -> str:
 class Communicator:
     """Tagged, byte-counting collectives and point-to-point calls over one process group."""
 
-    def __init__(self, rank: int = 0, world: int = 1, device: torch.device | None = None, group=None):
+    def __init__(self, rank: int = 0, world: int = 1, device: torch.device | None = None, group=None,
+                 global_ranks: list[int] | None = None):
         self.rank, self.world = rank, world
         self.device = device or torch.device("cpu")
         self.group = group
+        self.global_ranks = global_ranks or list(range(world))  # torch.distributed names peers globally
         self.stats: dict[str, TagStats] = defaultdict(TagStats)
         self._launched_at: float | None = None
 
@@ -67,6 +69,24 @@ class Communicator:
             rank=rank, world_size=world, timeout=timedelta(seconds=timeout_s),
         )
         return cls(rank, world, device, dist.group.WORLD)
+
+    def split(self, groups: list[list[int]]) -> Communicator:
+        """A communicator over this rank's group (ranks renumbered 0..g-1), sharing these byte counters.
+
+        Every rank must call it with the same `groups`: torch.distributed creates each group on all ranks.
+        """
+        mine = None
+        for ranks in groups:
+            group = dist.new_group(ranks) if self.world > 1 else None
+            if self.rank in ranks:
+                mine = (ranks, group)
+        ranks, group = mine
+        sub = Communicator(ranks.index(self.rank), len(ranks), self.device, group if len(ranks) > 1 else None, ranks)
+        sub.stats = self.stats
+        return sub
+
+    def _peer(self, rank: int) -> int:
+        return self.global_ranks[rank]
 
     def close(self) -> None:
         if self.group is not None and dist.is_initialized():
@@ -122,7 +142,7 @@ class Communicator:
             pos = (self.rank - src) % self.world
             sent = _nbytes(tensor) if pos < self.world - 1 else 0
             recv = _nbytes(tensor) if pos > 0 else 0
-            self._timed(tag, sent, recv, lambda: dist.broadcast(tensor, src=src, group=self.group))
+            self._timed(tag, sent, recv, lambda: dist.broadcast(tensor, src=self._peer(src), group=self.group))
         return tensor
 
     def all_gather(self, tensor: torch.Tensor, tag: str) -> list[torch.Tensor]:
@@ -146,10 +166,10 @@ class Communicator:
 
     # ---- point to point ---------------------------------------------------------------------
     def send(self, tensor: torch.Tensor, dst: int, tag: str) -> None:
-        self._timed(tag, _nbytes(tensor), 0, lambda: dist.send(tensor.contiguous(), dst, group=self.group))
+        self._timed(tag, _nbytes(tensor), 0, lambda: dist.send(tensor.contiguous(), self._peer(dst), group=self.group))
 
     def recv(self, tensor: torch.Tensor, src: int, tag: str) -> torch.Tensor:
-        self._timed(tag, 0, _nbytes(tensor), lambda: dist.recv(tensor, src, group=self.group))
+        self._timed(tag, 0, _nbytes(tensor), lambda: dist.recv(tensor, self._peer(src), group=self.group))
         return tensor
 
     def exchange(self, sends: dict[int, torch.Tensor], recvs: dict[int, torch.Tensor], tag: str) -> None:
@@ -161,8 +181,8 @@ class Communicator:
 
         Bytes are counted when posted; the seconds counted are those spent blocked in `wait()`.
         """
-        ops = [dist.P2POp(dist.isend, t.contiguous(), peer, self.group) for peer, t in sends.items()]
-        ops += [dist.P2POp(dist.irecv, t, peer, self.group) for peer, t in recvs.items()]
+        ops = [dist.P2POp(dist.isend, t.contiguous(), self._peer(p), self.group) for p, t in sends.items()]
+        ops += [dist.P2POp(dist.irecv, t, self._peer(p), self.group) for p, t in recvs.items()]
         self.count(tag, sum(_nbytes(t) for t in sends.values()), sum(_nbytes(t) for t in recvs.values()))
         return Pending(self, tag, dist.batch_isend_irecv(ops) if ops else [])
 

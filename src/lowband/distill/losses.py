@@ -48,3 +48,47 @@ def diversity_penalty(logits: torch.Tensor, mean_probs: torch.Tensor) -> torch.T
     output of the latest compressed models (more diverse local models).
     """
     return -(F.softmax(logits, dim=1) - mean_probs).pow(2).sum(1)
+
+
+def codistill_loss(logits: torch.Tensor, peer_logits, temperature: float = 1.0) -> torch.Tensor:
+    """Codistillation (Anil et al. 2018): cross-entropy of softmax(logits / T) against the mean of
+    the peers' softmax(peer_logits / T), averaged over the batch, times T^2. No gradient reaches
+    the peers."""
+    peers = list(peer_logits)
+    if not peers:
+        raise ValueError("peer_logits must hold at least one tensor")
+    target = torch.stack([F.softmax(p.detach() / temperature, dim=1) for p in peers]).mean(0)
+    return soft_cross_entropy(logits / temperature, target).mean() * temperature ** 2
+
+
+def pairwise_distances(features: torch.Tensor, distance: str = "euclidean") -> torch.Tensor:
+    """(n, n) matrix E[k, l] = D(a_k, a_l) for the rows a of `features` (n, d)."""
+    if distance == "cosine":
+        unit = F.normalize(features, dim=1)
+        return 1.0 - unit @ unit.T
+    diff = features[:, None, :] - features[None, :, :]
+    squared = diff.pow(2).sum(-1)  # exactly 0 on the diagonal
+    if distance == "sqeuclidean":
+        return squared
+    if distance == "euclidean":
+        return squared.clamp_min(1e-24).sqrt() * (squared > 0)  # the sqrt's gradient is kept finite at 0
+    raise ValueError(f"distance={distance!r}: must be 'euclidean', 'sqeuclidean' or 'cosine'")
+
+
+def afsd_loss(features: torch.Tensor, peer_features, distance: str = "euclidean", normalize: str = "n") -> torch.Tensor:
+    """AFSD feature-space distillation: 1/(m-1) * sum_j g(E, E_j), g = (1/n) sum_kl |E[k,l] - E_j[k,l]|.
+
+    E and E_j are the pairwise-distance matrices of this model's and peer j's features on the
+    same batch. normalize "n" divides by n as the AFSD paper does; "n2" by n^2. Gradient flows
+    into `features` only.
+    """
+    peers = list(peer_features)
+    if not peers:
+        raise ValueError("peer_features must hold at least one tensor")
+    if normalize not in ("n", "n2"):
+        raise ValueError(f"normalize={normalize!r}: must be 'n' or 'n2'")
+    n = features.shape[0]
+    mine = pairwise_distances(features, distance)
+    scale = n if normalize == "n" else n * n
+    terms = [(mine - pairwise_distances(p.detach(), distance)).abs().sum() / scale for p in peers]
+    return torch.stack(terms).mean()

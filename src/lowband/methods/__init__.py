@@ -1,6 +1,7 @@
 """Training methods: one file each, registered by name."""
 
-from lowband.methods import allreduce, ec_dnn, ensemble, gossip, local_sgd, single, topk  # noqa: F401
+from lowband.methods import (  # noqa: F401  (fill the registry)
+    afsd, allreduce, codistill, ec_dnn, ensemble, gossip, local_sgd, single, topk)
 from lowband.methods.base import Context, Method
 
 __all__ = ["Context", "Method"]

@@ -58,10 +58,18 @@ class Method:
     same_init: bool = True
     #: the fewest workers the method makes sense with
     min_workers: int = 1
+    #: True: the ranks train separate models that meet only through shared storage, so a dead
+    #: rank does not stop the others and no collective spans all ranks (metrics per rank)
+    independent_models: bool = False
 
     @classmethod
     def check(cls, cfg: MethodConfig, world: int) -> None:
         """Reject options that cannot work with `world` workers (raise ConfigError); before any worker starts."""
+
+    @classmethod
+    def partition(cls, cfg: MethodConfig, labels: torch.Tensor, world: int, seed: int) -> list[torch.Tensor] | None:
+        """Each rank's training indices, when the method decides them (None: data.partition decides)."""
+        return None
 
     def __init__(self, cfg: MethodConfig, ctx: Context):
         self.cfg, self.ctx = cfg, ctx

@@ -1,0 +1,50 @@
+"""Prediction churn: the share of test examples on which two trained models disagree.
+
+The codistillation paper's reproducibility measure: retrain the same configuration twice and
+count the test predictions that change. Any two run directories over the same data set work.
+"""
+
+from __future__ import annotations
+
+import os
+
+import torch
+from safetensors.torch import load_file
+
+from lowband import runs
+from lowband.data import load_dataset
+from lowband.distill.ensemble import Ensemble
+from lowband.errors import UsageError
+from lowband.models import build_model
+
+
+def load_final_model(run_dir: str, in_shape, num_classes: int) -> torch.nn.Module:
+    """A run's model.safetensors as a module (an ensemble run's as its members and weights)."""
+    cfg = runs.read_run_config(run_dir)
+    path = os.path.join(run_dir, "model.safetensors")
+    if not os.path.isfile(path):
+        raise UsageError(f"{run_dir} has no model.safetensors (did the run finish?)")
+    state = load_file(path)
+    if "weights" in state and any(k.startswith("members.") for k in state):
+        members = [build_model(cfg.model, in_shape, num_classes) for _ in range(len(state["weights"]))]
+        model = Ensemble(members)
+    else:
+        model = build_model(cfg.model, in_shape, num_classes)
+    model.load_state_dict(state)
+    return model.eval()
+
+
+@torch.no_grad()
+def predictions(model: torch.nn.Module, x: torch.Tensor, batch: int = 1000) -> torch.Tensor:
+    return torch.cat([model(x[i:i + batch]).argmax(1) for i in range(0, len(x), batch)])
+
+
+def churn(run_a: str, run_b: str) -> dict:
+    cfg_a, cfg_b = runs.read_run_config(run_a), runs.read_run_config(run_b)
+    if (cfg_a.data.name, cfg_a.data.num_samples, cfg_a.data.root) != (cfg_b.data.name, cfg_b.data.num_samples, cfg_b.data.root):
+        raise UsageError(f"{run_a} and {run_b} were trained on different data sets; churn compares the same test set")
+    data = load_dataset(cfg_a.data)
+    pa = predictions(load_final_model(run_a, data.in_shape, data.num_classes), data.x_test)
+    pb = predictions(load_final_model(run_b, data.in_shape, data.num_classes), data.x_test)
+    return {"churn": float((pa != pb).float().mean()), "acc_a": float((pa == data.y_test).float().mean()),
+            "acc_b": float((pb == data.y_test).float().mean()), "examples": len(data.y_test)}

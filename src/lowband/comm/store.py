@@ -1,0 +1,129 @@
+"""Checkpoint exchange through shared storage: any fsspec URL (a directory, file://, s3://, ...).
+
+Layout: ROOT/model{M}/step{S:010d}.safetensors. A checkpoint is written under a temporary name
+and renamed into place, so a reader never sees a partial file (on object stores the upload
+itself is atomic). Its safetensors metadata holds the step, the model id, an architecture
+signature (names, shapes and dtypes) and the SHA-256 of the tensor bytes, which the reader
+checks: a truncated or corrupt checkpoint is skipped with a warning and an older one is used.
+Bytes written and read are counted under the tag "ckpt" (they cross a process boundary through
+the storage). Safetensors holds tensors only: nothing in a checkpoint can run code.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import re
+import struct
+import uuid
+
+import fsspec
+import torch
+from safetensors.torch import load as load_bytes
+from safetensors.torch import save as save_bytes
+
+from lowband.errors import ConfigError, UsageError
+
+KEEP = 3  # versions kept per model: a reader may still be fetching the one before the newest
+NAME = re.compile(r"step(\d{10})\.safetensors$")
+
+
+def signature(state: dict[str, torch.Tensor]) -> str:
+    """Architecture fingerprint: every tensor's name, shape and dtype."""
+    text = ";".join(f"{k}:{tuple(v.shape)}:{v.dtype}" for k, v in sorted(state.items()))
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def digest(state: dict[str, torch.Tensor]) -> str:
+    h = hashlib.sha256()
+    for key in sorted(state):
+        h.update(key.encode())
+        h.update(state[key].detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return h.hexdigest()
+
+
+def read_metadata(data: bytes) -> dict:
+    (size,) = struct.unpack("<Q", data[:8])
+    return json.loads(data[8:8 + size]).get("__metadata__", {})
+
+
+class CheckpointStore:
+    def __init__(self, url: str, comm=None, log: logging.Logger | None = None, tag: str = "ckpt"):
+        self.url, self.comm, self.tag = url, comm, tag
+        self.log = log or logging.getLogger("lowband")
+        try:
+            self.fs, self.root = fsspec.core.url_to_fs(url)
+            self.fs.makedirs(self.root, exist_ok=True)
+            probe = f"{self.root}/.probe-{uuid.uuid4().hex}"
+            self.fs.pipe_file(probe, b"ok")
+            self.fs.rm_file(probe)
+        except Exception as e:  # unreachable, read-only, unknown protocol, missing driver
+            raise ConfigError("method.store", url, f"must be a writable directory or fsspec URL ({type(e).__name__}: {e})") from None
+
+    def _dir(self, model: int) -> str:
+        return f"{self.root}/model{model}"
+
+    def publish(self, model: int, step: int, state: dict[str, torch.Tensor]) -> None:
+        tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
+        meta = {"step": str(step), "model": str(model), "signature": signature(tensors), "sha256": digest(tensors)}
+        data = save_bytes(tensors, metadata=meta)
+        folder = self._dir(model)
+        self.fs.makedirs(folder, exist_ok=True)
+        final, tmp = f"{folder}/step{step:010d}.safetensors", f"{folder}/.tmp-{uuid.uuid4().hex}"
+        self.fs.pipe_file(tmp, data)
+        self.fs.mv(tmp, final)
+        if self.comm is not None:
+            self.comm.count(self.tag, sent=len(data))
+        for old in self.versions(model)[:-KEEP]:
+            self._remove(f"{folder}/step{old:010d}.safetensors")
+
+    def versions(self, model: int) -> list[int]:
+        try:
+            names = self.fs.ls(self._dir(model), detail=False)
+        except FileNotFoundError:
+            return []
+        return sorted(int(m.group(1)) for m in (NAME.search(n) for n in names) if m)
+
+    def load_newest(self, model: int, newer_than: int = -1,
+                    at_most: int | None = None) -> tuple[int, dict[str, torch.Tensor]] | None:
+        """The newest intact checkpoint of `model` with newer_than < step <= at_most, or None."""
+        for step in reversed(self.versions(model)):
+            if at_most is not None and step > at_most:
+                continue
+            if step <= newer_than:
+                return None
+            state = self._read(model, step)
+            if state is not None:
+                return step, state
+        return None
+
+    def _read(self, model: int, step: int) -> dict[str, torch.Tensor] | None:
+        path = f"{self._dir(model)}/step{step:010d}.safetensors"
+        try:
+            data = self.fs.cat_file(path)
+        except FileNotFoundError:
+            return None  # pruned while we looked
+        if self.comm is not None:
+            self.comm.count(self.tag, recv=len(data))
+        try:
+            meta, state = read_metadata(data), load_bytes(data)
+            if digest(state) != meta.get("sha256"):
+                raise ValueError("checksum mismatch")
+        except Exception as e:
+            self.log.warning(f"skipping damaged checkpoint {path} ({type(e).__name__}: {e}); keeping the previous one")
+            return None
+        return state
+
+    def _remove(self, path: str) -> None:
+        try:
+            self.fs.rm_file(path)
+        except FileNotFoundError:
+            pass
+
+
+def check_architecture(expected: dict[str, torch.Tensor], got: dict[str, torch.Tensor], where: str) -> None:
+    if signature(expected) != signature(got):
+        missing = sorted(set(expected) ^ set(got))[:3]
+        detail = f"tensors differ: {missing}" if missing else "tensor shapes or dtypes differ"
+        raise UsageError(f"peer checkpoint {where} is of another architecture ({detail})")

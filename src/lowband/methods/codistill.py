@@ -1,0 +1,188 @@
+"""Codistillation: models that learn from each other's stale checkpoints in shared storage.
+
+Anil et al. 2018, "Large scale distributed neural network training through online distillation"
+(papers/codistillation-notes.md). The K ranks form m = K / g models, each a group of g ranks that
+allreduce gradients among themselves. Every N steps each model's first rank publishes a
+checkpoint to the store (comm/store.py, tag "ckpt") and every rank loads the newest checkpoint
+of each other model; those stale copies are its teachers until the next exchange. After a
+burn-in of B steps the loss is CE(y, f_i(x)) + alpha * CE(mean_j softmax(f_j(x) / T), f_i(x)) T^2.
+Models never meet in a collective, so one that dies or falls behind does not stop the others:
+they keep its last good checkpoint and say so. Data: `same` (every model sees all data, in its
+own order) or `partitioned` (disjoint shards); a model's shard is split over its g ranks.
+"""
+
+from __future__ import annotations
+
+import copy
+import os
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import numpy as np
+import torch
+
+from lowband.comm.store import CheckpointStore, check_architecture
+from lowband.config import MethodConfig, opt
+from lowband.distill.losses import codistill_loss
+from lowband.errors import ConfigError, require
+from lowband.methods.base import Method
+from lowband.registry import METHODS
+
+
+@dataclass(kw_only=True)
+class CodistillConfig(MethodConfig):
+    name: str = opt("codistill", "training method")
+    group_size: int = opt(1, "g: ranks per model, which allreduce among themselves (m = K / g models)")
+    interval: int = opt(50, "N: steps between checkpoint exchanges")
+    alpha: float = opt(1.0, "weight of the distillation term")
+    burn_in: int = opt(0, "B: steps of plain training before distillation starts")
+    data: Literal["same", "partitioned"] = opt("same", "same: every model sees all data; partitioned: disjoint shards")
+    store: str = opt("", "checkpoint store: a directory or fsspec URL (default RUN_DIR/exchange)")
+    temperature: float = opt(1.0, "distillation temperature T")
+    wait_s: float = opt(0.0, "at an exchange, wait this long for peers' checkpoints of the same step (0: take the newest)")
+
+    def __post_init__(self):
+        require(self.group_size >= 1, "method.group_size", self.group_size, "must be an integer >= 1")
+        require(1 <= self.interval <= 100_000, "method.interval", self.interval, "must be in [1, 100000]")
+        require(self.alpha >= 0, "method.alpha", self.alpha, "must be >= 0")
+        require(self.burn_in >= 0, "method.burn_in", self.burn_in, "must be >= 0")
+        require(self.temperature > 0, "method.temperature", self.temperature, "must be > 0")
+        require(self.wait_s >= 0, "method.wait_s", self.wait_s, "must be >= 0")
+
+
+class TappedModel(torch.nn.Module):
+    """Runs features then head and keeps the features of the last forward, for feature-space losses."""
+
+    def __init__(self, module: torch.nn.Module):
+        super().__init__()
+        self.module = module
+        self.features: torch.Tensor | None = None
+
+    def forward(self, x):
+        self.features = self.module.features(x)
+        return self.module.head(self.features)
+
+
+@METHODS.register("codistill")
+class Codistill(Method):
+    Config = CodistillConfig
+    min_workers = 2
+    same_init = False
+    independent_models = True
+
+    @classmethod
+    def check(cls, cfg, world: int) -> None:
+        g = cfg.group_size
+        if world % g or world // g < 2:
+            raise ConfigError("method.group_size", g, f"must divide the {world} workers into at least 2 models")
+        if cfg.store:
+            CheckpointStore(cfg.store)  # unreachable or read-only: fail before any worker starts
+
+    @classmethod
+    def partition(cls, cfg, labels, world: int, seed: int):
+        models, g = world // cfg.group_size, cfg.group_size
+        rng = np.random.default_rng(seed)
+        n = len(labels)
+        per_model = [np.arange(n)] * models if cfg.data == "same" else np.array_split(rng.permutation(n), models)
+        return [torch.as_tensor(np.sort(part)) for shard in per_model for part in np.array_split(rng.permutation(shard), g)]
+
+    # ---- set-up --------------------------------------------------------------------------------
+    def setup(self, model):
+        comm, g = self.ctx.comm, self.cfg.group_size
+        self.model_id, self.models = comm.rank // g, comm.world // g
+        groups = [list(range(m * g, (m + 1) * g)) for m in range(self.models)]
+        self.group = comm.split(groups)
+        self.net = self.wrap(model)
+        self.model = self.group.data_parallel(self.net, tag="grad") if g > 1 else self.net
+        self._has_buffers = any(b.is_floating_point() for b in model.buffers())
+        url = self.cfg.store or os.path.join(self.ctx.run_dir, "exchange")
+        self.store = CheckpointStore(url, comm, self.ctx.log)
+        self.teachers: dict[int, torch.nn.Module] = {}
+        self.teacher_step: dict[int, int] = {}
+        self.silent: set[int] = set()
+        self.sums: dict[str, float] = {}
+        return self.model
+
+    def wrap(self, model):
+        return model
+
+    def local_model(self):
+        return self.net.module if isinstance(self.net, TappedModel) else self.net
+
+    # ---- the loss --------------------------------------------------------------------------------
+    def loss(self, batch, outputs, loss):
+        self._add("ce", loss.item())
+        if not self.teachers or self.steps_done < self.cfg.burn_in:
+            return loss
+        term = self.distill_term(batch[0], outputs)
+        self._add("distill_loss", term.item())
+        return loss + self.cfg.alpha * term
+
+    def distill_term(self, x, outputs):
+        with torch.no_grad():
+            peers = [t(x) for t in self.teachers.values()]
+        return codistill_loss(outputs, peers, self.cfg.temperature)
+
+    def _add(self, key: str, value: float) -> None:
+        self.sums[key] = self.sums.get(key, 0.0) + value
+        self.sums[key + "#"] = self.sums.get(key + "#", 0) + 1
+
+    # ---- the exchange ----------------------------------------------------------------------------
+    steps_done = 0
+
+    def after_backward(self, step: int) -> None:
+        if self.cfg.group_size > 1:
+            self.group.settle_async("grad")
+
+    def after_step(self, step: int) -> None:
+        self.steps_done = step + 1
+        if self._has_buffers and self.cfg.group_size > 1:
+            self.group.broadcast_state(self.local_model(), src=0, tag="buffers", buffers_only=True)
+        if (step + 1) % self.cfg.interval == 0:
+            self.exchange(step + 1)
+
+    def exchange(self, step: int) -> None:
+        if self.group.rank == 0:
+            self.store.publish(self.model_id, step, self.local_model().state_dict())
+        deadline = time.monotonic() + self.cfg.wait_s
+        for peer in range(self.models):
+            if peer != self.model_id:
+                self._refresh(peer, step, deadline)
+
+    def _refresh(self, peer: int, step: int, deadline: float) -> None:
+        while max(self.store.versions(peer), default=-1) < step and time.monotonic() < deadline:
+            time.sleep(0.05)  # poll the listing, not the files: each exchange reads a peer at most once
+        newer_than = self.teacher_step.get(peer, -1)
+        # lockstep (wait_s > 0): the peer as of this very step, even if it has already moved on
+        found = self.store.load_newest(peer, newer_than, at_most=step if self.cfg.wait_s > 0 else None)
+        if found is None:
+            if newer_than >= 0 and step - newer_than >= 2 * self.cfg.interval and peer not in self.silent:
+                self.silent.add(peer)  # said once, until the peer publishes again
+                self.ctx.log.warning(f"model {self.model_id}: peer model {peer} has published nothing newer than step "
+                                     f"{newer_than} (now step {step}); still distilling from that checkpoint")
+            return
+        self.silent.discard(peer)
+        version, state = found
+        check_architecture(self.local_model().state_dict(), state, f"{self.store.url} model{peer} step {version}")
+        if peer not in self.teachers:
+            self.teachers[peer] = copy.deepcopy(self.local_model()).eval().requires_grad_(False)
+        self.teachers[peer].load_state_dict(state)
+        self.teacher_step[peer] = version
+
+    # ---- reporting -------------------------------------------------------------------------------
+    def end_epoch(self, epoch: int) -> dict:
+        out = {k: self.sums[k] / self.sums[k + "#"] for k in self.sums if not k.endswith("#")}
+        out["teacher_steps"] = {str(k): v for k, v in sorted(self.teacher_step.items())}
+        self.sums = {}
+        return out
+
+    def state_dict(self) -> dict:
+        return {"steps_done": self.steps_done}
+
+    def load_state_dict(self, state: dict) -> None:
+        """On resume, take each peer's newest checkpoint as teacher again."""
+        self.steps_done = state["steps_done"]
+        for peer in range(self.models):
+            if peer != self.model_id:
+                self._refresh(peer, self.steps_done, time.monotonic())

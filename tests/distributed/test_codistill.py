@@ -1,0 +1,63 @@
+"""Codistillation and AFSD on real processes: stale teachers, exchanged bytes, a dead peer."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from lowband import checkpoint, launch
+from lowband.metrics import read_metrics
+from tests.conftest import ROOT, small
+from tests.faults.test_processes import wait_for
+
+STEPS, N = 7, 3
+
+
+@pytest.mark.parametrize("world, method", [(2, "codistill"), (3, "codistill"), (2, "afsd")])
+def test_teachers_are_the_peers_at_the_exchange_and_stay_until_the_next(tmp_path, world, method):
+    assert launch.run("tests.distributed.helpers:codistill_trace", [str(tmp_path), str(STEPS), str(N), method],
+                      world, str(tmp_path), keep_going=False) == 0
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
+    for i, r in enumerate(ranks):
+        for s in range(STEPS):
+            exchanged = (s + 1) // N * N  # the newest exchange at or before this step
+            peers = [j for j in range(world) if j != i]
+            if exchanged == 0:
+                assert r["teachers"][s] == {}
+                continue
+            assert r["versions"][s] == {j: exchanged for j in peers}
+            for j in peers:  # the teacher is exactly peer j's model after its step `exchanged`
+                assert torch.equal(r["teachers"][s][j], ranks[j]["own"][exchanged - 1])
+    size = os.path.getsize(next((tmp_path / "store" / "model0").iterdir()))
+    exchanges = STEPS // N
+    for r in ranks:
+        assert r["stats"]["ckpt"]["sent"] == exchanges * size
+        assert r["stats"]["ckpt"]["recv"] == exchanges * (world - 1) * size
+        assert r["metrics"]["distill_loss"] > 0 and "ce" in r["metrics"]
+        assert ("output_distill_loss" in r["metrics"]) == (method == "afsd")
+
+
+def test_a_killed_peer_does_not_stop_the_others(tmp_path):
+    run = str(tmp_path / "run")
+    args = ["train", "--method", "codistill", "--workers", "3", "--epochs", "5", "--run-dir", run,
+            *small(tmp_path), "--samples", "2000", "--batch-size", "8", "--set", "method.interval=20"]
+    proc = subprocess.Popen([sys.executable, "-m", "lowband", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    wait_for(lambda: checkpoint.epochs_saved(run, 2) or proc.poll() is not None, 120, "rank 2's first checkpoint")
+    from tests.conftest import children
+    from tests.faults.test_processes import rank_of
+
+    victim = next(pid for pid in children(proc.pid) if rank_of(pid) == 2)
+    os.kill(victim, signal.SIGKILL)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err
+    assert "worker 2" in err and "carry on" in err
+    assert [r["epoch"] for r in read_metrics(run)] == [1, 2, 3, 4, 5]
+    assert [r["epoch"] for r in read_metrics(run, "metrics.rank1.jsonl")] == [1, 2, 3, 4, 5]
+    assert "peer model 2 has published nothing newer" in (tmp_path / "run" / "train.log").read_text()
+    assert len(read_metrics(run, "metrics.rank2.jsonl")) < 5
