@@ -30,7 +30,7 @@ def test_defaults_build_and_round_trip_through_toml():
     ({"data": {"partition": "random"}}, "data.partition", "'iid', 'dirichlet', 'same'"),
     ({"train": {"wrokers": 4}}, "train.wrokers", "known keys: workers"),
     ({"trian": {}}, "trian", "known: method"),
-    ({"method": {"name": "nope"}}, "method.name", "known methods: allreduce, "),
+    ({"method": {"name": "nope"}}, "method.name", "known methods: "),
     ({"method": {"name": "single", "warmup_epochs": 1}}, "method.warmup_epochs", "known keys: name"),
     ({"optim": {"milestones": [20, 10]}}, "optim.milestones", "increasing"),
     ({"optim": {"warmup_epochs": "soon"}}, "optim.warmup_epochs", "'auto'"),
@@ -86,3 +86,11 @@ def test_describe_lists_every_field_with_its_help():
     for section in ("[method]", "[train]", "[data]", "[model]", "[optim]"):
         assert section in text
     assert "workers = 4" in text and "worker processes K" in text
+
+
+def test_an_unknown_method_lists_every_registered_method():
+    from lowband.registry import METHODS
+
+    with pytest.raises(ConfigError) as e:
+        build({"method": {"name": "nope"}})
+    assert all(name in str(e.value) for name in METHODS.names()) and len(METHODS.names()) >= 9
