@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/lowband compare --dataset mnist1d --model cnn1d --workers 4 --epochs 30
+	$(BIN)/lowband compare --suite quick
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests

@@ -31,7 +31,7 @@ def main():
     with tempfile.TemporaryDirectory() as out:
         subprocess.run([sys.executable, "-m", "lowband", "compare", "--methods", ",".join(specs), "--workers",
                         str(a.workers), "--epochs", str(a.epochs), "--seed", str(a.seed), "--out", out],
-                       check=True, capture_output=True)
+                       check=False, capture_output=True)  # a failed run is a row, not a crash
         folder = max(glob.glob(os.path.join(out, "compare-*")), key=os.path.getmtime)
         with open(os.path.join(folder, "summary.csv")) as f:
             rows = list(csv.DictReader(f))
@@ -40,6 +40,9 @@ def main():
               "train s | comm s |")
         print("|---|---|---|---|---|---|---|---|")
         for r in rows:
+            if r["status"] != "ok":
+                print(f"| {r['label']} | - | {r['status']} | | | | | |")
+                continue
             last = read_metrics(r["run_dir"])[-1]
             index = last["bytes"].get("index", {}).get("sent", 0.0) / 1e6
             comm = sum(x["time"]["comm_s"] for x in read_metrics(r["run_dir"]))

@@ -10,7 +10,7 @@ from lowband.errors import UsageError
 
 EXAMPLES = """\
 examples:
-  lowband compare --dataset mnist1d --model cnn1d --workers 4 --epochs 30     (every method side by side)
+  lowband compare --suite quick          (every method side by side on MNIST-1D, 4 workers)
   lowband compare --methods local_sgd:tau=16,ec_dnn:ensemble=margin,ec_dnn:ensemble=regression
   lowband train --method allreduce --workers 4 --epochs 30
   lowband train --method allreduce --set optim.lr=0.1 --set data.partition=dirichlet
@@ -18,17 +18,17 @@ examples:
   lowband train --resume runs/allreduce-20261121-101500
   torchrun --nproc-per-node 4 -m lowband train --method allreduce   (one worker per torchrun process)
   lowband config --method allreduce     (every option, its default and what it means)
+  lowband compare --suite quick --link 10mbit,20ms          (modelled slow links)
+  sudo lowband compare --suite quick --link 10mbit --link-mode netns   (real tc-shaped links)
   lowband train --method afsd --set method.interval=200 --target-from runs/allreduce-20261121-101500
   lowband churn runs/codistill-a runs/codistill-b     (how often two runs' predictions differ)
 """
-
-DEMO_METHODS = "single,allreduce,local_sgd,ensemble,ec_dnn"
 
 # command-line shortcuts for the most used config fields
 SHORTCUTS = [("--dataset", "data.name", str), ("--model", "model.name", str), ("--workers", "train.workers", int),
              ("--epochs", "train.epochs", int), ("--batch-size", "train.batch_size", int), ("--lr", "optim.lr", float),
              ("--seed", "train.seed", int), ("--partition", "data.partition", str),
-             ("--samples", "data.num_samples", int)]
+             ("--samples", "data.num_samples", int), ("--link", "link.rate", str), ("--link-mode", "link.mode", str)]
 
 
 def _common(p: argparse.ArgumentParser, with_method: bool = True) -> None:
@@ -54,26 +54,33 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
     t.add_argument("--target-from", metavar="RUN_DIR",
                    help="set train.target_accuracy to that run's final test accuracy (e.g. an allreduce run)")
-    c = sub.add_parser("compare", help="train several methods on the same data and seeds, print one table")
-    c.add_argument("--methods", default=DEMO_METHODS,
-                   help=f"comma-separated methods, each NAME or NAME:KEY=VALUE[:...] (default {DEMO_METHODS})")
+    c = sub.add_parser("compare", help="train several methods on the same data and seeds; table and report",
+                       epilog="a suite file is a TOML with methods = [...] and [config.*] tables; see "
+                              "`lowband list` for the built-in ones", formatter_class=argparse.RawDescriptionHelpFormatter)
+    c.add_argument("--suite", help="a built-in suite: " + ", ".join(["quick", "afsd", "ecdnn", "rdpsgd"]))
+    c.add_argument("--methods", help=f"comma-separated methods, each NAME or NAME:KEY=VALUE[:...] "
+                                     f"(default: the quick suite's)")
     _common(c, with_method=False)
     c.add_argument("--out", default="runs", help="parent directory of the comparison directory (default runs)")
     c.add_argument("--target-from", metavar="RUN_DIR", help="set train.target_accuracy to that run's final test accuracy")
     g = sub.add_parser("config", help="print the resolved configuration with every option explained")
     _common(g)
     sub.add_parser("list", help="list the known methods, models and data sets")
+    r = sub.add_parser("report", help="rebuild the report of finished comparisons (several are overlaid)")
+    r.add_argument("folders", nargs="+", metavar="COMPARE_DIR")
+    r.add_argument("--out", help="where to write (default: the first directory)")
+    r.add_argument("--target", type=float, help="target accuracy (default: the Allreduce run's final accuracy)")
     h = sub.add_parser("churn", help="share of test examples on which two runs' final models disagree")
     h.add_argument("run_a", metavar="RUN_A")
     h.add_argument("run_b", metavar="RUN_B")
     return p
 
 
-def resolve(args, method: str | None = None) -> C.Config:
-    """Defaults <- --config file <- shortcut flags <- --set overrides; validated."""
+def resolve(args, method: str | None = None, base: dict | None = None) -> C.Config:
+    """Defaults <- suite or --config file <- shortcut flags <- --set overrides; validated."""
     from lowband.runs import method_configs
 
-    raw = C.read_toml(args.config) if args.config else {}
+    raw = base if base is not None else (C.read_toml(args.config) if args.config else {})
     name = method or getattr(args, "method", None)
     if name:
         raw = C.merge(raw, {"method": {"name": name}})
@@ -127,15 +134,32 @@ def resume_config(args) -> C.Config:
 
 
 def cmd_compare(args) -> int:
-    from lowband.compare import compare, parse_spec, print_summary
+    from lowband.compare import compare, load_suite, parse_spec, print_summary
 
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()]
+    if args.suite and args.config:
+        raise UsageError("--suite and --config both name a suite; give one")
+    is_suite = args.config and "methods" in C.read_toml(args.config)
+    suite = load_suite(args.suite) if args.suite else load_suite(path=args.config) if is_suite else load_suite("quick")
+    base = suite["config"] if (args.suite or is_suite or not args.config) else C.read_toml(args.config)
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else suite["methods"]
     if not methods:
         raise UsageError(f"--methods={args.methods!r} names no method")
-    code, folder, rows = compare(resolve(args, parse_spec(methods[0])[0]), methods, args.out)
+    code, folder, rows = compare(resolve(args, parse_spec(methods[0])[0], base), methods, args.out)
     if rows:
         print_summary(rows, folder)
     return code
+
+
+def cmd_report(args) -> int:
+    import os
+
+    from lowband.report import build
+
+    for folder in args.folders:
+        if not os.path.isfile(os.path.join(folder, "summary.csv")):
+            raise UsageError(f"{folder} is not a comparison directory (no summary.csv)")
+    print(f"wrote {build(args.folders, args.out, args.target)} and report.html")
+    return 0
 
 
 def cmd_config(args) -> int:
@@ -155,8 +179,13 @@ def cmd_churn(args) -> int:
 def cmd_list(args) -> int:
     from lowband.registry import DATASETS, METHODS, MODELS
 
+    from lowband.compare import load_suite, suite_names
+
     for reg in (METHODS, MODELS, DATASETS):
         print(f"{reg.kind}s: {', '.join(reg.names())}")
+    print("suites:")
+    for name in suite_names():
+        print(f"  {name:<8} {load_suite(name)['description']}")
     return 0
 
 
@@ -171,7 +200,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         load_all()
         return {"train": cmd_train, "compare": cmd_compare, "config": cmd_config, "list": cmd_list,
-                "churn": cmd_churn}[args.command](args)
+                "churn": cmd_churn, "report": cmd_report}[args.command](args)
     except UsageError as e:
         print(f"lowband: error: {e}", file=sys.stderr)
         return 2

@@ -9,16 +9,37 @@ method's global (G) or best local (L) model needed to reach it; 0 if it never di
 from __future__ import annotations
 
 import csv
+import tomllib
 import os
 import time
+from importlib import resources
 
 from lowband import config as C
 from lowband import runs
-from lowband.errors import ConfigError
+from lowband.errors import ConfigError, UsageError
 from lowband.metrics import human_bytes, read_metrics
 
 COLUMNS = ["label", "method", "workers", "final_acc", "final_acc_L", "best_acc", "epochs",
            "bytes_sent_per_worker", "train_s", "speed_G", "speed_L", "status", "run_dir"]
+
+
+def suite_names() -> list[str]:
+    return sorted(p.name[:-5] for p in resources.files("lowband").joinpath("suites").iterdir() if p.name.endswith(".toml"))
+
+
+def load_suite(name: str | None = None, path: str | None = None) -> dict:
+    """A suite: {description, methods, target, config}; `name` is built in, `path` a user's TOML file."""
+    if name is not None:
+        if name not in suite_names():
+            raise UsageError(f"unknown suite {name!r}; known: {', '.join(suite_names())} (or --config FILE)")
+        raw = tomllib.loads(resources.files("lowband").joinpath("suites", f"{name}.toml").read_text())
+    else:
+        raw = C.read_toml(path)
+    methods = raw.get("methods")
+    if not isinstance(methods, list) or not methods or not all(isinstance(m, str) for m in methods):
+        raise ConfigError("methods", methods, "a suite needs methods = [\"name\", \"name:key=value\", ...]")
+    return {"description": raw.get("description", ""), "methods": methods, "config": raw.get("config", {}),
+            "target": raw.get("target", "allreduce")}
 
 
 def parse_spec(spec: str) -> tuple[str, dict]:
@@ -56,6 +77,9 @@ def compare(base: C.Config, specs: list[str], out: str) -> tuple[int, str, list[
         rows.append(summarize(spec, cfg, run_dir, code))
     add_speed(rows)
     write_csv(rows, os.path.join(folder, "summary.csv"))
+    from lowband.report import build
+
+    build([folder])
     return (0 if all(r["status"] == "ok" for r in rows) else 1), folder, rows
 
 
@@ -115,4 +139,4 @@ def format_table(rows: list[dict]) -> str:
 
 def print_summary(rows: list[dict], folder: str) -> None:
     print("\n" + format_table(rows))
-    print(f"\nruns and summary.csv in {folder}")
+    print(f"\nruns, summary.csv and report.md/report.html (plots: accuracy vs epoch, bytes, time) in {folder}")

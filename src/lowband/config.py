@@ -16,7 +16,7 @@ from typing import Any, Literal
 
 import tomli_w
 
-from lowband.errors import ConfigError, require
+from lowband.errors import ConfigError, UsageError, require
 
 
 def opt(default, help: str):
@@ -107,6 +107,26 @@ class OptimConfig:
 
 
 @dataclass(kw_only=True)
+class LinkConfig:
+    rate: str = opt("unlimited", "RATE[,LATENCY] of every worker's link, e.g. 10mbit,20ms (units bit/kbit/mbit/gbit)")
+    mode: Literal["model", "netns"] = opt("model", "model: delays in the communicator; netns: real tc-shaped links (root)")
+
+    def __post_init__(self):
+        from lowband.comm.links import parse_link
+
+        try:
+            parse_link(self.rate)
+        except UsageError as e:
+            raise ConfigError("link.rate", self.rate, str(e).split(" does not parse: ")[-1]) from None
+
+    @property
+    def spec(self):
+        from lowband.comm.links import parse_link
+
+        return parse_link(self.rate)
+
+
+@dataclass(kw_only=True)
 class MethodConfig:
     """Base of every method's `[method]` table; each method subclasses it with its options."""
 
@@ -120,9 +140,10 @@ class Config:
     data: DataConfig = dataclasses.field(default_factory=DataConfig)
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
+    link: LinkConfig = dataclasses.field(default_factory=LinkConfig)
 
 
-SECTIONS = {"train": TrainConfig, "data": DataConfig, "model": ModelConfig, "optim": OptimConfig}
+SECTIONS = {"train": TrainConfig, "data": DataConfig, "model": ModelConfig, "optim": OptimConfig, "link": LinkConfig}
 
 
 def _type_name(tp) -> str:

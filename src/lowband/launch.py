@@ -34,22 +34,38 @@ def worker_env(rank: int, world: int, init_file: str, threads: int = 1) -> dict:
             "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
 
 
-def spawn(entry: str, args: list[str], world: int, rendezvous_dir: str, threads: int = 1) -> list[subprocess.Popen]:
+def spawn(entry: str, args: list[str], world: int, rendezvous_dir: str, threads: int = 1,
+          net=None) -> list[subprocess.Popen]:
+    """Start the workers; `net` (a NetnsLinks) runs each in its own shaped network namespace."""
     os.makedirs(rendezvous_dir, exist_ok=True)
-    init_file = os.path.join(rendezvous_dir, f".rendezvous-{uuid.uuid4().hex}")
+    init_file = os.path.join(os.path.abspath(rendezvous_dir), f".rendezvous-{uuid.uuid4().hex}")
     cmd = [sys.executable, "-m", "lowband.launch", entry, *args]
-    return [subprocess.Popen(cmd, env=worker_env(r, world, init_file, threads), preexec_fn=_die_with_parent)
-            for r in range(world)]
+    procs = []
+    for r in range(world):
+        env = {**worker_env(r, world, init_file, threads), **(net.env(r) if net else {})}
+        procs.append(subprocess.Popen((net.prefix(r) if net else []) + cmd, env=env, preexec_fn=_die_with_parent))
+    return procs
 
 
 def run(entry: str, args: list[str], world: int, rendezvous_dir: str, threads: int = 1,
-        keep_going: bool = False) -> int:
+        keep_going: bool = False, netns=None) -> int:
     """Run `entry` in `world` processes; return 0, or the first failing worker's exit code.
 
     keep_going: a failed worker does not stop the others (for methods whose workers train
     separate models); the run succeeds if at least one worker finished.
+    netns: a LinkSpec; every worker then runs in its own namespace behind a shaped link.
     """
-    procs = spawn(entry, args, world, rendezvous_dir, threads)
+    if netns is not None:
+        from lowband.comm.links import NetnsLinks
+
+        with NetnsLinks(world, netns) as net:
+            return _run(entry, args, world, rendezvous_dir, threads, keep_going, net)
+    return _run(entry, args, world, rendezvous_dir, threads, keep_going, None)
+
+
+def _run(entry, args, world, rendezvous_dir, threads, keep_going, net) -> int:
+    previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM cleans up like Ctrl-C
+    procs = spawn(entry, args, world, rendezvous_dir, threads, net)
     try:
         return supervise(procs, keep_going=keep_going)
     except KeyboardInterrupt:
@@ -58,9 +74,14 @@ def run(entry: str, args: list[str], world: int, rendezvous_dir: str, threads: i
         return 130
     finally:
         stop(procs)
+        signal.signal(signal.SIGTERM, previous)
         for f in os.listdir(rendezvous_dir):
             if f.startswith(".rendezvous-"):
                 _remove(os.path.join(rendezvous_dir, f))
+
+
+def _raise_interrupt(*_):
+    raise KeyboardInterrupt
 
 
 def supervise(procs: list[subprocess.Popen], poll_s: float = 0.05, keep_going: bool = False) -> int:

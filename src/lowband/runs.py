@@ -84,8 +84,15 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
     if not resume:
         check_plan(cfg)
         prepare_run_dir(cfg, run_dir)
+    netns = None
+    if cfg.link.mode == "netns":
+        from lowband.comm.links import check_netns_possible
+
+        check_netns_possible(cfg.link.spec)
+        netns = cfg.link.spec
     code = launch.run("lowband.runs:train_worker", [run_dir, "1" if resume else "0"], world_size(cfg),
-                      run_dir, cfg.train.threads, keep_going=METHODS.get(cfg.method.name).independent_models)
+                      run_dir, cfg.train.threads, keep_going=METHODS.get(cfg.method.name).independent_models,
+                      netns=netns)
     return code, run_dir
 
 
@@ -99,7 +106,8 @@ def _join(cfg: C.Config) -> Communicator:
     from lowband.trainer import resolve_device
 
     torch.set_num_threads(cfg.train.threads)
-    return Communicator.from_env(resolve_device(cfg.train.device), cfg.train.backend, cfg.train.timeout_s)
+    link = cfg.link.spec if cfg.link.mode == "model" else None  # netns: the network itself is slow
+    return Communicator.from_env(resolve_device(cfg.train.device), cfg.train.backend, cfg.train.timeout_s, link)
 
 
 def _run(cfg: C.Config, run_dir: str, resume: bool, comm: Communicator) -> None:
@@ -114,6 +122,9 @@ def _run(cfg: C.Config, run_dir: str, resume: bool, comm: Communicator) -> None:
 def _as_torchrun_worker(cfg: C.Config, run_dir: str | None, out: str, resume: bool) -> tuple[int, str]:
     method = METHODS.get(cfg.method.name)
     world = int(os.environ["WORLD_SIZE"])
+    if cfg.link.mode == "netns":
+        raise UsageError("--link-mode netns needs lowband's own launcher (it puts each worker in a namespace); "
+                         "under torchrun use --link-mode model or shape the real network")
     if method.fixed_workers and method.fixed_workers != world:
         raise UsageError(f"method {cfg.method.name} runs {method.fixed_workers} process(es); torchrun started {world}")
     if world < method.min_workers:

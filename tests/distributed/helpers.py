@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import time
 
 import torch
 import torch.nn.functional as F
@@ -190,3 +191,31 @@ def codistill_trace(out_dir: str, steps: str, interval: str, method: str = "codi
     torch.save({"own": torch.stack(own), "teachers": teachers, "versions": versions, "stats": comm.snapshot(),
                 "metrics": codistill.end_epoch(1)}, os.path.join(out_dir, f"rank{comm.rank}.pt"))
     comm.close()
+
+
+def timed_transfer(out_dir: str, op: str, nbytes: str, rate_bps: str = "0") -> None:
+    """Time one send (rank 0 -> 1) or one allreduce of `nbytes`, after a warm-up, on a modelled or real link."""
+    from lowband.comm.links import LinkSpec
+
+    torch.set_num_threads(1)
+    link = LinkSpec(float(rate_bps)) if float(rate_bps) > 0 else None
+    comm = Communicator.from_env(torch.device("cpu"), "gloo", timeout_s=120, link=link)
+    tensor = torch.ones(int(nbytes) // 4)
+    comm.allreduce(torch.ones(1), tag="warmup")
+    t0 = time.perf_counter()
+    if op == "send":
+        comm.send(tensor, 1, "x") if comm.rank == 0 else comm.recv(tensor, 0, "x") if comm.rank == 1 else None
+    else:
+        comm.allreduce(tensor, tag="x")
+    elapsed = time.perf_counter() - t0
+    with open(os.path.join(out_dir, f"time{comm.rank}.json"), "w") as f:
+        json.dump({"seconds": elapsed, "sent": comm.stats["x"].sent}, f)
+    comm.close()
+
+
+def die_after_joining(out_dir: str) -> None:
+    comm = Communicator.from_env(torch.device("cpu"), "gloo", timeout_s=60)
+    comm.allreduce(torch.ones(1), tag="warmup")
+    if comm.rank == 1:
+        os.kill(os.getpid(), 9)
+    time.sleep(60)

@@ -23,6 +23,8 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
+from lowband.comm.links import LinkModel, LinkSpec
+
 
 @dataclass
 class TagStats:
@@ -56,12 +58,21 @@ class Communicator:
         self._launched_at: float | None = None
 
     # ---- life cycle -------------------------------------------------------------------------
+    link: LinkModel | None = None  # a modelled slow link every sent byte waits on
+
     @classmethod
-    def from_env(cls, device: torch.device, backend: str = "auto", timeout_s: float = 300.0) -> Communicator:
+    def from_env(cls, device: torch.device, backend: str = "auto", timeout_s: float = 300.0,
+                 link: LinkSpec | None = None) -> Communicator:
         """Join the process group described by the environment (our launcher's or torchrun's)."""
         rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
         if world == 1:
             return cls(0, 1, device)
+        comm = cls._join(rank, world, device, backend, timeout_s)
+        comm.link = LinkModel(link) if link is not None and link.limited else None
+        return comm
+
+    @classmethod
+    def _join(cls, rank: int, world: int, device: torch.device, backend: str, timeout_s: float) -> Communicator:
         init_file = os.environ.get("LOWBAND_INIT_FILE")
         dist.init_process_group(
             backend=pick_backend(backend, device),
@@ -82,7 +93,7 @@ class Communicator:
                 mine = (ranks, group)
         ranks, group = mine
         sub = Communicator(ranks.index(self.rank), len(ranks), self.device, group if len(ranks) > 1 else None, ranks)
-        sub.stats = self.stats
+        sub.stats, sub.link = self.stats, self.link
         return sub
 
     def _peer(self, rank: int) -> int:
@@ -120,10 +131,12 @@ class Communicator:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _timed(self, tag: str, sent: float, recv: float, fn):
+    def _timed(self, tag: str, sent: float, recv: float, fn, link="ring"):
         t0 = time.perf_counter()
         out = fn()
         self._sync()
+        if self.link is not None and sent:
+            self.link.wait_until(self.link.reserve(link, sent))
         self.count(tag, sent, recv, time.perf_counter() - t0)
         return out
 
@@ -166,7 +179,8 @@ class Communicator:
 
     # ---- point to point ---------------------------------------------------------------------
     def send(self, tensor: torch.Tensor, dst: int, tag: str) -> None:
-        self._timed(tag, _nbytes(tensor), 0, lambda: dist.send(tensor.contiguous(), self._peer(dst), group=self.group))
+        self._timed(tag, _nbytes(tensor), 0, lambda: dist.send(tensor.contiguous(), self._peer(dst), group=self.group),
+                    link=dst)
 
     def recv(self, tensor: torch.Tensor, src: int, tag: str) -> torch.Tensor:
         self._timed(tag, 0, _nbytes(tensor), lambda: dist.recv(tensor, self._peer(src), group=self.group))
@@ -184,7 +198,8 @@ class Communicator:
         ops = [dist.P2POp(dist.isend, t.contiguous(), self._peer(p), self.group) for p, t in sends.items()]
         ops += [dist.P2POp(dist.irecv, t, self._peer(p), self.group) for p, t in recvs.items()]
         self.count(tag, sum(_nbytes(t) for t in sends.values()), sum(_nbytes(t) for t in recvs.values()))
-        return Pending(self, tag, dist.batch_isend_irecv(ops) if ops else [])
+        ready = max((self.link.reserve(p, _nbytes(t)) for p, t in sends.items()), default=0.0) if self.link else 0.0
+        return Pending(self, tag, dist.batch_isend_irecv(ops) if ops else [], ready)
 
     def broadcast_bytes(self, data: bytes | None, src: int, tag: str = "control") -> bytes:
         """Broadcast a byte string (e.g. a path) from `src`; plain bytes, never pickle."""
@@ -236,14 +251,15 @@ class Communicator:
 class Pending:
     """Point-to-point operations in flight."""
 
-    def __init__(self, comm: Communicator, tag: str, works: list):
-        self.comm, self.tag, self.works = comm, tag, works
+    def __init__(self, comm: Communicator, tag: str, works: list, ready_at: float = 0.0):
+        self.comm, self.tag, self.works, self.ready_at = comm, tag, works, ready_at
 
     def wait(self) -> None:
         t0 = time.perf_counter()
         for work in self.works:
             work.wait()
         self.comm._sync()
+        LinkModel.wait_until(self.ready_at)  # a modelled link: the bytes are still on the wire
         self.comm.add_time(self.tag, time.perf_counter() - t0)
         self.works = []
 
@@ -261,4 +277,7 @@ def _counted_allreduce_hook(state, bucket):
     buf.div_(comm.world)
     comm._launched_at = time.perf_counter()
     fut = dist.all_reduce(buf, group=comm.group, async_op=True).get_future()
-    return fut.then(lambda f: f.value()[0])
+    if comm.link is None:
+        return fut.then(lambda f: f.value()[0])
+    ready = comm.link.reserve("ring", size)  # a modelled link delays completion, not the backward pass
+    return fut.then(lambda f: (LinkModel.wait_until(ready), f.value()[0])[1])

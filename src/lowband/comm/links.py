@@ -1,0 +1,181 @@
+"""Slow links, two ways: modelled in the communicator, or real shaped network namespaces.
+
+`--link RATE[,LATENCY]` (e.g. `10mbit,20ms`; rates in bit/kbit/mbit/gbit, decimal as in tc).
+
+model  Every byte the communicator puts on the wire waits its turn on a per-link queue drained
+       at RATE (a token bucket with no burst), plus LATENCY per message. Portable, no privileges.
+       Collectives use one link (to the next rank on the ring); point-to-point calls one per peer.
+netns  (root only) Every worker runs in its own network namespace, joined to the others through
+       a veth pair and a bridge, with `tc tbf` shaping both ends of each veth; gloo is told to use
+       that interface. tbf cannot delay, so LATENCY is refused here. Everything created is deleted
+       when the run ends, fails or is interrupted.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import threading
+import time
+import uuid
+from collections import defaultdict
+from dataclasses import dataclass
+
+from lowband.errors import UsageError
+
+RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(bit|kbit|mbit|gbit)\s*$", re.I)
+DELAY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(us|ms|s)\s*$", re.I)
+RATE_UNITS = {"bit": 1, "kbit": 1e3, "mbit": 1e6, "gbit": 1e9}
+DELAY_UNITS = {"us": 1e-6, "ms": 1e-3, "s": 1.0}
+
+
+@dataclass(frozen=True)
+class LinkSpec:
+    rate_bps: float  # bits per second; inf: unlimited
+    latency_s: float = 0.0
+
+    @property
+    def limited(self) -> bool:
+        return self.rate_bps != float("inf") or self.latency_s > 0
+
+    def describe(self) -> str:
+        if not self.limited:
+            return "unlimited"
+        rate = "unlimited" if self.rate_bps == float("inf") else f"{self.rate_bps / 1e6:g} mbit/s"
+        return rate + (f", {self.latency_s * 1e3:g} ms latency" if self.latency_s else "")
+
+
+def parse_link(text: str, field: str = "--link") -> LinkSpec:
+    """'10mbit,20ms' -> LinkSpec(10e6, 0.02); '' or 'unlimited' -> no limit."""
+    if not text or text.strip().lower() == "unlimited":
+        return LinkSpec(float("inf"))
+    rate_text, _, delay_text = text.partition(",")
+    rate = RATE.match(rate_text)
+    delay = DELAY.match(delay_text) if delay_text else None
+    if not rate or (delay_text and not delay) or float(rate.group(1)) <= 0:
+        raise UsageError(f"{field}={text!r} does not parse: expected RATE[,LATENCY] such as 10mbit,20ms "
+                         f"(rate units bit, kbit, mbit, gbit; latency units us, ms, s) or 'unlimited'")
+    latency = float(delay.group(1)) * DELAY_UNITS[delay.group(2).lower()] if delay else 0.0
+    return LinkSpec(float(rate.group(1)) * RATE_UNITS[rate.group(2).lower()], latency)
+
+
+def to_env(spec: LinkSpec) -> str:
+    return f"{spec.rate_bps},{spec.latency_s}"
+
+
+def from_env(text: str | None) -> LinkSpec | None:
+    if not text:
+        return None
+    rate, latency = text.split(",")
+    return LinkSpec(float(rate), float(latency))
+
+
+class LinkModel:
+    """Per-link queues: bytes sent on a link are on the wire until the link has drained them."""
+
+    def __init__(self, spec: LinkSpec):
+        self.spec = spec
+        self.free_at: dict = defaultdict(float)
+        self.lock = threading.Lock()
+
+    def reserve(self, link, nbytes: float) -> float:
+        """Queue `nbytes` on `link`; returns the monotonic time at which they have arrived."""
+        with self.lock:
+            start = max(time.monotonic(), self.free_at[link])
+            done = start + nbytes * 8 / self.spec.rate_bps
+            self.free_at[link] = done
+        return done + self.spec.latency_s
+
+    @staticmethod
+    def wait_until(t: float) -> None:
+        delay = t - time.monotonic()
+        if delay > 0:
+            time.sleep(delay)
+
+
+# ---- real shaped links: network namespaces -------------------------------------------------------
+def _run(*cmd: str) -> None:
+    subprocess.run(cmd, check=True, capture_output=True, text=True)
+
+
+def check_netns_possible(spec: LinkSpec) -> None:
+    if os.geteuid() != 0:
+        raise UsageError("--link-mode netns needs root (it creates network namespaces); run as root or use --link-mode model")
+    missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
+    if missing:
+        raise UsageError(f"--link-mode netns needs {' and '.join(missing)} (Debian: apt-get install iproute2)")
+    if spec.latency_s:
+        raise UsageError("--link-mode netns shapes the rate with tc tbf, which cannot add latency; "
+                         "drop the latency or use --link-mode model")
+
+
+class NetnsLinks:
+    """K namespaces lb<id>r<rank>, each with eth0 on 10.213.N.<rank+1>/24, bridged, shaped both ways."""
+
+    def __init__(self, world: int, spec: LinkSpec):
+        check_netns_possible(spec)
+        self.world, self.spec = world, spec
+        self.id = uuid.uuid4().hex[:6]
+        self.subnet = 10 + int(self.id, 16) % 240
+        self.bridge = f"lbbr{self.id}"
+        self.created: list[tuple[str, str]] = []  # ("netns" | "link", name), deleted in reverse
+
+    def namespace(self, rank: int) -> str:
+        return f"lb{self.id}r{rank}"
+
+    def address(self, rank: int) -> str:
+        return f"10.213.{self.subnet}.{rank + 1}"
+
+    def __enter__(self) -> NetnsLinks:
+        try:
+            _run("ip", "link", "add", self.bridge, "type", "bridge")
+            self.created.append(("link", self.bridge))
+            _run("ip", "link", "set", self.bridge, "up")
+            for rank in range(self.world):
+                self._add_worker(rank)
+        except BaseException:
+            self.close()
+            raise
+        return self
+
+    def _add_worker(self, rank: int) -> None:
+        ns, host = self.namespace(rank), f"lbv{self.id}r{rank}"
+        _run("ip", "netns", "add", ns)
+        self.created.append(("netns", ns))
+        _run("ip", "link", "add", host, "type", "veth", "peer", "name", "eth0", "netns", ns)
+        self.created.append(("link", host))
+        _run("ip", "link", "set", host, "master", self.bridge, "up")
+        _run("ip", "-n", ns, "addr", "add", f"{self.address(rank)}/24", "dev", "eth0")
+        _run("ip", "-n", ns, "link", "set", "eth0", "up")
+        _run("ip", "-n", ns, "link", "set", "lo", "up")
+        if self.spec.rate_bps != float("inf"):
+            self._shape(["ip", "netns", "exec", ns, "tc"], "eth0")
+            self._shape(["tc"], host)
+
+    def _shape(self, tc: list[str], dev: str) -> None:
+        rate = int(self.spec.rate_bps)
+        burst = max(int(self.spec.rate_bps / 8 / 100), 4096)  # 10 ms of traffic
+        _run(*tc, "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{rate}bit", "burst", f"{burst}b",
+             "latency", "500ms")
+
+    def prefix(self, rank: int) -> list[str]:
+        return ["ip", "netns", "exec", self.namespace(rank)]
+
+    def env(self, rank: int) -> dict:
+        return {"GLOO_SOCKET_IFNAME": "eth0", "LOWBAND_LINK_MODE": "netns"}
+
+    def close(self) -> None:
+        for kind, name in reversed(self.created):
+            cmd = ("ip", "netns", "del", name) if kind == "netns" else ("ip", "link", "del", name)
+            subprocess.run(cmd, capture_output=True)  # a veth is gone with its namespace: ignore errors
+        self.created.clear()
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+def leftover_namespaces() -> list[str]:
+    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if re.match(r"lb[0-9a-f]{6}r\d+", line)]
