@@ -45,16 +45,16 @@ def main():
         target = float(base["final_acc"])
         specs = [f"{m}:interval={n}" for n in a.intervals.split(",") for m in ("codistill", "afsd")]
         rows = compare(specs, a.epochs, a.seed, out, ["--set", f"train.target_accuracy={target}"])
-    print(f"MNIST-1D, cnn1d, 2 models (data `same`), {a.epochs} epochs, seed {a.seed}, {os.cpu_count()} cores; "
-          f"target = Allreduce (K=2) final accuracy {target:.4f}\n")
-    print("| method | interval N | earliest epoch at target | final acc | sent/worker MB | train s |")
-    print("|---|---|---|---|---|---|")
-    print(f"| allreduce | - | {earliest(base['run_dir'], target)} | {target:.4f} | "
-          f"{float(base['bytes_sent_per_worker']) / 1e6:.2f} | {float(base['train_s']):.1f} |")
-    for r in rows:
-        n = r["label"].split("=")[1]
-        print(f"| {r['method']} | {n} | {earliest(r['run_dir'], target)} | {float(r['final_acc']):.4f} | "
-              f"{float(r['bytes_sent_per_worker']) / 1e6:.2f} | {float(r['train_s']):.1f} |")
+        print(f"MNIST-1D, cnn1d, 2 models (data `same`), {a.epochs} epochs, seed {a.seed}, {os.cpu_count()} cores; "
+              f"target = Allreduce (K=2) final accuracy {target:.4f}\n")
+        print("| method | interval N | earliest epoch at target | final acc | sent/worker MB | train s |")
+        print("|---|---|---|---|---|---|")
+        print(f"| allreduce | - | {earliest(base['run_dir'], target)} | {target:.4f} | "
+              f"{float(base['bytes_sent_per_worker']) / 1e6:.2f} | {float(base['train_s']):.1f} |")
+        for r in rows:
+            n = r["label"].split("=")[1]
+            print(f"| {r['method']} | {n} | {earliest(r['run_dir'], target)} | {float(r['final_acc']):.4f} | "
+                  f"{float(r['bytes_sent_per_worker']) / 1e6:.2f} | {float(r['train_s']):.1f} |")
 
 
 if __name__ == "__main__":
