@@ -5,22 +5,16 @@ Prints one row per method: mean and standard deviation of final accuracy, bytes 
 """
 
 import argparse
-import csv
-import glob
 import os
 import statistics
-import subprocess
-import sys
 import tempfile
+
+from common import run_compare
 
 
 def run_seed(methods: str, seed: int, epochs: int, workers: int, extra: list[str], out: str) -> list[dict]:
-    subprocess.run([sys.executable, "-m", "lowband", "compare", "--methods", methods, "--seed", str(seed),
-                    "--epochs", str(epochs), "--workers", str(workers), "--dataset", "mnist1d", "--model", "cnn1d",
-                    "--out", out, *extra], check=False, capture_output=True)  # a failed run is a row, not a crash
-    newest = max(glob.glob(os.path.join(out, "compare-*")), key=os.path.getmtime)
-    with open(os.path.join(newest, "summary.csv")) as f:
-        return list(csv.DictReader(f))
+    return run_compare(["--methods", methods, "--seed", str(seed), "--epochs", str(epochs), "--workers", str(workers),
+                        "--dataset", "mnist1d", "--model", "cnn1d", *extra], out)
 
 
 def main():

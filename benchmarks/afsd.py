@@ -9,22 +9,17 @@ Run: python benchmarks/afsd.py [--intervals 10,50,200,1000,5000] [--epochs 30] [
 """
 
 import argparse
-import csv
-import glob
 import os
-import subprocess
-import sys
 import tempfile
+
+from common import run_compare
 
 from lowband.metrics import read_metrics
 
 
 def compare(specs: list[str], epochs: int, seed: int, out: str, extra: list[str]) -> list[dict]:
-    subprocess.run([sys.executable, "-m", "lowband", "compare", "--methods", ",".join(specs), "--workers", "2",
-                    "--epochs", str(epochs), "--seed", str(seed), "--out", out, *extra], check=False, capture_output=True)  # a failed run is a row, not a crash
-    folder = max(glob.glob(os.path.join(out, "compare-*")), key=os.path.getmtime)
-    with open(os.path.join(folder, "summary.csv")) as f:
-        return list(csv.DictReader(f))
+    return run_compare(["--methods", ",".join(specs), "--workers", "2", "--epochs", str(epochs), "--seed", str(seed),
+                        *extra], out)
 
 
 def earliest(run_dir: str, target: float) -> str:

@@ -10,13 +10,11 @@ Run: python benchmarks/ecdnn.py [--workers 4,8] [--epochs 30] [--seed 0]
 """
 
 import argparse
-import csv
-import glob
 import json
 import os
-import subprocess
-import sys
 import tempfile
+
+from common import run_compare
 
 from lowband.compare import time_to
 from lowband.metrics import read_metrics
@@ -28,12 +26,8 @@ NAMES = {"ensemble": "E-DNN", "ec_dnn:ensemble=simple": "EC-DNN-S", "ec_dnn:ense
 
 
 def run(workers: int, epochs: int, seed: int, out: str) -> list[dict]:
-    subprocess.run([sys.executable, "-m", "lowband", "compare", "--methods", ",".join(MA + OTHERS),
-                    "--workers", str(workers), "--epochs", str(epochs), "--seed", str(seed), "--out", out],
-                   check=False, capture_output=True)  # a failed run is a row, not a crash
-    folder = max(glob.glob(os.path.join(out, "compare-*")), key=os.path.getmtime)
-    with open(os.path.join(folder, "summary.csv")) as f:
-        rows = list(csv.DictReader(f))
+    rows = run_compare(["--methods", ",".join(MA + OTHERS), "--workers", str(workers), "--epochs", str(epochs),
+                        "--seed", str(seed)], out)
     for r in rows:
         r["records"] = [x for x in read_metrics(r["run_dir"]) if x.get("test_acc") is not None]
         path = os.path.join(r["run_dir"], "rounds.jsonl")

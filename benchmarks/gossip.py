@@ -9,12 +9,10 @@ Run: python benchmarks/gossip.py [--workers 8] [--epochs 30] [--ps 0.5,0.1,0.01]
 """
 
 import argparse
-import csv
-import glob
 import os
-import subprocess
-import sys
 import tempfile
+
+from common import run_compare
 
 from lowband.metrics import read_metrics
 
@@ -29,12 +27,8 @@ def main():
     ps = a.ps.split(",")
     specs = ["dpsgd"] + [f"rdpsgd:p={x}" for x in ps] + [f"topk:p={x}" for x in ps]
     with tempfile.TemporaryDirectory() as out:
-        subprocess.run([sys.executable, "-m", "lowband", "compare", "--methods", ",".join(specs), "--workers",
-                        str(a.workers), "--epochs", str(a.epochs), "--seed", str(a.seed), "--out", out],
-                       check=False, capture_output=True)  # a failed run is a row, not a crash
-        folder = max(glob.glob(os.path.join(out, "compare-*")), key=os.path.getmtime)
-        with open(os.path.join(folder, "summary.csv")) as f:
-            rows = list(csv.DictReader(f))
+        rows = run_compare(["--methods", ",".join(specs), "--workers", str(a.workers), "--epochs", str(a.epochs),
+                            "--seed", str(a.seed)], out)
         print(f"MNIST-1D, cnn1d, K = {a.workers} ring, {a.epochs} epochs, seed {a.seed}, {os.cpu_count()} cores\n")
         print("| method | p | final acc (average model) | best local acc | sent/worker MB | of which index MB | "
               "train s | comm s |")

@@ -11,23 +11,17 @@ Run: sudo python benchmarks/links.py [--suite quick] [--links unlimited,100mbit,
 """
 
 import argparse
-import csv
-import glob
 import os
-import subprocess
-import sys
 import tempfile
+
+from common import run_compare
 
 from lowband.metrics import read_metrics
 
 
 def run_suite(suite: str, link: str, mode: str, out: str, target: float | None) -> list[dict]:
     extra = ["--set", f"train.target_accuracy={target}"] if target else []
-    subprocess.run([sys.executable, "-m", "lowband", "compare", "--suite", suite, "--link", link,
-                    "--link-mode", mode, "--out", out, *extra], check=False, capture_output=True)
-    folder = max(glob.glob(os.path.join(out, "compare-*")), key=os.path.getmtime)
-    with open(os.path.join(folder, "summary.csv")) as f:
-        return list(csv.DictReader(f))
+    return run_compare(["--suite", suite, "--link", link, "--link-mode", mode, *extra], out)
 
 
 def to_target(run_dir: str, target: float) -> tuple[float | None, float | None]:

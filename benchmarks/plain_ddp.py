@@ -6,7 +6,6 @@ allreduce`; nothing of lowband's but the data set and the model definition.
 
 import argparse
 import json
-import os
 import time
 
 import torch

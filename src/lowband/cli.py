@@ -58,8 +58,8 @@ def parser() -> argparse.ArgumentParser:
                        epilog="a suite file is a TOML with methods = [...] and [config.*] tables; see "
                               "`lowband list` for the built-in ones", formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("--suite", help="a built-in suite: " + ", ".join(["quick", "afsd", "ecdnn", "rdpsgd"]))
-    c.add_argument("--methods", help=f"comma-separated methods, each NAME or NAME:KEY=VALUE[:...] "
-                                     f"(default: the quick suite's)")
+    c.add_argument("--methods", help="comma-separated methods, each NAME or NAME:KEY=VALUE[:...] "
+                                     "(default: the quick suite's)")
     _common(c, with_method=False)
     c.add_argument("--out", default="runs", help="parent directory of the comparison directory (default runs)")
     c.add_argument("--target-from", metavar="RUN_DIR", help="set train.target_accuracy to that run's final test accuracy")

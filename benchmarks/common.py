@@ -1,0 +1,15 @@
+"""What the benchmark scripts share: run `lowband compare` and read back its summary."""
+
+import csv
+import glob
+import os
+import subprocess
+import sys
+
+
+def run_compare(args: list[str], out: str) -> list[dict]:
+    """Run `lowband compare ARGS --out OUT`; the rows of its summary.csv (a failed run is a row)."""
+    subprocess.run([sys.executable, "-m", "lowband", "compare", *args, "--out", out], check=False, capture_output=True)
+    folder = max(glob.glob(os.path.join(out, "compare-*")), key=os.path.getmtime)
+    with open(os.path.join(folder, "summary.csv")) as f:
+        return list(csv.DictReader(f))
