@@ -35,3 +35,18 @@ def test_a_link_drains_in_order_and_links_are_independent():
     assert first - t0 == pytest.approx(0.11, abs=0.01)
     assert second - t0 == pytest.approx(0.21, abs=0.01)  # queued behind the first
     assert other - t0 == pytest.approx(0.11, abs=0.01)  # another link is not
+
+
+def test_netns_mode_explains_what_it_needs(monkeypatch):
+    from lowband.comm import links
+
+    monkeypatch.setattr(links.os, "geteuid", lambda: 1000)
+    with pytest.raises(UsageError, match="needs root"):
+        links.check_netns_possible(LinkSpec(10e6))
+    monkeypatch.setattr(links.os, "geteuid", lambda: 0)
+    monkeypatch.setattr(links.shutil, "which", lambda tool: None if tool == "tc" else "/sbin/ip")
+    with pytest.raises(UsageError, match="needs tc"):
+        links.check_netns_possible(LinkSpec(10e6))
+    monkeypatch.setattr(links.shutil, "which", lambda tool: "/sbin/" + tool)
+    with pytest.raises(UsageError, match="cannot add latency"):
+        links.check_netns_possible(LinkSpec(10e6, 0.02))
