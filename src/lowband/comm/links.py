@@ -155,10 +155,12 @@ class NetnsLinks:
             self._shape(["tc"], host)
 
     def _shape(self, tc: list[str], dev: str) -> None:
+        """tbf at RATE with a short queue: with a deep one (500 ms) the ACKs of the opposite direction
+        wait behind data, which made a two-way all-reduce 20-30% slower than the link allows."""
         rate = int(self.spec.rate_bps)
         burst = max(int(self.spec.rate_bps / 8 / 100), 4096)  # 10 ms of traffic
         _run(*tc, "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{rate}bit", "burst", f"{burst}b",
-             "latency", "500ms")
+             "latency", "20ms")
 
     def prefix(self, rank: int) -> list[str]:
         return ["ip", "netns", "exec", self.namespace(rank)]
