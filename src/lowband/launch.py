@@ -148,9 +148,8 @@ def worker_main(argv: list[str]) -> int:
     try:
         getattr(importlib.import_module(module), func)(*argv[1:])
         return 0
-    except UsageError as e:
-        if os.environ.get("RANK", "0") == "0":
-            print(f"lowband: error: {e}", file=sys.stderr)
+    except UsageError as e:  # the launcher checks the config first, so this is rank-specific: say it
+        print(f"lowband: error: {e}", file=sys.stderr)
         return 2
     except KeyboardInterrupt:
         return 130
