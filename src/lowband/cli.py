@@ -38,7 +38,8 @@ def _common(p: argparse.ArgumentParser, with_method: bool = True) -> None:
     p.add_argument("--set", dest="sets", action="append", default=[], metavar="SECTION.KEY=VALUE",
                    help="override one config value (repeatable), e.g. --set optim.lr=0.1")
     for flag, key, typ in SHORTCUTS:
-        p.add_argument(flag, type=typ, dest=key, default=None, help=f"same as --set {key}=...")
+        p.add_argument(flag, type=typ, dest=key, default=None, metavar=key.split(".")[1].upper(),
+                       help=f"same as --set {key}=...")
 
 
 def parser() -> argparse.ArgumentParser:
