@@ -19,8 +19,13 @@ def start_run(tmp_path, world: int) -> tuple[subprocess.Popen, str]:
     args = ["train", "--method", "allreduce", "--workers", str(world), "--epochs", "200", "--run-dir", run,
             *small(tmp_path), "--samples", "3000", "--batch-size", "8"]
     proc = subprocess.Popen([sys.executable, "-m", "lowband", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+                            stderr=subprocess.PIPE, text=True, start_new_session=True, preexec_fn=default_sigint)
     return proc, run
+
+
+def default_sigint() -> None:
+    """A shell running us in the background (CI, nohup) hands SIGINT down as ignored; a terminal would not."""
+    signal.signal(signal.SIGINT, signal.SIG_DFL)
 
 
 def wait_for(predicate, timeout: float, what: str) -> None:
