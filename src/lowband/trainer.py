@@ -94,6 +94,8 @@ class Trainer:
         metrics_file = "metrics.jsonl" if self.rank == 0 else f"metrics.rank{self.rank}.jsonl"
         self.sink = MetricsSink(run_dir, self.rank == 0 or self.independent, cfg.train.epochs, self.log, metrics_file)
         self.reached_target: int | None = None
+        self.final_global: torch.nn.Module | None = None  # the global model of the latest evaluated epoch
+        self.best_local_rank = 0
         self.epoch, self.step, self.samples, self.elapsed, self.train_s = 0, 0, 0, 0.0, 0.0
         self.method_eval_s = 0.0  # evaluations a method asked for inside training hooks
 
@@ -206,18 +208,19 @@ class Trainer:
         every = self.cfg.train.checkpoint_every
         if (every and epoch % every == 0) or last:
             self._save_checkpoint(epoch)
-        self._final_global = glob if last else None
+        if evaluate:  # the stopping epoch of an early stop is always evaluated
+            self.final_global = glob
 
     def _save_final(self) -> None:
         """model.safetensors: the global model if the method has one, else this rank's; model_L too."""
-        glob = getattr(self, "_final_global", None)
+        glob = self.final_global
         if self.independent and self.rank > 0:
             path = os.path.join(self.run_dir, f"model.rank{self.rank}.safetensors")
             checkpoint.save_model(self.method.local_model().state_dict(), path)
         if self.rank == 0:
             final = glob if glob is not None else self.method.local_model()
             checkpoint.save_model(final.state_dict(), os.path.join(self.run_dir, "model.safetensors"))
-        if glob is not None and self.rank == getattr(self, "best_local_rank", 0):
+        if glob is not None and self.rank == self.best_local_rank:
             checkpoint.save_model(self.method.local_model().state_dict(), os.path.join(self.run_dir, "model_L.safetensors"))
 
     # ---- checkpoints ---------------------------------------------------------------------------

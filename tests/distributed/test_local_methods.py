@@ -76,3 +76,13 @@ def test_local_sgd_run_reports_rounds_and_global_model(tmp_path):
     assert [r["step"] for r in rounds] == [5, 10, 15]
     # 3 rounds of one allreduce each, and one more to form the final global model
     assert records[-1]["bytes"]["params"]["sent"] == pytest.approx(4 * 2 * (2 - 1) / 2 * PARAM_BYTES)
+
+
+def test_an_early_stop_still_saves_the_global_model(tmp_path):
+    from safetensors.torch import load_file
+
+    run_dir, records = run(tmp_path, "ensemble", "--set", "train.target_accuracy=0.01", "--set",
+                           "train.stop_at_target=true", epochs=5)
+    assert [r["epoch"] for r in records] == [1] and records[0]["reached_target_epoch"] == 1
+    assert "weights" in load_file(str(run_dir / "model.safetensors"))  # the ensemble, not rank 0's model
+    assert (run_dir / "model_L.safetensors").exists()
