@@ -37,7 +37,8 @@ def wait_for(predicate, timeout: float, what: str) -> None:
 
 
 def wait_training(proc, run: str, world: int) -> list[int]:
-    wait_for(lambda: checkpoint.epochs_saved(run, world - 1) or proc.poll() is not None, 120, "the first checkpoint")
+    every_rank_saved = lambda: all(checkpoint.epochs_saved(run, r) for r in range(world))  # noqa: E731
+    wait_for(lambda: every_rank_saved() or proc.poll() is not None, 120, "every rank's first checkpoint")
     assert proc.poll() is None, proc.communicate()
     workers = children(proc.pid)
     assert len(workers) == world
@@ -61,9 +62,9 @@ def test_killed_worker_stops_the_run_quickly_and_leaves_no_process(tmp_path):
     assert proc.returncode == 128 + signal.SIGKILL
     assert "worker 1" in err and "SIGKILL" in err
     assert not any(alive(pid) for pid in workers)
-    for rank in range(3):  # the last complete checkpoint of every rank is readable
-        epochs = checkpoint.epochs_saved(run, rank)
-        checkpoint.load_state(checkpoint.rank_path(run, rank, epochs[-1]))
+    for rank in range(3):  # every checkpoint under its final name is complete and readable
+        for epoch in checkpoint.epochs_saved(run, rank):
+            checkpoint.load_state(checkpoint.rank_path(run, rank, epoch))
 
 
 def test_ctrl_c_stops_every_worker(tmp_path):
