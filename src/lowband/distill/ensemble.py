@@ -1,4 +1,4 @@
-"""Gathering every rank's model, and an output ensemble of models as one module."""
+"""Gathering or averaging every rank's model, and an output ensemble of models as one module."""
 
 from __future__ import annotations
 
@@ -18,6 +18,20 @@ def gather_models(comm, model: nn.Module, tag: str) -> list[nn.Module]:
         load_flat(member, vector)
         members.append(member)
     return members
+
+
+def average_models(comm, model: nn.Module, tag: str) -> None:
+    """Replace `model`'s parameters and floating buffers by their mean over all ranks (one allreduce)."""
+    vector = flat_state(model)
+    comm.allreduce(vector, tag=tag, mean=True)
+    load_flat(model, vector)
+
+
+def averaged_copy(comm, model: nn.Module, tag: str) -> nn.Module:
+    """A copy of `model` holding the mean over all ranks; `model` itself is left alone."""
+    averaged = copy.deepcopy(model)
+    average_models(comm, averaged, tag)
+    return averaged
 
 
 class Ensemble(nn.Module):

@@ -15,7 +15,6 @@ forward and backward pass. Bytes: "params" (values) and "index" (indices and len
 
 from __future__ import annotations
 
-import copy
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -28,7 +27,8 @@ from lowband.comm.topology import mixing_matrix, neighbours
 from lowband.config import MethodConfig, opt
 from lowband.errors import require
 from lowband.methods.base import Method
-from lowband.models.flat import bind_flat_parameters, flat_state, load_flat
+from lowband.distill.ensemble import averaged_copy
+from lowband.models.flat import bind_flat_parameters
 from lowband.registry import METHODS
 
 
@@ -154,11 +154,7 @@ class DPSGD(Method):
 
     def global_model(self, final: bool):
         """The average of all nodes' models, for reporting (tag "eval": not part of the method)."""
-        averaged = copy.deepcopy(self.model)
-        vector = flat_state(averaged)
-        self.ctx.comm.allreduce(vector, tag="eval", mean=True)
-        load_flat(averaged, vector)
-        return averaged
+        return averaged_copy(self.ctx.comm, self.model, tag="eval")
 
 
 @METHODS.register("rdpsgd")

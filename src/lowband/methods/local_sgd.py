@@ -10,11 +10,10 @@ the local one (_L) the worker with the smallest training loss.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 from lowband.config import opt
-from lowband.models.flat import flat_state, load_flat
+from lowband.distill.ensemble import average_models, averaged_copy
 from lowband.methods.base import Method
 from lowband.methods.rounds import RoundLog, RoundsConfig
 from lowband.registry import METHODS
@@ -41,16 +40,9 @@ class LocalSGD(Method):
             return
         round_no = (step + 1) // self.cfg.tau
         local = self.rounds.local_accuracies(self.model) if self.rounds.due(round_no) else None
-        self.average(self.model, tag="params")
+        average_models(self.ctx.comm, self.model, tag="params")
         if local is not None:
             self.rounds.write(round_no, step + 1, local, self.model)
 
-    def average(self, model, tag: str) -> None:
-        vector = flat_state(model)
-        self.ctx.comm.allreduce(vector, tag=tag, mean=True)
-        load_flat(model, vector)
-
     def global_model(self, final: bool):
-        averaged = copy.deepcopy(self.model)
-        self.average(averaged, tag="params" if final else "eval")
-        return averaged
+        return averaged_copy(self.ctx.comm, self.model, tag="params" if final else "eval")
