@@ -63,6 +63,20 @@ def allreduce_trace(out_dir: str, steps: str, batch: str, model_name: str = "cnn
         torch.save(torch.stack(trace), os.path.join(out_dir, "trace.pt"))
     with open(os.path.join(out_dir, f"rank{comm.rank}.json"), "w") as f:
         json.dump({"spread": spread, "stats": comm.snapshot()}, f)
+    del model, method, opt  # the DDP wrapper must go before its process group does
+    close(comm)
+
+
+def close(comm) -> None:
+    """Wait for every rank, then tear the process group down.
+
+    Destroying the group under a live DDP wrapper aborted a worker once ("terminate called without
+    an active exception"); the trainer frees itself before its communicator closes, so do the same.
+    """
+    import gc
+
+    gc.collect()
+    comm.barrier()
     comm.close()
 
 
