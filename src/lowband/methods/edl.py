@@ -1,0 +1,190 @@
+"""EDL-Dist: elastic knowledge distillation with remote teacher servers.
+
+Dong et al., "Elastic Deep Learning using Knowledge Distillation with Heterogeneous Computing
+Resources" (2021). K student ranks train a small model with allreduce (DDP) on the loss
+alpha * CE(y, student) + beta * T^2 * KL(softmax(teacher / T) || softmax(student / T)). The teacher's
+logits come from teacher servers (`lowband teacher`) registered in a Redis Coordinator; each rank's
+DistilReader streams its minibatches to the teachers it was assigned, prefetches their answers
+into a bounded buffer, asks for more teachers while starving and re-sends the batches of a teacher
+that died. The same method runs the paper's two baselines, so all three share one code path:
+  mode = edl     teachers on other processes or machines (the paper's system)
+  mode = online  the teacher in the student's own process, its forward pass before every step
+  mode = ntrain  the student alone on the hard labels ("N-training")
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import os
+import socket
+import time
+from dataclasses import dataclass
+from typing import Literal
+
+import torch
+
+from lowband.config import opt
+from lowband.distill.losses import kd_loss
+from lowband.errors import require
+from lowband.methods.allreduce import Allreduce, AllreduceConfig
+from lowband.registry import METHODS
+
+
+@dataclass(kw_only=True)
+class EDLConfig(AllreduceConfig):
+    name: str = opt("edl", "training method")
+    mode: Literal["edl", "online", "ntrain"] = opt(
+        "edl", "edl: remote teacher servers; online: teacher in the student process; ntrain: no teacher")
+    teacher: str = opt("", "teacher checkpoint: a lowband run dir, its model.safetensors or a checkpoints/*.pt")
+    coordinator: str = opt("", "Redis URL of the Coordinator, e.g. redis://host:6379/0 (`lowband distill` fills it)")
+    alpha: float = opt(0.5, "weight of the hard-label cross-entropy")
+    beta: float = opt(0.5, "weight of the distillation term T^2 * KL")
+    temperature: float = opt(4.0, "softmax temperature T of the distillation term")
+    teachers: int = opt(0, "teachers per student rank at start; 0: from measured student/teacher throughputs")
+    max_teachers: int = opt(8, "most teachers one student rank holds")
+    ut: int = opt(32, "upper threshold: stop sending batches to teachers above this many unused soft labels")
+    lt: int = opt(8, "lower threshold: resume sending below this many unused soft labels")
+    depth: int = opt(2, "batches in flight per teacher connection")
+    teacher_timeout_s: float = opt(300.0, "with no teacher at all, wait this long (saying so), then fail")
+    request_timeout_s: float = opt(30.0, "a teacher that does not answer a batch within this is considered dead")
+    lease_s: float = opt(5.0, "a dead student's teachers become free after this")
+    log_samples: bool = opt(False, "write the sample ids each rank trained on to samples.rank{R}.jsonl")
+
+    def __post_init__(self):
+        for f in ("alpha", "beta"):
+            require(getattr(self, f) >= 0, f"method.{f}", getattr(self, f), "must be >= 0")
+        require(self.temperature > 0, "method.temperature", self.temperature, "must be > 0")
+        require(0 <= self.lt < self.ut, "method.lt", self.lt, f"must be >= 0 and below method.ut = {self.ut}")
+        require(self.depth >= 1, "method.depth", self.depth, "must be >= 1")
+        require(0 <= self.teachers <= self.max_teachers, "method.teachers", self.teachers,
+                f"must be in [0, method.max_teachers = {self.max_teachers}]")
+        for f in ("teacher_timeout_s", "request_timeout_s", "lease_s"):
+            require(getattr(self, f) > 0, f"method.{f}", getattr(self, f), "must be > 0")
+
+
+@METHODS.register("edl")
+class EDL(Allreduce):
+    Config = EDLConfig
+
+    @classmethod
+    def check(cls, cfg: EDLConfig, world: int) -> None:
+        if cfg.mode != "ntrain":
+            require(bool(cfg.teacher), "method.teacher", cfg.teacher, f"mode {cfg.mode} needs a teacher checkpoint")
+        if cfg.mode == "edl":
+            require(bool(cfg.coordinator), "method.coordinator", cfg.coordinator,
+                    "mode edl needs the Coordinator's Redis URL (or run `lowband distill --local-teachers N`)")
+
+    def setup(self, model):
+        self.reader, self.teacher = None, None
+        self.timeline_path = os.path.join(self.ctx.run_dir, f"distill.rank{self.ctx.comm.rank}.jsonl")
+        if self.cfg.mode == "online":
+            self.teacher = self._load_teacher().to(self.ctx.device)
+        elif self.cfg.mode == "edl":
+            self.reader = self._make_reader(student_rate(model, self.ctx))
+        self.epoch_started = None
+        return super().setup(model)
+
+    def _load_teacher(self):
+        from lowband.distill.serve import load_teacher
+
+        model, _, in_shape, classes = load_teacher(self.cfg.teacher)
+        check_fits(self.ctx.data, in_shape, classes, self.cfg.teacher)
+        return model
+
+    def _make_reader(self, rate: float):
+        from lowband.distill.coordinator import Coordinator
+        from lowband.distill.reader import DistilReader, ReaderConfig
+        from lowband.distill.teacher import token_from_env
+
+        c = self.cfg
+        rc = ReaderConfig(ut=c.ut, lt=c.lt, depth=c.depth, initial=c.teachers, max_teachers=c.max_teachers,
+                          wait_s=c.teacher_timeout_s, request_timeout_s=c.request_timeout_s, token=token_from_env(None))
+        coord = Coordinator(c.coordinator, lease_s=c.lease_s)
+        student = f"{socket.gethostname()}-{os.getpid()}-rank{self.ctx.comm.rank}"
+        d = self.ctx.data
+        return DistilReader(coord, student, d.in_shape, d.num_classes, rc, self.ctx.log, student_rate=rate)
+
+    # ---- hooks ----------------------------------------------------------------------------------
+    def batches(self, epoch: int, source):
+        self.epoch_started = time.perf_counter()
+        self.consumed: list[torch.Tensor] = []
+        if self.cfg.mode == "ntrain":
+            yield from self._logged(source.epoch(epoch))
+        elif self.cfg.mode == "online":
+            for x, y, ids in self._logged(source.epoch(epoch)):
+                with torch.no_grad():
+                    logits = self.teacher(x)
+                yield x, y, ids, logits
+        else:
+            yield from self._remote(epoch, source)
+
+    def _logged(self, batches):
+        for batch in batches:
+            self.consumed.append(batch[2])
+            yield batch
+
+    def _remote(self, epoch: int, source):
+        self.reader.feed(epoch, source.epoch(epoch))
+        if epoch < self.ctx.cfg.train.epochs:  # prefetch across the epoch boundary
+            self.reader.feed(epoch + 1, source.epoch(epoch + 1))
+        for step in range(self.ctx.steps_per_epoch):
+            item, logits = self.reader.get(epoch, step)
+            self.consumed.append(item.ids)
+            self._count_bytes()
+            yield item.x, item.y, item.ids, logits.to(self.ctx.device)
+
+    def _count_bytes(self) -> None:
+        s = self.reader.stats
+        sent, recv = s["bytes_sent"], s["bytes_recv"]
+        seen = getattr(self, "_bytes_seen", (0, 0))
+        self.ctx.comm.count("soft-labels", sent=sent - seen[0], recv=recv - seen[1])
+        self._bytes_seen = (sent, recv)
+
+    def loss(self, batch, outputs, loss):
+        if self.cfg.mode == "ntrain":
+            return loss
+        c = self.cfg
+        return kd_loss(outputs, batch[3], batch[1], c.alpha, c.beta, c.temperature)
+
+    def end_epoch(self, epoch: int) -> dict:
+        if self.cfg.log_samples:
+            with open(os.path.join(self.ctx.run_dir, f"samples.rank{self.ctx.comm.rank}.jsonl"), "a") as f:
+                f.write(json.dumps({"epoch": epoch, "ids": torch.cat(self.consumed).tolist()}) + "\n")
+        if self.reader is None:
+            return {}
+        timeline = self.reader.take_timeline()
+        with open(self.timeline_path, "a") as f:
+            for point in timeline:
+                f.write(json.dumps({"epoch": epoch, **point}) + "\n")
+        s = self.reader.stats
+        buffer = [p["buffer"] for p in timeline] or [0]
+        return {"distill": {"teachers": len(self.reader.links), "teachers_max": max((p["teachers"] for p in timeline), default=0),
+                            "buffer_mean": round(sum(buffer) / len(buffer), 2), "buffer_max": max(buffer),
+                            "resent": s["resent"], "teacher_failures": s["teacher_failures"],
+                            "batches_sent": s["batches_sent"], "starved_s": round(s["starved_s"], 3)}}
+
+    def close(self) -> None:
+        if self.reader is not None:
+            self.reader.close()
+
+
+def check_fits(data, in_shape, classes: int, path: str) -> None:
+    from lowband.errors import UsageError
+
+    if tuple(in_shape) != tuple(data.in_shape) or classes != data.num_classes:
+        raise UsageError(f"teacher {path} takes inputs {tuple(in_shape)} with {classes} classes; the student's data "
+                         f"has {tuple(data.in_shape)} with {data.num_classes} (train both on the same data set)")
+
+
+def student_rate(model, ctx, seconds: float = 0.3) -> float:
+    """Samples/s of one training step of this student on this device (a throwaway copy, no communication)."""
+    probe = copy.deepcopy(model).to(ctx.device)
+    b = ctx.cfg.train.batch_size
+    x = torch.randn(b, *ctx.data.in_shape, device=ctx.device)
+    y = torch.randint(0, ctx.data.num_classes, (b,), device=ctx.device)
+    n, t0 = 0, time.perf_counter()
+    while time.perf_counter() - t0 < seconds or n < 2 * b:
+        torch.nn.functional.cross_entropy(probe(x), y).backward()
+        n += b
+    return n / (time.perf_counter() - t0)

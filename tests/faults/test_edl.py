@@ -1,0 +1,149 @@
+"""EDL-Dist end to end, with real processes: teacher servers, an embedded Redis, student ranks.
+
+Failure injection: kill -9 a teacher mid-epoch (every sample still trained on exactly once), kill -9
+a student rank (all ranks restart from the latest checkpoint), Redis unreachable (exit 2).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from lowband import checkpoint
+from lowband.data import Batches
+from lowband.metrics import read_metrics
+from lowband.runs import read_run_config
+from lowband.trainer import make_plan
+from tests.conftest import ROOT, alive, children, cli, small
+from tests.faults.test_processes import rank_of, wait_for
+
+
+@pytest.fixture(scope="module")
+def teacher(tmp_path_factory):
+    out = tmp_path_factory.mktemp("teacher")
+    run = str(out / "teacher")
+    with pytest.MonkeyPatch.context() as mp:  # what conftest's per-test fixture sets, for this module fixture
+        mp.setenv("LOWBAND_TEST_CACHE", str(tmp_path_factory.getbasetemp().parent / "lowband-cache"))
+        done = _train_teacher(out, run)
+    assert done.returncode == 0, done.stderr
+    return run
+
+
+def _train_teacher(out, run):
+    return cli("train", "--method", "single", "--set", "model.channels=32", "--epochs", "2", "--run-dir", run,
+               *small(out, "--samples", "2000"))
+
+
+def distill(tmp_path, teacher, *extra) -> list[str]:
+    return ["distill", "--teacher", teacher, "--workers", "2", *small(tmp_path, "--samples", "2000"),
+            "--set", "method.log_samples=true", *extra]
+
+
+def popen(args) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "lowband", *args], cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+
+
+def expected_ids(run: str, rank: int, epoch: int) -> list[int]:
+    """The ids the student's own data order gives (what N-training would train on)."""
+    cfg = read_run_config(run)
+    plan = make_plan(cfg, cfg.train.workers)
+    b = Batches(plan.data, plan.shards[rank], cfg.train.batch_size, plan.steps, seed=cfg.train.seed * 131 + rank)
+    return torch.cat([ids for _, _, ids in b.epoch(epoch)]).tolist()
+
+
+def trained_ids(run: str, rank: int) -> dict[int, list[int]]:
+    out = {}
+    with open(os.path.join(run, f"samples.rank{rank}.jsonl")) as f:
+        for line in f:
+            r = json.loads(line)
+            assert r["epoch"] not in out, f"epoch {r['epoch']} recorded twice"
+            out[r["epoch"]] = r["ids"]
+    return out
+
+
+def test_edl_gives_the_online_result_and_counts_soft_label_bytes(tmp_path, teacher):
+    edl, online = str(tmp_path / "edl"), str(tmp_path / "online")
+    a = cli(*distill(tmp_path, teacher, "--local-teachers", "2", "--epochs", "2", "--run-dir", edl))
+    assert a.returncode == 0, a.stderr
+    b = cli(*distill(tmp_path, teacher, "--mode", "online", "--epochs", "2", "--run-dir", online))
+    assert b.returncode == 0, b.stderr
+    ma, mb = load_file(os.path.join(edl, "model.safetensors")), load_file(os.path.join(online, "model.safetensors"))
+    for k in ma:  # the same logits in the same order: the same student, wherever the teacher ran
+        torch.testing.assert_close(ma[k], mb[k], rtol=1e-5, atol=1e-6)
+    last = read_metrics(edl)[-1]
+    steps, bs, classes, width = last["steps"], 16, 10, 40
+    soft = last["bytes"]["soft-labels"]
+    # per batch: inputs out, logits back, each with an 8-byte prefix and a JSON header under 200 bytes
+    assert steps * bs * width * 4 < soft["sent"] < steps * (bs * width * 4 + 200)
+    assert steps * bs * classes * 4 < soft["recv"] < steps * (bs * classes * 4 + 200)
+    assert "soft-labels" not in read_metrics(online)[-1]["bytes"]
+    for rank in range(2):
+        ids = trained_ids(edl, rank)
+        assert ids == {e: expected_ids(edl, rank, e) for e in (1, 2)}
+
+
+def test_killed_teacher_mid_epoch_loses_no_sample(tmp_path, teacher):
+    run = str(tmp_path / "run")
+    proc = popen(distill(tmp_path, teacher, "--local-teachers", "2", "--epochs", "3", "--run-dir", run,
+                         "--teacher-max-rate", "400", "--set", "method.teachers=1"))
+    teachers = lambda: [p for p in children(proc.pid) if b"\0teacher\0" in open(f"/proc/{p}/cmdline", "rb").read()]  # noqa: E731
+    wait_for(lambda: len(read_metrics(run)) >= 1 or proc.poll() is not None, 120, "the first epoch")
+    assert proc.poll() is None, proc.communicate()
+    victims = teachers()
+    assert len(victims) == 2
+    os.kill(victims[0], signal.SIGKILL)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err
+    assert "re-sending" in err
+    records = read_metrics(run)
+    assert [r["epoch"] for r in records] == [1, 2, 3]
+    assert records[-1]["distill"]["teacher_failures"] + _rank1_failures(run) >= 1
+    for rank in range(2):  # every sample of every epoch trained on exactly once, in the student's order
+        assert trained_ids(run, rank) == {e: expected_ids(run, rank, e) for e in (1, 2, 3)}
+    assert not any(alive(p) for p in victims)
+
+
+def _rank1_failures(run: str) -> int:
+    with open(os.path.join(run, "train.log")) as f:
+        return f.read().count("failed (")
+
+
+def test_killed_student_rank_restarts_all_from_the_checkpoint(tmp_path, teacher):
+    run = str(tmp_path / "run")
+    proc = popen(distill(tmp_path, teacher, "--local-teachers", "1", "--epochs", "4", "--run-dir", run,
+                         "--teacher-max-rate", "1500", "--max-restarts", "1"))
+    wait_for(lambda: all(checkpoint.epochs_saved(run, r) for r in range(2)) or proc.poll() is not None, 120,
+             "every rank's first checkpoint")
+    assert proc.poll() is None, proc.communicate()
+    workers = [p for p in children(proc.pid) if b"lowband.launch" in open(f"/proc/{p}/cmdline", "rb").read()]
+    saved = checkpoint.latest_common_epoch(run, 2)
+    os.kill(next(p for p in workers if rank_of(p) == 1), signal.SIGKILL)
+    out, err = proc.communicate(timeout=180)
+    assert proc.returncode == 0, err
+    assert "restarting all 2 worker(s) from the latest checkpoint (restart 1 of 1)" in err
+    assert [r["epoch"] for r in read_metrics(run)] == [1, 2, 3, 4]
+    with open(os.path.join(run, "train.log")) as f:
+        log = f.read()
+    resumed = [int(line.split("after epoch ")[1].split()[0]) for line in log.splitlines() if "resumed" in line]
+    assert resumed and resumed[0] >= saved  # at most the checkpoint interval (one epoch) was lost
+    assert not any(alive(p) for p in workers)
+
+
+def test_unreachable_coordinator_is_one_line_and_exit_2(tmp_path, teacher):
+    r = cli(*distill(tmp_path, teacher, "--coordinator", "redis://127.0.0.1:1/0", "--epochs", "1"))
+    assert r.returncode == 2
+    assert r.stderr.strip().count("\n") == 0 and "redis://127.0.0.1:1/0 is unreachable" in r.stderr
+    assert not os.path.exists(tmp_path / "runs")
+
+
+def test_teacher_command_rejects_unreachable_coordinator(tmp_path, teacher):
+    r = cli("teacher", "--checkpoint", teacher, "--coordinator", "redis://127.0.0.1:1/0")
+    assert r.returncode == 2 and "unreachable" in r.stderr
