@@ -63,13 +63,27 @@ def next_sending(sending: bool, volume: int, lt: int, ut: int) -> bool:
     return sending
 
 
-@dataclass(order=True)
+@dataclass
 class Item:
+    """One student minibatch."""
+
+    key: tuple[int, int]  # (epoch, step)
+    x: torch.Tensor = field(repr=False)
+    y: torch.Tensor = field(repr=False)
+    ids: torch.Tensor = field(repr=False)
+
+
+@dataclass(order=True)
+class Request:
+    """What one frame to a teacher carries: `group` consecutive minibatches, inputs concatenated."""
+
     seq: int
-    key: tuple[int, int] = field(compare=False)  # (epoch, step)
+    parts: list[Item] = field(compare=False)
     x: torch.Tensor = field(compare=False, repr=False)
-    y: torch.Tensor = field(compare=False, repr=False)
-    ids: torch.Tensor = field(compare=False, repr=False)
+
+    @classmethod
+    def of(cls, seq: int, parts: list[Item]) -> Request:
+        return cls(seq, parts, parts[0].x if len(parts) == 1 else torch.cat([p.x for p in parts]))
 
 
 @dataclass
@@ -81,6 +95,7 @@ class ReaderConfig:
     max_teachers: int = 8
     wait_s: float = 300.0     # how long to wait with no teacher before failing
     request_timeout_s: float = 30.0
+    group: int = 4            # minibatches per request (fewer, larger frames and teacher batches)
     starve_grow_s: float = 0.5  # waiting over half of such a window asks for one more teacher
     retry_failed_s: float = 10.0  # a failed teacher is not claimed again for this long
     token: str | None = None
@@ -92,10 +107,14 @@ class DistilReader:
         self.coord, self.student, self.cfg, self.log = coord, student, cfg, log
         self.in_shape, self.num_classes, self.student_rate = tuple(in_shape), num_classes, student_rate
         self.limits = wire.Limits(max_payload=4 * num_classes * 1_000_000)
+        # one lock, two conditions: the student waits for `arrived`, the links for `work`, so that
+        # a step wakes no sender unless sending resumes (thread wake-ups cost the student's core)
         self.cv = threading.Condition()
+        self.work = threading.Condition(self.cv)
+        self._stopped = threading.Event()
         self.sources: deque = deque()         # (epoch, iterator of (x, y, ids)), in order
         self.fed: set[int] = set()
-        self.resend: list[Item] = []          # kept sorted: re-sent first, oldest first
+        self.resend: list[Request] = []       # kept sorted: re-sent first, oldest first
         self.ready: dict[tuple[int, int], tuple[Item, torch.Tensor]] = {}
         self.links: dict[str, TeacherLink] = {}
         self.owned: set[str] = set()          # teachers this student holds a lease on (others are shared)
@@ -116,7 +135,7 @@ class DistilReader:
             if epoch not in self.fed:
                 self.fed.add(epoch)
                 self.sources.append((epoch, enumerate(batches)))
-                self.cv.notify_all()
+                self.work.notify_all()
 
     def get(self, epoch: int, step: int) -> tuple[Item, torch.Tensor]:
         """Batch `step` of `epoch` with its teacher logits; blocks until it is there."""
@@ -130,7 +149,8 @@ class DistilReader:
             self.starving_since = None
             self.stats["starved_s"] += time.monotonic() - t0
             got = self.ready.pop(key)
-            self.cv.notify_all()
+            if not self.sending and len(self.ready) < self.cfg.lt:
+                self.work.notify_all()
             return got
 
     def _check_waiting(self, t0: float) -> None:
@@ -147,7 +167,7 @@ class DistilReader:
                              f"({waited:.0f} s of at most {self.cfg.wait_s:g} s; start one with `lowband teacher`)")
 
     # ---- what the links call ---------------------------------------------------------------------
-    def next_to_send(self, link: TeacherLink) -> Item | None:
+    def next_to_send(self, link: TeacherLink) -> Request | None:
         """The next batch for `link` to send, recorded as in flight there; None: nothing to send now."""
         with self.cv:
             if self.closed or link.closed:
@@ -155,21 +175,22 @@ class DistilReader:
             item = self._next_item()
             if item is not None:
                 link.inflight.append(item)
-                self.stats["batches_sent"] += 1
+                self.stats["batches_sent"] += len(item.parts)
             return item
 
-    def _next_item(self) -> Item | None:
+    def _next_item(self) -> Request | None:
         if self.resend:  # in-flight work of a failed teacher goes first, even when the buffer is full
             return self.resend.pop(0)
         self.sending = next_sending(self.sending, len(self.ready), self.cfg.lt, self.cfg.ut)
         while self.sending and self.sources:
             epoch, it = self.sources[0]
-            nxt = next(it, None)
-            if nxt is None:
-                self.sources.popleft()
-                continue
-            step, (x, y, ids) = nxt
-            return Item(next(self.seq), (epoch, step), x, y, ids)
+            parts = []
+            for step, (x, y, ids) in itertools.islice(it, self.cfg.group):
+                parts.append(Item((epoch, step), x, y, ids))
+            if len(parts) < self.cfg.group:
+                self.sources.popleft()  # this epoch is all read
+            if parts:
+                return Request.of(next(self.seq), parts)
         return None
 
     def deliver(self, link: TeacherLink, logits: torch.Tensor) -> None:
@@ -177,13 +198,14 @@ class DistilReader:
         with self.cv:
             if link.closed or not link.inflight:
                 return
-            item = link.inflight.popleft()
-            self.ready[item.key] = (item, logits)
+            request = link.inflight.popleft()
+            for part, out in zip(request.parts, logits.split([len(p.x) for p in request.parts])):
+                self.ready[part.key] = (part, out)
             self.cv.notify_all()
 
     def wait_for_work(self) -> None:
         with self.cv:
-            self.cv.wait(0.05)
+            self.work.wait(0.05)
 
     def add_bytes(self, sent: int = 0, recv: int = 0) -> None:
         with self.cv:
@@ -198,15 +220,15 @@ class DistilReader:
             link.closed = True  # from here on its answers are dropped: its batches are re-sent
             items = list(link.inflight)
             link.inflight.clear()
-            for item in items:
-                bisect.insort(self.resend, item)
-            self.stats["resent"] += len(items)
+            for request in items:
+                bisect.insort(self.resend, request)
+            self.stats["resent"] += sum(len(r.parts) for r in items)
             self.stats["teacher_failures"] += 1
             self.failed[link.info.id] = time.monotonic()
-            self.cv.notify_all()
+            self.work.notify_all()
         link.close()
         self.log.warning(f"teacher {link.info.id} failed ({type(error).__name__}: {error}); "
-                         f"re-sending its {len(items)} in-flight batch(es) to other teachers")
+                         f"re-sending its {sum(len(r.parts) for r in items)} in-flight batch(es) to other teachers")
         self._release(link.info.id)
 
     # ---- the scheduler ---------------------------------------------------------------------------
@@ -234,8 +256,7 @@ class DistilReader:
             if now - last_sample > 0.25:
                 last_sample = now
                 self._sample()
-            with self.cv:
-                self.cv.wait(0.05)
+            self._stopped.wait(0.05)
 
     def _starved(self) -> float:
         """Seconds the student has waited for batches so far, including a wait in progress."""
@@ -276,7 +297,6 @@ class DistilReader:
         with self.cv:
             self.links[info.id] = link
             self.stats["teachers_added"] += 1
-            self.cv.notify_all()
         link.start()
         self.log.info(f"teacher {info.id} ({info.device}, {info.throughput:.0f} samples/s) assigned; "
                       f"{len(self.links)} teacher(s) now")
@@ -322,6 +342,8 @@ class DistilReader:
             links = list(self.links.values())
             self.links.clear()
             self.cv.notify_all()
+            self.work.notify_all()
+        self._stopped.set()
         for link in links:
             link.close()
             self._release(link.info.id)

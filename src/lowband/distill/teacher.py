@@ -103,17 +103,18 @@ class TeacherServer:
             raise RequestError(f"expected a float tensor of shape (n, {', '.join(map(str, self.in_shape))}) with "
                                f"1 <= n <= {self.max_batch}; got {x.dtype} {tuple(x.shape)}")
         with self._lock:
+            start = time.monotonic()
             out = self.model(x.to(self.device, torch.float32)).float().cpu()
             self.samples += len(x)
-            self._throttle(len(x))
+            self._throttle(len(x), start)
         return out
 
-    def _throttle(self, n: int) -> None:
+    def _throttle(self, n: int, start: float) -> None:
+        """With max_rate, a batch of n takes at least n / max_rate seconds, its compute included."""
         if self.max_rate <= 0:
             return
-        now = time.monotonic()
-        self._busy_until = max(self._busy_until, now) + n / self.max_rate
-        time.sleep(max(self._busy_until - now, 0.0))
+        self._busy_until = max(self._busy_until, start) + n / self.max_rate
+        time.sleep(max(self._busy_until - time.monotonic(), 0.0))
 
     @torch.no_grad()
     def measure(self, batch: int = 64, seconds: float = 0.5) -> float:

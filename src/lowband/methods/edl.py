@@ -45,7 +45,8 @@ class EDLConfig(AllreduceConfig):
     max_teachers: int = opt(8, "most teachers one student rank holds")
     ut: int = opt(32, "upper threshold: stop sending batches to teachers above this many unused soft labels")
     lt: int = opt(8, "lower threshold: resume sending below this many unused soft labels")
-    depth: int = opt(2, "batches in flight per teacher connection")
+    depth: int = opt(2, "requests in flight per teacher connection")
+    request_batches: int = opt(4, "minibatches per request to a teacher (fewer, larger frames)")
     teacher_timeout_s: float = opt(300.0, "with no teacher at all, wait this long (saying so), then fail")
     request_timeout_s: float = opt(30.0, "a teacher that does not answer a batch within this is considered dead")
     lease_s: float = opt(5.0, "a dead student's teachers become free after this")
@@ -57,6 +58,7 @@ class EDLConfig(AllreduceConfig):
         require(self.temperature > 0, "method.temperature", self.temperature, "must be > 0")
         require(0 <= self.lt < self.ut, "method.lt", self.lt, f"must be >= 0 and below method.ut = {self.ut}")
         require(self.depth >= 1, "method.depth", self.depth, "must be >= 1")
+        require(self.request_batches >= 1, "method.request_batches", self.request_batches, "must be >= 1")
         require(0 <= self.teachers <= self.max_teachers, "method.teachers", self.teachers,
                 f"must be in [0, method.max_teachers = {self.max_teachers}]")
         for f in ("teacher_timeout_s", "request_timeout_s", "lease_s"):
@@ -98,7 +100,7 @@ class EDL(Allreduce):
         from lowband.distill.teacher import token_from_env
 
         c = self.cfg
-        rc = ReaderConfig(ut=c.ut, lt=c.lt, depth=c.depth, initial=c.teachers, max_teachers=c.max_teachers,
+        rc = ReaderConfig(ut=c.ut, lt=c.lt, depth=c.depth, group=c.request_batches, initial=c.teachers, max_teachers=c.max_teachers,
                           wait_s=c.teacher_timeout_s, request_timeout_s=c.request_timeout_s, token=token_from_env(None))
         coord = Coordinator(c.coordinator, lease_s=c.lease_s)
         student = f"{socket.gethostname()}-{os.getpid()}-rank{self.ctx.comm.rank}"
@@ -145,7 +147,7 @@ class EDL(Allreduce):
         if self.cfg.mode == "ntrain":
             return loss
         c = self.cfg
-        return kd_loss(outputs, batch[3], batch[1], c.alpha, c.beta, c.temperature)
+        return kd_loss(outputs, batch[3], batch[1], c.alpha, c.beta, c.temperature, hard=loss)
 
     def end_epoch(self, epoch: int) -> dict:
         if self.cfg.log_samples:
