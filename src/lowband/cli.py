@@ -74,7 +74,7 @@ def parser() -> argparse.ArgumentParser:
     c = sub.add_parser("compare", help="train several methods on the same data and seeds; table and report",
                        epilog="a suite file is a TOML with methods = [...] and [config.*] tables; see "
                               "`lowband list` for the built-in ones", formatter_class=argparse.RawDescriptionHelpFormatter)
-    c.add_argument("--suite", help="a built-in suite: " + ", ".join(["quick", "afsd", "ecdnn", "rdpsgd"]))
+    c.add_argument("--suite", help="a built-in suite: " + ", ".join(["quick", "afsd", "ecdnn", "rdpsgd", "edl"]))
     c.add_argument("--methods", help="comma-separated methods, each NAME or NAME:KEY=VALUE[:...] "
                                      "(default: the quick suite's)")
     _common(c, with_method=False)
@@ -201,7 +201,8 @@ def cmd_compare(args) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else suite["methods"]
     if not methods:
         raise UsageError(f"--methods={args.methods!r} names no method")
-    code, folder, rows = compare(resolve(args, parse_spec(methods[0])[0], base), methods, args.out)
+    prepare = suite["prepare"] if (args.suite or is_suite) else []
+    code, folder, rows = compare(resolve(args, parse_spec(methods[0])[0], base), methods, args.out, prepare)
     if rows:
         print_summary(rows, folder)
     return code

@@ -11,6 +11,7 @@ from __future__ import annotations
 import csv
 import tomllib
 import os
+import statistics
 import time
 from importlib import resources
 
@@ -20,7 +21,7 @@ from lowband.errors import ConfigError, UsageError
 from lowband.metrics import human_bytes, read_metrics
 
 COLUMNS = ["label", "method", "workers", "final_acc", "final_acc_L", "best_acc", "epochs",
-           "bytes_sent_per_worker", "train_s", "speed_G", "speed_L", "status", "run_dir"]
+           "bytes_sent_per_worker", "train_s", "samples_per_s", "speed_G", "speed_L", "status", "run_dir"]
 
 
 def suite_names() -> list[str]:
@@ -38,8 +39,11 @@ def load_suite(name: str | None = None, path: str | None = None) -> dict:
     methods = raw.get("methods")
     if not isinstance(methods, list) or not methods or not all(isinstance(m, str) for m in methods):
         raise ConfigError("methods", methods, "a suite needs methods = [\"name\", \"name:key=value\", ...]")
+    prepare = raw.get("prepare", [])
+    if not isinstance(prepare, list) or not all(isinstance(c, str) for c in prepare):
+        raise ConfigError("prepare", prepare, "a list of lowband commands, e.g. [\"train --method single ...\"]")
     return {"description": raw.get("description", ""), "methods": methods, "config": raw.get("config", {}),
-            "target": raw.get("target", "allreduce")}
+            "target": raw.get("target", "allreduce"), "prepare": prepare}
 
 
 def parse_spec(spec: str) -> tuple[str, dict]:
@@ -62,12 +66,21 @@ def with_method(base: C.Config, spec: str) -> C.Config:
     return C.from_dict(raw, runs.method_configs())
 
 
-def compare(base: C.Config, specs: list[str], out: str) -> tuple[int, str, list[dict]]:
-    """Returns (exit code, comparison directory, one row per method)."""
+def compare(base: C.Config, specs: list[str], out: str, prepare: list[str] = ()) -> tuple[int, str, list[dict]]:
+    """Returns (exit code, comparison directory, one row per method).
+
+    `prepare`: lowband commands run first (e.g. training a teacher); "{folder}" in them and in
+    the config's strings is the comparison directory.
+    """
     folder = os.path.join(out, "compare-" + time.strftime("%Y%m%d-%H%M%S"))
+    base = C.from_dict(fill(C.to_dict(base), folder), runs.method_configs())
     configs = [(spec, with_method(base, spec)) for spec in specs]  # validate all before running any
     for _, cfg in configs:
         runs.world_size(cfg)
+    for command in prepare:
+        code = run_prepare(command.replace("{folder}", folder))
+        if code:
+            return code, folder, []
     rows = []
     for spec, cfg in configs:
         print(f"\n=== {spec} ===", flush=True)
@@ -83,6 +96,24 @@ def compare(base: C.Config, specs: list[str], out: str) -> tuple[int, str, list[
     return (0 if all(r["status"] == "ok" for r in rows) else 1), folder, rows
 
 
+def fill(raw, folder: str):
+    """`raw` with "{folder}" replaced in every string."""
+    if isinstance(raw, dict):
+        return {k: fill(v, folder) for k, v in raw.items()}
+    if isinstance(raw, list):
+        return [fill(v, folder) for v in raw]
+    return raw.replace("{folder}", folder) if isinstance(raw, str) else raw
+
+
+def run_prepare(command: str) -> int:
+    import shlex
+    import subprocess
+    import sys
+
+    print(f"\n=== prepare: lowband {command} ===", flush=True)
+    return subprocess.run([sys.executable, "-m", "lowband", *shlex.split(command)]).returncode
+
+
 def summarize(label: str, cfg: C.Config, run_dir: str, code: int) -> dict:
     records = read_metrics(run_dir)
     done = [r for r in records if r.get("test_acc") is not None]
@@ -93,8 +124,13 @@ def summarize(label: str, cfg: C.Config, run_dir: str, code: int) -> dict:
         "best_acc": max(r["test_acc"] for r in done) if done else None,
         "epochs": last.get("epoch", 0), "bytes_sent_per_worker": last.get("bytes_sent_per_worker", 0.0),
         "train_s": last.get("time", {}).get("train_s", 0.0), "speed_G": None, "speed_L": None,
+        "samples_per_s": median([r["samples_per_s"] for r in records if r.get("samples_per_s")]),
         "status": "ok" if code == 0 else f"failed ({code})", "run_dir": run_dir, "_records": done,
     }
+
+
+def median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
 
 
 def time_to(records: list[dict], key: str, target: float) -> float | None:
@@ -123,13 +159,14 @@ def write_csv(rows: list[dict], path: str) -> None:
 
 def format_table(rows: list[dict]) -> str:
     speed = any(r["speed_G"] is not None for r in rows)
-    head = ["method", "workers", "final acc", "acc L", "best acc", "epochs", "sent/worker", "train s"]
+    head = ["method", "workers", "final acc", "acc L", "best acc", "epochs", "sent/worker", "train s", "samples/s"]
     head += ["speed G", "speed L"] if speed else []
     fmt = lambda v, d=4: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
     body = []
     for r in rows:
         cells = [r["label"], str(r["workers"]), fmt(r["final_acc"]), fmt(r["final_acc_L"]), fmt(r["best_acc"]),
-                 str(r["epochs"]), human_bytes(r["bytes_sent_per_worker"]), f"{r['train_s']:.1f}"]
+                 str(r["epochs"]), human_bytes(r["bytes_sent_per_worker"]), f"{r['train_s']:.1f}",
+                 fmt(r.get("samples_per_s"), 0)]
         cells += [fmt(r["speed_G"], 2), fmt(r["speed_L"], 2)] if speed else []
         body.append(cells + ([] if r["status"] == "ok" else [r["status"]]))
     widths = [max(len(row[i]) if i < len(row) else 0 for row in [head] + body) for i in range(len(head) + 1)]

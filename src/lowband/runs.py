@@ -83,16 +83,19 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
     run_dir = run_dir or new_run_dir(out, cfg.method.name)
     if not resume:
         check_plan(cfg)
-        prepare_run_dir(cfg, run_dir)
     netns = None
     if cfg.link.mode == "netns":
         from lowband.comm.links import check_netns_possible
 
         check_netns_possible(cfg.link.spec)
         netns = cfg.link.spec
-    code = launch.run("lowband.runs:train_worker", [run_dir, "1" if resume else "0"], world_size(cfg),
-                      run_dir, cfg.train.threads, keep_going=METHODS.get(cfg.method.name).independent_models,
-                      netns=netns, max_restarts=cfg.train.max_restarts, restart_args=[run_dir, "1"])
+    method = METHODS.get(cfg.method.name)
+    with method.services(cfg.method):  # e.g. Redis and teachers: failing here leaves no run directory behind
+        if not resume:
+            prepare_run_dir(cfg, run_dir)
+        code = launch.run("lowband.runs:train_worker", [run_dir, "1" if resume else "0"], world_size(cfg),
+                          run_dir, cfg.train.threads, keep_going=method.independent_models,
+                          netns=netns, max_restarts=cfg.train.max_restarts, restart_args=[run_dir, "1"])
     return code, run_dir
 
 

@@ -138,10 +138,17 @@ def test_killed_student_rank_restarts_all_from_the_checkpoint(tmp_path, teacher)
 
 
 def test_unreachable_coordinator_is_one_line_and_exit_2(tmp_path, teacher):
-    r = cli(*distill(tmp_path, teacher, "--coordinator", "redis://127.0.0.1:1/0", "--epochs", "1"))
+    out = tmp_path / "runs"
+    r = cli(*distill(tmp_path, teacher, "--coordinator", "redis://127.0.0.1:1/0", "--epochs", "1", "--out", str(out)))
     assert r.returncode == 2
     assert r.stderr.strip().count("\n") == 0 and "redis://127.0.0.1:1/0 is unreachable" in r.stderr
-    assert not os.path.exists(tmp_path / "runs")
+    assert not out.exists()  # nothing half-made
+
+
+def test_edl_without_teachers_is_refused_before_anything_starts(tmp_path, teacher):
+    out = tmp_path / "runs"
+    r = cli(*distill(tmp_path, teacher, "--epochs", "1", "--out", str(out)))
+    assert r.returncode == 2 and "--local-teachers N" in r.stderr and not out.exists()
 
 
 def test_teacher_command_rejects_unreachable_coordinator(tmp_path, teacher):

@@ -2,11 +2,8 @@
 
 from __future__ import annotations
 
-import contextlib
 import os
 import signal
-import subprocess
-import sys
 import time
 
 from lowband import config as C
@@ -104,7 +101,9 @@ def distill_config(args, resolve) -> C.Config:
     base = C.read_toml(args.config) if args.config else {}
     if args.teacher and not args.config:
         base = {"data": C.read_toml(find_run_config(args.teacher)).get("data", {})}
-    method = {"mode": args.mode, "teacher": os.path.abspath(args.teacher) if args.teacher else ""}
+    method = {"mode": args.mode, "teacher": os.path.abspath(args.teacher) if args.teacher else "",
+              "local_teachers": args.local_teachers, "teacher_threads": args.teacher_threads,
+              "teacher_max_rate": args.teacher_max_rate}
     if args.coordinator:
         method["coordinator"] = args.coordinator
     base = C.merge(base, {"method": method})
@@ -118,18 +117,10 @@ def run_distill(args, resolve) -> int:
 
     if args.mode != "ntrain" and not args.teacher:
         raise UsageError("--teacher is required (a lowband run directory or checkpoint) unless --mode ntrain")
-    if args.local_teachers < 0:
-        raise ConfigError("--local-teachers", args.local_teachers, "must be >= 0")
     cfg = distill_config(args, resolve)
     if args.mode != "ntrain":
         _check_teacher_fits(cfg)
-    with contextlib.ExitStack() as stack:
-        if args.mode == "edl":
-            cfg.method.coordinator = url = _coordinator_url(args, stack)
-        runs.world_size(cfg)  # every check before any teacher or worker starts
-        if args.mode == "edl" and args.local_teachers:
-            stack.enter_context(LocalTeachers(args, url))
-        code, run_dir = runs.start(cfg, args.run_dir, out=args.out)
+    code, run_dir = runs.start(cfg, args.run_dir, out=args.out)  # starts Redis and local teachers if asked
     if code == 0:
         print(f"done: {run_dir}")
         print(summary_line(run_dir))
@@ -145,20 +136,6 @@ def _check_teacher_fits(cfg: C.Config) -> None:
     check_fits(load_dataset(cfg.data), in_shape, classes, cfg.method.teacher)
 
 
-def _coordinator_url(args, stack: contextlib.ExitStack) -> str:
-    from lowband.distill.redis_server import EmbeddedRedis
-
-    if args.coordinator:
-        Coordinator(args.coordinator).ping()
-        return args.coordinator
-    if not args.local_teachers:
-        raise UsageError("--mode edl needs teachers: give --coordinator URL (where `lowband teacher` processes "
-                         "register) or --local-teachers N (starts N here, with an embedded Redis)")
-    url = stack.enter_context(EmbeddedRedis())
-    print(f"embedded Redis coordinator at {url}", flush=True)
-    return url
-
-
 def summary_line(run_dir: str) -> str:
     from lowband.metrics import read_metrics
 
@@ -171,41 +148,3 @@ def summary_line(run_dir: str) -> str:
     extra = f", {d.get('resent', 0)} batch(es) re-sent after teacher failures" if d else ""
     return (f"student: test accuracy {last['test_acc']:.4f}, {sum(rates) / max(len(rates), 1):.0f} samples/s "
             f"on average over {len(records)} epoch(s){extra}")
-
-
-class LocalTeachers:
-    """`--local-teachers N`: N `lowband teacher` processes on this machine, stopped at the end."""
-
-    def __init__(self, args, url: str):
-        self.args, self.url, self.procs = args, url, []
-
-    def __enter__(self):
-        from lowband.launch import _die_with_parent
-
-        a = self.args
-        cmd = [sys.executable, "-m", "lowband", "teacher", "--checkpoint", a.teacher, "--coordinator", self.url,
-               "--threads", str(a.teacher_threads), "--max-rate", str(a.teacher_max_rate)]
-        env = {**os.environ, "OMP_NUM_THREADS": str(a.teacher_threads), "PYTHONUNBUFFERED": "1"}
-        for _ in range(a.local_teachers):
-            self.procs.append(subprocess.Popen(cmd, env=env, preexec_fn=_die_with_parent))
-        try:
-            self._wait_registered(a.local_teachers)
-        except BaseException:
-            self.__exit__()
-            raise
-        return self
-
-    def _wait_registered(self, n: int, timeout_s: float = 120.0) -> None:
-        coord, deadline = Coordinator(self.url), time.monotonic() + timeout_s
-        while len(coord.teachers()) < n:
-            dead = [p for p in self.procs if p.poll() is not None]
-            if dead:
-                raise UsageError(f"a local teacher exited with code {dead[0].returncode} before registering")
-            if time.monotonic() > deadline:
-                raise UsageError(f"local teachers did not register within {timeout_s:.0f} s")
-            time.sleep(0.1)
-
-    def __exit__(self, *exc):
-        from lowband.launch import stop
-
-        stop(self.procs)

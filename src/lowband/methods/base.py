@@ -14,10 +14,12 @@ hooks, each of which does nothing by default:
                           every rank (it may communicate), evaluated on rank 0
   state_dict()/load_state_dict()   method state that a resumed run needs
   close()                 release what the method holds (threads, connections); always called
+  services(cfg)           (classmethod) processes to run beside the workers, in the launcher
 """
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from dataclasses import dataclass
 from typing import Callable
@@ -72,6 +74,12 @@ class Method:
     def partition(cls, cfg: MethodConfig, labels: torch.Tensor, world: int, seed: int) -> list[torch.Tensor] | None:
         """Each rank's training indices, when the method decides them (None: data.partition decides)."""
         return None
+
+    @classmethod
+    def services(cls, cfg: MethodConfig):
+        """A context manager for processes the run needs beside its workers (EDL-Dist: Redis, teachers);
+        entered by the launcher around the workers, restarts included."""
+        return contextlib.nullcontext()
 
     def __init__(self, cfg: MethodConfig, ctx: Context):
         self.cfg, self.ctx = cfg, ctx

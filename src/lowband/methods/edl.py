@@ -24,6 +24,7 @@ from typing import Literal
 
 import torch
 
+from lowband.comm import launched_by_torchrun
 from lowband.config import opt
 from lowband.distill.losses import kd_loss
 from lowband.errors import require
@@ -37,7 +38,10 @@ class EDLConfig(AllreduceConfig):
     mode: Literal["edl", "online", "ntrain"] = opt(
         "edl", "edl: remote teacher servers; online: teacher in the student process; ntrain: no teacher")
     teacher: str = opt("", "teacher checkpoint: a lowband run dir, its model.safetensors or a checkpoints/*.pt")
-    coordinator: str = opt("", "Redis URL of the Coordinator, e.g. redis://host:6379/0 (`lowband distill` fills it)")
+    coordinator: str = opt("", "Redis URL of the Coordinator, e.g. redis://host:6379/0 (empty: an embedded one)")
+    local_teachers: int = opt(0, "start this many teacher processes on this machine for the run")
+    teacher_threads: int = opt(1, "torch threads of each local teacher")
+    teacher_max_rate: float = opt(0.0, "cap each local teacher's samples/s (emulates slower devices; 0: no cap)")
     alpha: float = opt(0.5, "weight of the hard-label cross-entropy")
     beta: float = opt(0.5, "weight of the distillation term T^2 * KL")
     temperature: float = opt(4.0, "softmax temperature T of the distillation term")
@@ -61,6 +65,9 @@ class EDLConfig(AllreduceConfig):
         require(self.request_batches >= 1, "method.request_batches", self.request_batches, "must be >= 1")
         require(0 <= self.teachers <= self.max_teachers, "method.teachers", self.teachers,
                 f"must be in [0, method.max_teachers = {self.max_teachers}]")
+        require(self.local_teachers >= 0, "method.local_teachers", self.local_teachers, "must be >= 0")
+        require(self.teacher_threads >= 1, "method.teacher_threads", self.teacher_threads, "must be >= 1")
+        require(self.teacher_max_rate >= 0, "method.teacher_max_rate", self.teacher_max_rate, "must be >= 0")
         for f in ("teacher_timeout_s", "request_timeout_s", "lease_s"):
             require(getattr(self, f) > 0, f"method.{f}", getattr(self, f), "must be > 0")
 
@@ -73,9 +80,17 @@ class EDL(Allreduce):
     def check(cls, cfg: EDLConfig, world: int) -> None:
         if cfg.mode != "ntrain":
             require(bool(cfg.teacher), "method.teacher", cfg.teacher, f"mode {cfg.mode} needs a teacher checkpoint")
-        if cfg.mode == "edl":
+        if cfg.mode == "edl" and launched_by_torchrun():
             require(bool(cfg.coordinator), "method.coordinator", cfg.coordinator,
-                    "mode edl needs the Coordinator's Redis URL (or run `lowband distill --local-teachers N`)")
+                    "under torchrun, start teachers with `lowband teacher` and give their Redis URL")
+            require(cfg.local_teachers == 0, "method.local_teachers", cfg.local_teachers,
+                    "needs lowband's own launcher; under torchrun start teachers with `lowband teacher`")
+
+    @classmethod
+    def services(cls, cfg: EDLConfig):
+        from lowband.distill.services import edl_services
+
+        return edl_services(cfg)
 
     def setup(self, model):
         self.reader, self.teacher = None, None
@@ -102,7 +117,7 @@ class EDL(Allreduce):
         c = self.cfg
         rc = ReaderConfig(ut=c.ut, lt=c.lt, depth=c.depth, group=c.request_batches, initial=c.teachers, max_teachers=c.max_teachers,
                           wait_s=c.teacher_timeout_s, request_timeout_s=c.request_timeout_s, token=token_from_env(None))
-        coord = Coordinator(c.coordinator, lease_s=c.lease_s)
+        coord = Coordinator(c.coordinator or os.environ.get("LOWBAND_COORDINATOR", ""), lease_s=c.lease_s)
         student = f"{socket.gethostname()}-{os.getpid()}-rank{self.ctx.comm.rank}"
         d = self.ctx.data
         return DistilReader(coord, student, d.in_shape, d.num_classes, rc, self.ctx.log, student_rate=rate)
