@@ -68,13 +68,14 @@ def epoch_rates(run: str) -> list[float]:
     return rates[1:] if len(rates) > 1 else rates
 
 
-def costs(channels: int, batch: int) -> tuple[float, float]:
-    """ms of one student training step and of one teacher forward pass, one thread."""
+def costs(channels: int, batch: int, group: int = 1) -> tuple[float, float]:
+    """ms of one student training step and of one teacher forward pass over `group` batches, one thread."""
     from lowband.config import ModelConfig
     from lowband.models import build_model
 
     torch.set_num_threads(1)
     x, y = torch.randn(batch, 1, 40), torch.randint(0, 10, (batch,))
+    xg = torch.randn(batch * group, 1, 40)
     student = build_model(ModelConfig(name="cnn1d"), (1, 40), 10)
     teacher = build_model(ModelConfig(name="cnn1d", channels=channels), (1, 40), 10).eval()
     opt = torch.optim.SGD(student.parameters(), lr=0.01)
@@ -92,7 +93,7 @@ def costs(channels: int, batch: int) -> tuple[float, float]:
         return (time.perf_counter() - t0) / n * 1e3
 
     with torch.no_grad():
-        fwd = timed(lambda: teacher(x))
+        fwd = timed(lambda: teacher(xg)) / group
     return timed(step), fwd
 
 
@@ -106,9 +107,10 @@ def main() -> None:
     p.add_argument("--repeats", type=int, default=3, help="interleaved repetitions of the throughput runs")
     a = p.parse_args()
     out = tempfile.mkdtemp(prefix="lowband-edl-")
-    step_ms, fwd_ms = costs(a.channels, a.batch)
-    print(f"student cnn1d training step {step_ms:.2f} ms, teacher cnn1d-{a.channels} forward {fwd_ms:.2f} ms "
-          f"(ratio {fwd_ms / step_ms:.2f}), batch {a.batch}, one thread each")
+    for group in (1, 4):  # a request to a teacher carries method.request_batches = 4 minibatches
+        step_ms, fwd_ms = costs(a.channels, a.batch, group)
+        print(f"student cnn1d training step {step_ms:.2f} ms, teacher cnn1d-{a.channels} forward {fwd_ms:.2f} ms "
+              f"per {a.batch} samples in batches of {a.batch * group} (ratio {fwd_ms / step_ms:.2f}), one thread each")
     teacher = os.path.join(out, "teacher")
     lowband("train", "--method", "single", "--set", f"model.channels={a.channels}", "--epochs", "15",
             "--run-dir", teacher)
@@ -140,11 +142,15 @@ def throughput_table(a, distill, url: str, teacher: str) -> None:
     for name, rate in rates.items():
         print(f"  {name:<8} {rate:8.0f}   {rate / rates['ntrain']:.2f}x N-training   {rate / rates['online']:.2f}x Online")
     cap = 0.4 * rates["ntrain"]
-    print(f"\nteachers capped at {cap:.0f} samples/s each (40% of N-training), all on core 1:")
-    for n in (1, 2, 3):
-        with teachers(url, teacher, n, cap):
-            rate = statistics.median(epoch_rates(distill(f"teachers-{n}", a.epochs, *remote,
-                                                         "--set", f"method.teachers={n}")))
+    scaled = {n: [] for n in (1, 2, 3)}
+    for r in range(a.repeats):
+        for n in scaled:
+            with teachers(url, teacher, n, cap):
+                scaled[n] += epoch_rates(distill(f"teachers-{n}-{r}", a.epochs, *remote, "--set", f"method.teachers={n}"))
+    print(f"\nteachers capped at {cap:.0f} samples/s each (40% of N-training), all on core 1 "
+          f"(median over {a.repeats} interleaved runs):")
+    for n, seen_n in scaled.items():
+        rate = statistics.median(seen_n)
         print(f"  {n} teacher(s): {rate:8.0f} samples/s  {rate / rates['ntrain']:.2f}x N-training")
 
 
