@@ -105,6 +105,8 @@ def main() -> None:
     p.add_argument("--channels", type=int, default=160)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--repeats", type=int, default=3, help="interleaved repetitions of the throughput runs")
+    p.add_argument("--parts", default="throughput,accuracy", help="which tables: throughput (with the teacher "
+                   "scaling), accuracy")
     a = p.parse_args()
     out = tempfile.mkdtemp(prefix="lowband-edl-")
     for group in (1, 4):  # a request to a teacher carries method.request_batches = 4 minibatches
@@ -124,8 +126,10 @@ def main() -> None:
 
     with services(["coordinator"]) as line:
         url = line.split(" at ")[1].split()[0]
-        throughput_table(a, distill, url, teacher)
-        accuracy_table(a, distill, url, teacher)
+        if "throughput" in a.parts:
+            throughput_table(a, distill, url, teacher)
+        if "accuracy" in a.parts:
+            accuracy_table(a, distill, url, teacher)
     print(f"\nruns kept in {out}")
 
 

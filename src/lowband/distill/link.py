@@ -89,8 +89,4 @@ class TeacherLink:
 
     def close(self) -> None:
         self.closed = True
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
+        wire.hang_up(self.sock)

@@ -130,16 +130,9 @@ class TeacherServer:
 
     def close(self) -> None:
         self._closed = True
-        try:
-            self.sock.shutdown(socket.SHUT_RDWR)
-        except OSError:
-            pass
-        self.sock.close()
+        wire.hang_up(self.sock)
         for conn in list(self._conns):
-            try:
-                conn.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+            wire.hang_up(conn, close=False)  # its thread closes it
 
 
 def _try_send(conn: socket.socket, data: bytes) -> None:

@@ -147,6 +147,16 @@ def recv(sock: socket.socket, limits: Limits = Limits()) -> tuple[Frame, int] | 
     return build(frame, layout, _read(sock, size)), PREFIX.size + n + size
 
 
+def hang_up(sock: socket.socket, close: bool = True) -> None:
+    """Shut `sock` down both ways (a thread blocked on it wakes up) and close it; never raises."""
+    try:
+        sock.shutdown(socket.SHUT_RDWR)
+    except OSError:
+        pass
+    if close:
+        sock.close()
+
+
 def _read(sock: socket.socket, n: int, allow_eof: bool = False) -> bytearray | None:
     buf = bytearray(n)
     view, got = memoryview(buf), 0
