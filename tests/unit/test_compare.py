@@ -40,3 +40,16 @@ def test_no_speed_columns_without_ma_dnn():
     rows = [row("allreduce", [rec(1, 0.5)])]
     add_speed(rows)
     assert rows[0]["speed_G"] is None and "speed" not in format_table(rows)
+
+
+def test_suites_may_prepare_and_refer_to_their_folder(tmp_path):
+    from lowband.compare import fill, load_suite
+
+    edl = load_suite("edl")
+    assert edl["prepare"][0].startswith("train --method single") and "{folder}/teacher" in edl["prepare"][0]
+    assert edl["config"]["method"]["teacher"] == "{folder}/teacher"
+    assert fill({"a": ["{folder}/x", 1], "b": {"c": "{folder}"}}, "F") == {"a": ["F/x", 1], "b": {"c": "F"}}
+    bad = tmp_path / "bad.toml"
+    bad.write_text('methods = ["single"]\nprepare = "train"\n')
+    with pytest.raises(ConfigError, match="prepare"):
+        load_suite(path=str(bad))

@@ -98,7 +98,7 @@ def afsd_loss(features: torch.Tensor, peer_features, distance: str = "euclidean"
 
 
 def kd_loss(logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Tensor, alpha: float = 0.5,
-            beta: float = 0.5, temperature: float = 4.0, hard: torch.Tensor | None = None) -> torch.Tensor:
+            beta: float = 0.5, temperature: float = 2.0, hard: torch.Tensor | None = None) -> torch.Tensor:
     """Hinton et al.'s distillation loss, as EDL-Dist trains the student:
     alpha * CE(y, student) + beta * T^2 * KL(softmax(teacher / T) || softmax(student / T)), batch mean.
     The T^2 keeps the soft term's gradients on the hard term's scale as T changes. `hard`: the
