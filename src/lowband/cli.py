@@ -35,8 +35,8 @@ examples:
   lowband coordinator                                                  (an embedded Redis; prints its URL)
   lowband teacher --checkpoint runs/teacher --coordinator redis://10.0.0.5:6379/0 --host 0.0.0.0
   lowband distill --teacher runs/teacher --coordinator redis://10.0.0.5:6379/0 --workers 4 --max-restarts 3
-  torchrun --standalone --nproc-per-node 4 --max-restarts 3 -m lowband distill --teacher runs/teacher \
-      --coordinator redis://10.0.0.5:6379/0 --run-dir runs/student        (restarts resume from the checkpoint)
+  torchrun --standalone --nproc-per-node 4 --max-restarts 3 -m lowband distill --teacher runs/teacher
+      --coordinator redis://10.0.0.5:6379/0 --run-dir runs/student   (a restart resumes from the checkpoint)
 the teacher's data set is the student's unless --dataset or --config says otherwise; a shared
 token (--token or LOWBAND_TOKEN) must match between teachers and students.
 """
