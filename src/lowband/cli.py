@@ -203,8 +203,9 @@ def cmd_compare(args) -> int:
     methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else suite["methods"]
     if not methods:
         raise UsageError(f"--methods={args.methods!r} names no method")
-    prepare = suite["prepare"] if (args.suite or is_suite) else []
-    code, folder, rows = compare(resolve(args, parse_spec(methods[0])[0], base), methods, args.out, prepare)
+    prepare = [] if args.methods else suite["prepare"]  # the suite's preparation serves the suite's methods
+    code, folder, rows = compare(resolve(args, parse_spec(methods[0])[0], base), methods, args.out, prepare,
+                                 suite["method_defaults"])
     if rows:
         print_summary(rows, folder)
     return code

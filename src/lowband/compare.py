@@ -42,8 +42,11 @@ def load_suite(name: str | None = None, path: str | None = None) -> dict:
     prepare = raw.get("prepare", [])
     if not isinstance(prepare, list) or not all(isinstance(c, str) for c in prepare):
         raise ConfigError("prepare", prepare, "a list of lowband commands, e.g. [\"train --method single ...\"]")
+    defaults = raw.get("method_defaults", {})
+    if not isinstance(defaults, dict) or not all(isinstance(v, dict) for v in defaults.values()):
+        raise ConfigError("method_defaults", defaults, "tables of options per method, e.g. [method_defaults.edl]")
     return {"description": raw.get("description", ""), "methods": methods, "config": raw.get("config", {}),
-            "target": raw.get("target", "allreduce"), "prepare": prepare}
+            "target": raw.get("target", "allreduce"), "prepare": prepare, "method_defaults": defaults}
 
 
 def parse_spec(spec: str) -> tuple[str, dict]:
@@ -58,23 +61,26 @@ def parse_spec(spec: str) -> tuple[str, dict]:
     return name, values
 
 
-def with_method(base: C.Config, spec: str) -> C.Config:
+def with_method(base: C.Config, spec: str, defaults: dict | None = None) -> C.Config:
+    """`base` running `spec`; `defaults` holds a suite's options per method name (the spec's win)."""
     name, options = parse_spec(spec)
     raw = C.to_dict(base)
     inherited = raw["method"] if raw["method"]["name"] == name else {}
-    raw["method"] = {**inherited, **options, "name": name}
+    raw["method"] = {**(defaults or {}).get(name, {}), **inherited, **options, "name": name}
     return C.from_dict(raw, runs.method_configs())
 
 
-def compare(base: C.Config, specs: list[str], out: str, prepare: list[str] = ()) -> tuple[int, str, list[dict]]:
+def compare(base: C.Config, specs: list[str], out: str, prepare: list[str] = (),
+            method_defaults: dict | None = None) -> tuple[int, str, list[dict]]:
     """Returns (exit code, comparison directory, one row per method).
 
     `prepare`: lowband commands run first (e.g. training a teacher); "{folder}" in them and in
-    the config's strings is the comparison directory.
+    the configs' strings is the comparison directory. `method_defaults`: options per method name.
     """
     folder = os.path.join(out, "compare-" + time.strftime("%Y%m%d-%H%M%S"))
-    base = C.from_dict(fill(C.to_dict(base), folder), runs.method_configs())
-    configs = [(spec, with_method(base, spec)) for spec in specs]  # validate all before running any
+    configs = [(spec, C.from_dict(fill(C.to_dict(with_method(base, spec, method_defaults)), folder),
+                                  runs.method_configs()))
+               for spec in specs]  # validate all before running any
     for _, cfg in configs:
         runs.world_size(cfg)
     for command in prepare:

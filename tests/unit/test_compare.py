@@ -47,7 +47,7 @@ def test_suites_may_prepare_and_refer_to_their_folder(tmp_path):
 
     edl = load_suite("edl")
     assert edl["prepare"][0].startswith("train --method single") and "{folder}/teacher" in edl["prepare"][0]
-    assert edl["config"]["method"]["teacher"] == "{folder}/teacher"
+    assert edl["method_defaults"]["edl"]["teacher"] == "{folder}/teacher"
     assert fill({"a": ["{folder}/x", 1], "b": {"c": "{folder}"}}, "F") == {"a": ["F/x", 1], "b": {"c": "F"}}
     bad = tmp_path / "bad.toml"
     bad.write_text('methods = ["single"]\nprepare = "train"\n')

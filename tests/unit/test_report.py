@@ -76,7 +76,7 @@ def test_given_target_overrides_allreduce(tmp_path):
     assert table(md)["single"][4] == "2" and "Target accuracy: 0.7000 (given)" in md
 
 
-@pytest.mark.parametrize("name", ["quick", "afsd", "ecdnn", "rdpsgd"])
+@pytest.mark.parametrize("name", ["quick", "afsd", "ecdnn", "rdpsgd", "edl"])
 def test_built_in_suites_resolve_to_valid_configs(name):
     from lowband import config as C
     from lowband.compare import load_suite, with_method
@@ -85,7 +85,7 @@ def test_built_in_suites_resolve_to_valid_configs(name):
     suite = load_suite(name)
     base = C.from_dict({**suite["config"], "method": {"name": "allreduce"}}, method_configs())
     for spec in suite["methods"]:
-        world_size(with_method(base, spec))  # raises on any invalid method option or world size
+        world_size(with_method(base, spec, suite["method_defaults"]))  # raises on any invalid option or world size
 
 
 def test_user_suite_files_and_unknown_suites(tmp_path):
