@@ -123,7 +123,10 @@ def test_killed_teacher_in_flight_batches_are_resent(env):
     r = reader(initial=2, depth=2)
     r.feed(1, batches(80))
     ids = drain(r, 20)
-    victim = a if a.info.id in r.links and r.links[a.info.id].inflight else b
+    victim, deadline = None, time.monotonic() + 5
+    while victim is None:  # crash a teacher while it holds work
+        victim = next((t for t in (a, b) if t.info.id in r.links and r.links[t.info.id].inflight), None)
+        assert time.monotonic() < deadline, "no teacher ever had a request in flight"
     victim.crash()
     ids += drain(r, 80, start=20)
     assert sorted(ids) == ids == list(range(80 * BS))  # nothing lost, nothing twice
