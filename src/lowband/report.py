@@ -4,7 +4,8 @@ Plots: test accuracy against epoch, against bytes sent per worker (log scale) an
 training time. Table, per method: final accuracy, and the epochs, bytes per worker and seconds
 it took to first reach the target accuracy (default: the Allreduce run's final accuracy), and
 its speed-up over Allreduce (Allreduce's seconds to target / the method's). Also the machine and
-the link the runs had. Two or more comparison directories can be overlaid.
+the link the runs had. Two or more comparison directories can be overlaid. Where a run used
+EDL-Dist teacher servers, one more plot: its rank 0's soft-label buffer and teachers held over time.
 """
 
 from __future__ import annotations
@@ -13,13 +14,16 @@ import base64
 import csv
 import html
 import os
+import json
 import platform
+import statistics
 import tomllib
 
 import matplotlib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
+import matplotlib.ticker  # noqa: E402
 
 from lowband.metrics import human_bytes, read_metrics  # noqa: E402
 
@@ -67,8 +71,43 @@ def table_rows(runs: list[dict], target: float | None) -> list[dict]:
                      "bytes_total": last["bytes_sent_per_worker"] if last else None,
                      "epochs_to_target": hit["epoch"] if hit else None,
                      "bytes_to_target": hit["bytes_sent_per_worker"] if hit else None,
-                     "seconds_to_target": hit["time"]["train_s"] if hit else None, "speedup": speedup})
+                     "seconds_to_target": hit["time"]["train_s"] if hit else None, "speedup": speedup,
+                     "samples_per_s": _median([r["samples_per_s"] for r in run["records"] if r.get("samples_per_s")])})
     return rows
+
+
+def _median(values: list[float]) -> float | None:
+    return statistics.median(values) if values else None
+
+
+def distill_timelines(runs: list[dict]) -> list[tuple[str, list[dict]]]:
+    """(label, rank 0's distill.rank0.jsonl points) for every run that has one."""
+    out = []
+    for run in runs:
+        path = os.path.join(run["run_dir"], "distill.rank0.jsonl")
+        if os.path.exists(path):
+            with open(path) as f:
+                out.append((run["label"], [json.loads(line) for line in f if line.strip()]))
+    return out
+
+
+def plot_distill(timelines: list[tuple[str, list[dict]]], path: str) -> None:
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5), dpi=100, sharex=True)
+    for label, points in timelines:
+        ts = [p["t"] for p in points]
+        top.plot(ts, [p["buffer"] for p in points], label=label, linewidth=1)
+        bottom.step(ts, [p["teachers"] for p in points], where="post", label=label)
+    top.set_ylabel("unused soft labels (batches)")
+    bottom.set_ylabel("teachers held")
+    bottom.set_ylim(bottom=0, top=max((p["teachers"] for _, pts in timelines for p in pts), default=1) + 1)
+    bottom.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    bottom.set_xlabel("time since the reader started (s), rank 0")
+    for ax in (top, bottom):
+        ax.grid(alpha=0.3)
+    top.legend(fontsize=7, loc="upper right")
+    fig.tight_layout()
+    fig.savefig(path)
+    plt.close(fig)
 
 
 def plot(runs: list[dict], key: str, xlabel: str, log: bool, target: float | None, path: str) -> None:
@@ -117,13 +156,13 @@ def fmt(v, kind: str) -> str:
     if v is None:
         return "never" if kind in ("epochs", "bytes_t", "secs") else "-"
     return {"acc": f"{v:.4f}", "bytes": human_bytes(v), "bytes_t": human_bytes(v), "epochs": str(v),
-            "secs": f"{v:.1f}", "x": f"{v:.2f}x"}[kind]
+            "secs": f"{v:.1f}", "x": f"{v:.2f}x", "rate": f"{v:.0f}"}[kind]
 
 
 COLUMNS = [("label", "method", None), ("workers", "workers", None), ("final_acc", "final acc", "acc"),
            ("bytes_total", "sent/worker", "bytes"), ("epochs_to_target", "epochs to target", "epochs"),
            ("bytes_to_target", "bytes to target", "bytes_t"), ("seconds_to_target", "seconds to target", "secs"),
-           ("speedup", "speed-up vs allreduce", "x")]
+           ("speedup", "speed-up vs allreduce", "x"), ("samples_per_s", "samples/s", "rate")]
 
 
 def cells(row: dict) -> list[str]:
@@ -138,22 +177,28 @@ def build(folders: list[str], out: str | None = None, target: float | None = Non
     target, why = pick_target(runs, target)
     for name, key, xlabel, log in PLOTS:
         plot(runs, key, xlabel, log, target, os.path.join(out, f"{name}.png"))
+    images = [name for name, *_ in PLOTS]
+    timelines = distill_timelines(runs)
+    if timelines:
+        plot_distill(timelines, os.path.join(out, "distill.png"))
+        images.append("distill")
     rows = table_rows(runs, target)
     head = [title for _, title, _ in COLUMNS]
     facts = [f"Target accuracy: {'-' if target is None else f'{target:.4f}'} ({why})",
              f"Machine: {machine()}", f"Link: {link_of(runs)}", f"Comparisons: {', '.join(folders)}"]
     md = ["# lowband comparison", "", *[f"- {f}" for f in facts], "", "| " + " | ".join(head) + " |",
           "|" + "---|" * len(head), *["| " + " | ".join(cells(r)) + " |" for r in rows], ""]
-    md += [f"![{name}]({name}.png)" for name, *_ in PLOTS]
+    md += [f"![{name}]({name}.png)" for name in images]
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write("\n".join(md) + "\n")
-    write_html(os.path.join(out, "report.html"), facts, head, [cells(r) for r in rows], out)
+    write_html(os.path.join(out, "report.html"), facts, head, [cells(r) for r in rows], out, images)
     return os.path.join(out, "report.md")
 
 
-def write_html(path: str, facts: list[str], head: list[str], body: list[list[str]], folder: str) -> None:
+def write_html(path: str, facts: list[str], head: list[str], body: list[list[str]], folder: str,
+               names: list[str]) -> None:
     images = []
-    for name, *_ in PLOTS:
+    for name in names:
         with open(os.path.join(folder, f"{name}.png"), "rb") as f:
             images.append(f'<img alt="{name}" src="data:image/png;base64,{base64.b64encode(f.read()).decode()}">')
     rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in body)

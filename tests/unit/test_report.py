@@ -19,6 +19,8 @@ RUNS = {
     "local_sgd:tau=16": [record(1, 0.6, 1e5, 5), record(2, 0.91, 2e5, 10), record(3, 0.92, 3e5, 15)],
     "single": [record(1, 0.4, 0, 8), record(2, 0.7, 0, 16), record(3, 0.85, 0, 24)],
 }
+for _r, _rate in zip(RUNS["single"], (900.0, 1000.0, 5000.0)):
+    _r["samples_per_s"] = _rate  # the table shows the median
 
 
 def make_comparison(folder, runs=RUNS, link="10mbit,20ms"):
@@ -53,10 +55,10 @@ def test_report_has_every_plot_and_the_input_values(tmp_path):
     assert "Link: 10 mbit/s, 20 ms latency (model)" in md and "cores" in md and "torch" in md
     rows = table(md)
     # method, workers, final acc, sent/worker, epochs to target, bytes to target, seconds to target, speed-up
-    assert rows["allreduce"] == ["allreduce", "4", "0.9000", "3.00 MB", "3", "3.00 MB", "30.0", "1.00x"]
+    assert rows["allreduce"] == ["allreduce", "4", "0.9000", "3.00 MB", "3", "3.00 MB", "30.0", "1.00x", "-"]
     assert rows["local_sgd:tau=16"] == ["local_sgd:tau=16", "4", "0.9200", "300.00 kB", "2", "200.00 kB", "10.0",
-                                        "3.00x"]
-    assert rows["single"][4:] == ["never", "never", "never", "-"]
+                                        "3.00x", "-"]
+    assert rows["single"][4:] == ["never", "never", "never", "-", "1000"]  # samples/s: the median
     page = (folder / "report.html").read_text()
     assert page.count("data:image/png;base64,") == 3 and "local_sgd:tau=16" in page
 
@@ -101,3 +103,15 @@ def test_user_suite_files_and_unknown_suites(tmp_path):
         load_suite(path=str(bad))
     with pytest.raises(UsageError, match="unknown suite 'nope'; known: afsd, ecdnn, edl, quick, rdpsgd"):
         load_suite("nope")
+
+
+def test_edl_runs_add_the_buffer_and_teachers_plot(tmp_path):
+    folder = make_comparison(tmp_path / "c")
+    assert "distill.png" not in open(build([str(folder)])).read()
+    points = [{"epoch": 1, "t": 0.25 * i, "buffer": i % 5, "teachers": 1 + i // 4, "sending": True, "inflight": 2}
+              for i in range(12)]
+    (folder / "single" / "distill.rank0.jsonl").write_text("".join(json.dumps(p) + "\n" for p in points))
+    with open(build([str(folder)])) as f:
+        assert "(distill.png)" in f.read()
+    assert (folder / "distill.png").stat().st_size > 5000
+    assert "data:image/png;base64" in (folder / "report.html").read_text().split("distill")[-1]
