@@ -279,7 +279,8 @@ def main(argv: list[str] | None = None) -> int:
         p.print_help()
         return 2
     try:
-        load_all()
+        if args.command != "coordinator":  # it needs no model or method: start in a fraction of a second
+            load_all()
         return {"train": cmd_train, "compare": cmd_compare, "config": cmd_config, "list": cmd_list,
                 "churn": cmd_churn, "report": cmd_report, "distill": cmd_distill, "teacher": cmd_teacher,
                 "coordinator": cmd_coordinator}[args.command](args)
