@@ -19,3 +19,9 @@ def require(ok: bool, field: str, value, allowed: str) -> None:
     """Raise ConfigError(field, value, allowed) unless ok."""
     if not ok:
         raise ConfigError(field, value, allowed)
+
+
+class Unavailable(Exception):
+    """A service the run needs (teachers, a coordinator) stayed away past its timeout; exit code 3."""
+
+    exit_code = 3

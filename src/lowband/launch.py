@@ -157,16 +157,16 @@ def _remove(path: str) -> None:
 
 def worker_main(argv: list[str]) -> int:
     """Body of a worker process: call MODULE:FUNCTION(*ARGS), mapping failures to exit codes."""
-    from lowband.errors import UsageError
+    from lowband.errors import Unavailable, UsageError
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     module, _, func = argv[0].partition(":")
     try:
         getattr(importlib.import_module(module), func)(*argv[1:])
         return 0
-    except UsageError as e:  # the launcher checks the config first, so this is rank-specific: say it
+    except (UsageError, Unavailable) as e:  # the launcher checks the config first, so this is rank-specific
         print(f"lowband: error: {e}", file=sys.stderr)
-        return 2
+        return e.exit_code
     except KeyboardInterrupt:
         return 130
 

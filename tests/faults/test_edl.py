@@ -181,3 +181,14 @@ def test_teacher_registers_serves_and_unregisters_on_sigterm(teacher):
 def test_coordinator_command_reports_an_unreachable_redis(tmp_path):
     r = cli("coordinator", "--redis-url", "redis://127.0.0.1:1/0")
     assert r.returncode == 2 and "unreachable" in r.stderr
+
+
+def test_no_teacher_ever_ends_the_run_with_one_line_and_exit_3(tmp_path, teacher):
+    from lowband.distill.redis_server import EmbeddedRedis
+
+    with EmbeddedRedis() as url:  # a coordinator where no teacher ever registers
+        r = cli(*distill(tmp_path, teacher, "--coordinator", url, "--epochs", "1", "--workers", "1",
+                         "--set", "method.teacher_timeout_s=3", "--run-dir", str(tmp_path / "run")))
+    assert r.returncode == 3, r.stderr
+    assert "lowband: error: no teacher for 3 s (method.teacher_timeout_s = 3)" in r.stderr
+    assert "Traceback" not in r.stderr

@@ -32,9 +32,10 @@ import torch
 from lowband.distill import wire
 from lowband.distill.coordinator import Coordinator, TeacherInfo, redact
 from lowband.distill.link import TeacherLink
+from lowband.errors import Unavailable
 
 
-class TeacherUnavailable(RuntimeError):
+class TeacherUnavailable(Unavailable):
     """No teacher answered for longer than the configured wait."""
 
 
