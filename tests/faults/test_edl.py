@@ -102,18 +102,12 @@ def test_killed_teacher_mid_epoch_loses_no_sample(tmp_path, teacher):
     os.kill(victims[0], signal.SIGKILL)
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 0, err
-    assert "re-sending" in err
+    assert "failed (" in err and "re-sending" in err  # whichever rank held it said so (metrics are rank 0's)
     records = read_metrics(run)
     assert [r["epoch"] for r in records] == [1, 2, 3]
-    assert records[-1]["distill"]["teacher_failures"] + _rank1_failures(run) >= 1
     for rank in range(2):  # every sample of every epoch trained on exactly once, in the student's order
         assert trained_ids(run, rank) == {e: expected_ids(run, rank, e) for e in (1, 2, 3)}
     assert not any(alive(p) for p in victims)
-
-
-def _rank1_failures(run: str) -> int:
-    with open(os.path.join(run, "train.log")) as f:
-        return f.read().count("failed (")
 
 
 def test_killed_student_rank_restarts_all_from_the_checkpoint(tmp_path, teacher):
