@@ -11,14 +11,13 @@ from __future__ import annotations
 import csv
 import tomllib
 import os
-import statistics
 import time
 from importlib import resources
 
 from lowband import config as C
 from lowband import runs
 from lowband.errors import ConfigError, UsageError
-from lowband.metrics import human_bytes, read_metrics
+from lowband.metrics import human_bytes, median, read_metrics
 
 COLUMNS = ["label", "method", "workers", "final_acc", "final_acc_L", "best_acc", "epochs",
            "bytes_sent_per_worker", "train_s", "samples_per_s", "speed_G", "speed_L", "status", "run_dir"]
@@ -133,10 +132,6 @@ def summarize(label: str, cfg: C.Config, run_dir: str, code: int) -> dict:
         "samples_per_s": median([r["samples_per_s"] for r in records if r.get("samples_per_s")]),
         "status": "ok" if code == 0 else f"failed ({code})", "run_dir": run_dir, "_records": done,
     }
-
-
-def median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
 
 
 def time_to(records: list[dict], key: str, target: float) -> float | None:

@@ -21,7 +21,7 @@ import uuid
 GRACE_S = 5.0
 
 
-def _die_with_parent() -> None:  # runs in the child between fork and exec
+def die_with_parent() -> None:  # a preexec_fn: runs in the child between fork and exec
     try:
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
     except OSError:
@@ -35,16 +35,15 @@ def worker_env(rank: int, world: int, init_file: str, threads: int = 1) -> dict:
 
 
 def spawn(entry: str, args: list[str], world: int, rendezvous_dir: str, threads: int = 1,
-          net=None, restart: int = 0) -> list[subprocess.Popen]:
+          net=None) -> list[subprocess.Popen]:
     """Start the workers; `net` (a NetnsLinks) runs each in its own shaped network namespace."""
     os.makedirs(rendezvous_dir, exist_ok=True)
     init_file = os.path.join(os.path.abspath(rendezvous_dir), f".rendezvous-{uuid.uuid4().hex}")
     cmd = [sys.executable, "-m", "lowband.launch", entry, *args]
     procs = []
     for r in range(world):
-        env = {**worker_env(r, world, init_file, threads), **(net.env(r) if net else {}),
-               "LOWBAND_RESTART_COUNT": str(restart)}
-        procs.append(subprocess.Popen((net.prefix(r) if net else []) + cmd, env=env, preexec_fn=_die_with_parent))
+        env = {**worker_env(r, world, init_file, threads), **(net.env(r) if net else {})}
+        procs.append(subprocess.Popen((net.prefix(r) if net else []) + cmd, env=env, preexec_fn=die_with_parent))
     return procs
 
 
@@ -70,8 +69,7 @@ def run(entry: str, args: list[str], world: int, rendezvous_dir: str, threads: i
 def _restarting(entry, args, world, rendezvous_dir, threads, keep_going, net, max_restarts, restart_args) -> int:
     attempt = 0
     while True:
-        code = _run(entry, args if attempt == 0 else restart_args, world, rendezvous_dir, threads, keep_going, net,
-                    attempt)
+        code = _run(entry, args if attempt == 0 else restart_args, world, rendezvous_dir, threads, keep_going, net)
         if code in (0, 2, 130) or attempt >= max_restarts or restart_args is None:
             return code
         attempt += 1
@@ -79,9 +77,9 @@ def _restarting(entry, args, world, rendezvous_dir, threads, keep_going, net, ma
               f"(restart {attempt} of {max_restarts})", file=sys.stderr, flush=True)
 
 
-def _run(entry, args, world, rendezvous_dir, threads, keep_going, net, restart=0) -> int:
-    previous = signal.signal(signal.SIGTERM, _raise_interrupt)  # SIGTERM cleans up like Ctrl-C
-    procs = spawn(entry, args, world, rendezvous_dir, threads, net, restart)
+def _run(entry, args, world, rendezvous_dir, threads, keep_going, net) -> int:
+    previous = signal.signal(signal.SIGTERM, raise_interrupt)  # SIGTERM cleans up like Ctrl-C
+    procs = spawn(entry, args, world, rendezvous_dir, threads, net)
     try:
         return supervise(procs, keep_going=keep_going)
     except KeyboardInterrupt:
@@ -96,7 +94,7 @@ def _run(entry, args, world, rendezvous_dir, threads, keep_going, net, restart=0
                 _remove(os.path.join(rendezvous_dir, f))
 
 
-def _raise_interrupt(*_):
+def raise_interrupt(*_):  # a signal handler: SIGTERM then cleans up like Ctrl-C
     raise KeyboardInterrupt
 
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import json
 import logging
 import os
+import statistics
 import sys
 
 from tqdm import tqdm
@@ -84,3 +85,8 @@ def human_bytes(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.2f} {unit}"
         n /= 1000
     return f"{n:.2f} TB"
+
+
+def median(values: list[float]) -> float | None:
+    """The median, or None for no values (a run that recorded none)."""
+    return statistics.median(values) if values else None

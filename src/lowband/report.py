@@ -16,7 +16,6 @@ import html
 import os
 import json
 import platform
-import statistics
 import tomllib
 
 import matplotlib
@@ -25,7 +24,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
-from lowband.metrics import human_bytes, read_metrics  # noqa: E402
+from lowband.metrics import human_bytes, median, read_metrics  # noqa: E402
 
 PLOTS = [("acc_epoch", "epoch", "epoch", False), ("acc_bytes", "bytes_sent_per_worker", "bytes sent per worker", True),
          ("acc_time", "train_s", "training time (s)", False)]
@@ -72,12 +71,8 @@ def table_rows(runs: list[dict], target: float | None) -> list[dict]:
                      "epochs_to_target": hit["epoch"] if hit else None,
                      "bytes_to_target": hit["bytes_sent_per_worker"] if hit else None,
                      "seconds_to_target": hit["time"]["train_s"] if hit else None, "speedup": speedup,
-                     "samples_per_s": _median([r["samples_per_s"] for r in run["records"] if r.get("samples_per_s")])})
+                     "samples_per_s": median([r["samples_per_s"] for r in run["records"] if r.get("samples_per_s")])})
     return rows
-
-
-def _median(values: list[float]) -> float | None:
-    return statistics.median(values) if values else None
 
 
 def distill_timelines(runs: list[dict]) -> list[tuple[str, list[dict]]]:

@@ -9,10 +9,7 @@ import time
 from lowband import config as C
 from lowband.distill.coordinator import Coordinator, TeacherInfo, redact
 from lowband.errors import ConfigError, UsageError
-
-
-def _raise_interrupt(*_):
-    raise KeyboardInterrupt
+from lowband.launch import raise_interrupt
 
 
 # ---- lowband teacher --------------------------------------------------------------------------
@@ -36,7 +33,7 @@ def run_teacher(args) -> int:
     info = TeacherInfo(host=args.advertise or args.host, port=server.port, model=cfg.model.name, device=args.device,
                        throughput=round(rate, 1))
     reg = Registration(coord, info, args.ttl / 3).start()
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGTERM, raise_interrupt)
     print(f"teacher {info.id}: {cfg.model.name} on {args.device}, {rate:.0f} samples/s; serving {args.host}:{server.port}, "
           f"registered in {redact(args.coordinator)}", flush=True)
     try:
@@ -67,7 +64,7 @@ def run_coordinator(args) -> int:
 
 
 def _watch(coord: Coordinator, every: float) -> int:
-    signal.signal(signal.SIGTERM, _raise_interrupt)
+    signal.signal(signal.SIGTERM, raise_interrupt)
     last = None
     try:
         while True:

@@ -125,6 +125,7 @@ class DistilReader:
         self.stats = {"batches_sent": 0, "resent": 0, "teacher_failures": 0, "teachers_added": 0,
                       "bytes_sent": 0, "bytes_recv": 0, "starved_s": 0.0}
         self.timeline: list[dict] = []
+        self._warned: dict[str, float] = {}
         self._t0 = time.monotonic()
         self.manager = threading.Thread(target=self._manage, name="distil-reader", daemon=True)
         self.manager.start()
@@ -161,11 +162,8 @@ class DistilReader:
         if waited > self.cfg.wait_s:
             raise TeacherUnavailable(f"no teacher for {waited:.0f} s (method.teacher_timeout_s = {self.cfg.wait_s:g}); "
                                      f"none alive and free in {redact(self.coord.url)}")
-        last = getattr(self, "_said_waiting", 0.0)
-        if time.monotonic() - last > 10.0:
-            self._said_waiting = time.monotonic()
-            self.log.warning(f"waiting for a teacher: none alive and free in {redact(self.coord.url)} "
-                             f"({waited:.0f} s of at most {self.cfg.wait_s:g} s; start one with `lowband teacher`)")
+        self._warn_every("waiting", f"waiting for a teacher: none alive and free in {redact(self.coord.url)} "
+                                    f"({waited:.0f} s of at most {self.cfg.wait_s:g} s; start one with `lowband teacher`)")
 
     # ---- what the links call ---------------------------------------------------------------------
     def next_to_send(self, link: TeacherLink) -> Request | None:
@@ -311,11 +309,15 @@ class DistilReader:
                 self.link_failed(link, RuntimeError("lost the lease on this teacher to another student"))
 
     def _note_coordinator_down(self, e: Exception) -> None:
-        last = getattr(self, "_said_down", 0.0)
-        if time.monotonic() - last > 10.0:
-            self._said_down = time.monotonic()
-            self.log.warning(f"coordinator unreachable ({type(e).__name__}: {e}); carrying on with the "
-                             f"{len(self.links)} teacher(s) held")
+        self._warn_every("down", f"coordinator unreachable ({type(e).__name__}: {e}); carrying on with the "
+                                 f"{len(self.links)} teacher(s) held")
+
+    def _warn_every(self, topic: str, message: str, seconds: float = 10.0) -> None:
+        """Log `message`, at most once per `seconds` for the same topic."""
+        now = time.monotonic()
+        if now - self._warned.get(topic, -seconds) >= seconds:
+            self._warned[topic] = now
+            self.log.warning(message)
 
     def _release(self, tid: str) -> None:
         if tid not in self.owned:

@@ -8,9 +8,7 @@ started it (parent-death signal), so an interrupted run leaves no Redis behind.
 
 from __future__ import annotations
 
-import ctypes
 import shutil
-import signal
 import socket
 import subprocess
 import tempfile
@@ -19,6 +17,7 @@ import time
 import redis
 
 from lowband.errors import UsageError
+from lowband.launch import die_with_parent
 
 
 def redis_binary(which: str = "auto") -> str | None:
@@ -37,13 +36,6 @@ def free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def _die_with_parent() -> None:
-    try:
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)
-    except OSError:
-        pass
 
 
 class EmbeddedRedis:
@@ -67,7 +59,7 @@ class EmbeddedRedis:
                 "--protected-mode", "yes", "--loglevel", "warning"] + (["--requirepass", self.password]
                                                                        if self.password else [])
         self._log = tempfile.TemporaryFile()  # not a pipe: nobody reads it while Redis runs
-        self.proc = subprocess.Popen(args, stdout=self._log, stderr=self._log, preexec_fn=_die_with_parent)
+        self.proc = subprocess.Popen(args, stdout=self._log, stderr=self._log, preexec_fn=die_with_parent)
         client = redis.Redis(port=self.port, password=self.password, socket_connect_timeout=0.5)
         deadline = time.monotonic() + timeout_s
         while True:

@@ -47,7 +47,10 @@ def edl_services(cfg):
         try:
             yield
         finally:
-            os.environ.pop(ENV) if previous is None else os.environ.__setitem__(ENV, previous)
+            if previous is None:
+                del os.environ[ENV]
+            else:
+                os.environ[ENV] = previous
 
 
 class LocalTeachers:
@@ -60,10 +63,10 @@ class LocalTeachers:
         self.url, self.n, self.procs = url, n, []
 
     def __enter__(self) -> LocalTeachers:
-        from lowband.launch import _die_with_parent
+        from lowband.launch import die_with_parent
 
         for _ in range(self.n):
-            self.procs.append(subprocess.Popen(self.cmd, env=self.env, preexec_fn=_die_with_parent))
+            self.procs.append(subprocess.Popen(self.cmd, env=self.env, preexec_fn=die_with_parent))
         try:
             self._wait_registered()
         except BaseException:

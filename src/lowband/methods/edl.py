@@ -95,6 +95,7 @@ class EDL(Allreduce):
 
     def setup(self, model):
         self.reader, self.teacher = None, None
+        self._bytes_seen = (0, 0)  # the reader's byte counters already handed to the communicator
         self.timeline_path = os.path.join(self.ctx.run_dir, f"distill.rank{self.ctx.comm.rank}.jsonl")
         if self.cfg.mode == "online":
             self.teacher = self._load_teacher().to(self.ctx.device)
@@ -113,12 +114,13 @@ class EDL(Allreduce):
     def _make_reader(self, rate: float):
         from lowband.distill.coordinator import Coordinator
         from lowband.distill.reader import DistilReader, ReaderConfig
+        from lowband.distill.services import ENV
         from lowband.distill.teacher import token_from_env
 
         c = self.cfg
         rc = ReaderConfig(ut=c.ut, lt=c.lt, depth=c.depth, group=c.request_batches, initial=c.teachers, max_teachers=c.max_teachers,
                           wait_s=c.teacher_timeout_s, request_timeout_s=c.request_timeout_s, token=token_from_env(None))
-        coord = Coordinator(c.coordinator or os.environ.get("LOWBAND_COORDINATOR", ""), lease_s=c.lease_s)
+        coord = Coordinator(c.coordinator or os.environ.get(ENV, ""), lease_s=c.lease_s)
         student = f"{socket.gethostname()}-{os.getpid()}-rank{self.ctx.comm.rank}"
         d = self.ctx.data
         return DistilReader(coord, student, d.in_shape, d.num_classes, rc, self.ctx.log, student_rate=rate)
@@ -155,7 +157,7 @@ class EDL(Allreduce):
     def _count_bytes(self) -> None:
         s = self.reader.stats
         sent, recv = s["bytes_sent"], s["bytes_recv"]
-        seen = getattr(self, "_bytes_seen", (0, 0))
+        seen = self._bytes_seen
         self.ctx.comm.count("soft-labels", sent=sent - seen[0], recv=recv - seen[1])
         self._bytes_seen = (sent, recv)
 
