@@ -21,7 +21,8 @@ from typing import Literal
 import torch
 
 from lowband.config import opt
-from lowband.distill.ensemble import Ensemble, gather_models
+from lowband.comm.averaging import gather_models
+from lowband.distill.ensemble import Ensemble
 from lowband.distill.losses import diversity_penalty, ensemble_weights, soft_cross_entropy
 from lowband.errors import require
 from lowband.methods.base import Method

@@ -27,7 +27,7 @@ from lowband.comm.topology import mixing_matrix, neighbours
 from lowband.config import MethodConfig, opt
 from lowband.errors import require
 from lowband.methods.base import Method
-from lowband.distill.ensemble import averaged_copy
+from lowband.comm.averaging import averaged_copy
 from lowband.models.flat import bind_flat_parameters
 from lowband.registry import METHODS
 

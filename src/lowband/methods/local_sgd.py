@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lowband.config import opt
-from lowband.distill.ensemble import average_models, averaged_copy
+from lowband.comm.averaging import average_models, averaged_copy
 from lowband.methods.base import Method
 from lowband.methods.rounds import RoundLog, RoundsConfig
 from lowband.registry import METHODS
