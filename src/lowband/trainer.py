@@ -143,9 +143,8 @@ class Trainer:
         self._finish_epoch(epoch, loss_sum / self.plan.steps, times, t_start, extra)
 
     def _train_step(self, batch) -> float:
-        x, y = batch[0], batch[1]
-        outputs = self.model(x)
-        loss = self.method.loss(batch, outputs, F.cross_entropy(outputs, y))
+        outputs = self.model(batch.x)
+        loss = self.method.loss(batch, outputs, F.cross_entropy(outputs, batch.y))
         self.optimizer.zero_grad(set_to_none=True)
         loss.backward()
         self.method.after_backward(self.step)

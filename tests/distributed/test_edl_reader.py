@@ -15,6 +15,7 @@ import pytest
 import torch
 from torch import nn
 
+from lowband.data import Batch
 from lowband.distill import wire
 from lowband.distill.coordinator import Coordinator, TeacherInfo
 from lowband.distill.link import TeacherFailed, TeacherLink
@@ -81,7 +82,8 @@ def env(redis_url):
 def batches(n: int, seed: int = 0):
     g = torch.Generator().manual_seed(seed)
     for i in range(n):
-        yield torch.randn(BS, *IN, generator=g), torch.randint(0, CLASSES, (BS,), generator=g), torch.arange(i * BS, (i + 1) * BS)
+        yield Batch(torch.randn(BS, *IN, generator=g), torch.randint(0, CLASSES, (BS,), generator=g),
+                    torch.arange(i * BS, (i + 1) * BS))
 
 
 def drain(reader: DistilReader, n: int, epoch: int = 1, start: int = 0, reference: nn.Module | None = None) -> list[int]:

@@ -56,7 +56,7 @@ def expected_ids(run: str, rank: int, epoch: int) -> list[int]:
     cfg = read_run_config(run)
     plan = make_plan(cfg, cfg.train.workers)
     b = Batches(plan.data, plan.shards[rank], cfg.train.batch_size, plan.steps, seed=cfg.train.seed * 131 + rank)
-    return torch.cat([ids for _, _, ids in b.epoch(epoch)]).tolist()
+    return torch.cat([batch.ids for batch in b.epoch(epoch)]).tolist()
 
 
 def trained_ids(run: str, rank: int) -> dict[int, list[int]]:

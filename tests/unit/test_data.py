@@ -93,12 +93,13 @@ def tiny(n=40) -> TensorData:
 def test_batches_cover_the_shard_once_per_epoch_and_reshuffle():
     data, shard = tiny(), torch.arange(10, 30)
     stream = Batches(data, shard, batch_size=5, steps=4, seed=7)
-    e1 = torch.cat([ids for _, _, ids in stream.epoch(1)])
-    e2 = torch.cat([ids for _, _, ids in stream.epoch(2)])
+    e1 = torch.cat([b.ids for b in stream.epoch(1)])
+    e2 = torch.cat([b.ids for b in stream.epoch(2)])
     assert torch.equal(e1.sort().values, shard) and torch.equal(e2.sort().values, shard)
     assert not torch.equal(e1, e2)
-    assert torch.equal(e1, torch.cat([ids for _, _, ids in stream.epoch(1)]))  # reproducible
-    x, y, ids = next(stream.epoch(1))
+    assert torch.equal(e1, torch.cat([b.ids for b in stream.epoch(1)]))  # reproducible
+    b = next(stream.epoch(1))
+    x, y, ids = b.x, b.y, b.ids
     assert torch.equal(x.flatten(), ids.float()) and torch.equal(y, ids % 3)
 
 

@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from lowband.comm import Communicator
 from lowband.config import Config, ModelConfig, TrainConfig
-from lowband.data import TensorData
+from lowband.data import Batch, TensorData
 from lowband.models.flat import flat_state
 from lowband.methods.base import Context
 from lowband.methods.ec_dnn import ECDNN, ECDNNConfig
@@ -34,7 +34,7 @@ def make(tau=4, p=0.5, mu=0.5, alpha=0.6, beta=0.4):
 
 
 def batch(data, ids):
-    return data.x_train[ids], data.y_train[ids], ids
+    return Batch(data.x_train[ids], data.y_train[ids], ids)
 
 
 def test_round_end_relabels_mu_of_own_data_and_keeps_own_weights():
@@ -57,7 +57,8 @@ def test_compression_loss_uses_the_stored_pseudo_labels():
         method.after_step(step)
     method.pseudo[method.relabelled] = torch.softmax(torch.randn(int(method.relabelled.sum()), C), 1)
     ids = shard[:16]
-    x, y, _ = batch(data, ids)
+    b = batch(data, ids)
+    x, y = b.x, b.y
     out = model(x)
     ce = F.cross_entropy(out, y)
     mask = method.relabelled[ids]
@@ -73,7 +74,8 @@ def test_after_compression_the_diversity_term_targets_the_compressed_models_mean
         method.after_step(step)
     assert method.compress_left == 0 and method.has_target.sum() == method.relabelled.sum()
     ids = shard[:16]
-    x, y, _ = batch(data, ids)
+    b = batch(data, ids)
+    x, y = b.x, b.y
     out = model.train()(x)
     ce = F.cross_entropy(out, y)
     mask = method.has_target[ids]

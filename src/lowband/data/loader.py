@@ -2,9 +2,25 @@
 
 from __future__ import annotations
 
+from dataclasses import dataclass, replace
+
 import torch
 
 from lowband.data.base import TensorData
+
+
+@dataclass(frozen=True)
+class Batch:
+    """One minibatch: inputs, labels, their indices into the training set, and (when a teacher
+    answered) the teacher's logits for the same samples."""
+
+    x: torch.Tensor
+    y: torch.Tensor
+    ids: torch.Tensor
+    logits: torch.Tensor | None = None
+
+    def with_logits(self, logits: torch.Tensor) -> Batch:
+        return replace(self, logits=logits)
 
 
 class Batches:
@@ -17,7 +33,7 @@ class Batches:
         self.device = device or torch.device("cpu")
 
     def epoch(self, epoch: int):
-        """Minibatches (x, y, ids) of one epoch; `ids` are indices into the training set."""
+        """The epoch's minibatches (`Batch`es); `ids` are indices into the training set."""
         gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
         order = self.indices[torch.randperm(len(self.indices), generator=gen)]
         for step in range(self.steps):
@@ -25,7 +41,7 @@ class Batches:
             x = self.data.x_train[ids]
             if self.augment:
                 x = crop_flip(x, gen)
-            yield x.to(self.device), self.data.y_train[ids].to(self.device), ids
+            yield Batch(x.to(self.device), self.data.y_train[ids].to(self.device), ids)
 
 
 def crop_flip(x: torch.Tensor, gen: torch.Generator, pad: int = 4) -> torch.Tensor:

@@ -132,7 +132,7 @@ class DistilReader:
 
     # ---- what the student calls ------------------------------------------------------------------
     def feed(self, epoch: int, batches) -> None:
-        """Queue an epoch's minibatches (x, y, ids); feeding the next epoch early lets prefetch cross epochs."""
+        """Queue an epoch's minibatches (`data.Batch`es); feeding the next epoch early lets prefetch cross epochs."""
         with self.cv:
             if epoch not in self.fed:
                 self.fed.add(epoch)
@@ -184,8 +184,8 @@ class DistilReader:
         while self.sending and self.sources:
             epoch, it = self.sources[0]
             parts = []
-            for step, (x, y, ids) in itertools.islice(it, self.cfg.group):
-                parts.append(Item((epoch, step), x, y, ids))
+            for step, batch in itertools.islice(it, self.cfg.group):
+                parts.append(Item((epoch, step), batch.x, batch.y, batch.ids))
             if len(parts) < self.cfg.group:
                 self.sources.popleft()  # this epoch is all read
             if parts:

@@ -4,7 +4,7 @@ The trainer never asks which method it runs. A method changes training only thro
 hooks, each of which does nothing by default:
 
   setup(model)            wrap or replace the model (e.g. DDP); called once before training
-  batches(epoch, source)  the epoch's minibatches (x, y, ids, ...); default source.epoch(epoch)
+  batches(epoch, source)  the epoch's `data.Batch`es; default source.epoch(epoch)
   loss(batch, out, loss)  add terms to the minibatch loss
   after_backward(step)    gradient communication that must finish before the optimizer step
   after_step(step)        scheduled exchanges after the optimizer step (averaging, gossip, ...)

@@ -115,7 +115,7 @@ class Codistill(Method):
         self._add("ce", loss.item())
         if not self.teachers or self.steps_done < self.cfg.burn_in:
             return loss
-        term = self.distill_term(batch[0], outputs)
+        term = self.distill_term(batch.x, outputs)
         self._add("distill_loss", term.item())
         return loss + self.cfg.alpha * term
 

@@ -69,8 +69,7 @@ class ECDNN(Method):
 
     # ---- the loss -------------------------------------------------------------------------------
     def loss(self, batch, outputs, loss):
-        _, _, ids = batch
-        ids = ids.to(self.ctx.device)
+        ids = batch.ids.to(self.ctx.device)
         if self.compress_left > 0:
             mask = self.relabelled[ids]
             term = soft_cross_entropy(outputs[mask], self.pseudo[ids[mask]]).sum() / len(ids)

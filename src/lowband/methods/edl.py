@@ -26,6 +26,7 @@ import torch
 
 from lowband.comm import launched_by_torchrun
 from lowband.config import opt
+from lowband.data import Batch
 from lowband.distill.losses import kd_loss
 from lowband.errors import require
 from lowband.methods.allreduce import Allreduce, AllreduceConfig
@@ -132,16 +133,16 @@ class EDL(Allreduce):
         if self.cfg.mode == "ntrain":
             yield from self._logged(source.epoch(epoch))
         elif self.cfg.mode == "online":
-            for x, y, ids in self._logged(source.epoch(epoch)):
+            for batch in self._logged(source.epoch(epoch)):
                 with torch.no_grad():
-                    logits = self.teacher(x)
-                yield x, y, ids, logits
+                    logits = self.teacher(batch.x)
+                yield batch.with_logits(logits)
         else:
             yield from self._remote(epoch, source)
 
     def _logged(self, batches):
         for batch in batches:
-            self.consumed.append(batch[2])
+            self.consumed.append(batch.ids)
             yield batch
 
     def _remote(self, epoch: int, source):
@@ -152,7 +153,7 @@ class EDL(Allreduce):
             item, logits = self.reader.get(epoch, step)
             self.consumed.append(item.ids)
             self._count_bytes()
-            yield item.x, item.y, item.ids, logits.to(self.ctx.device)
+            yield Batch(item.x, item.y, item.ids, logits.to(self.ctx.device))
 
     def _count_bytes(self) -> None:
         s = self.reader.stats
@@ -165,7 +166,7 @@ class EDL(Allreduce):
         if self.cfg.mode == "ntrain":
             return loss
         c = self.cfg
-        return kd_loss(outputs, batch[3], batch[1], c.alpha, c.beta, c.temperature, hard=loss)
+        return kd_loss(outputs, batch.logits, batch.y, c.alpha, c.beta, c.temperature, hard=loss)
 
     def end_epoch(self, epoch: int) -> dict:
         if self.cfg.log_samples:
