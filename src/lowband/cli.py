@@ -271,7 +271,7 @@ def cmd_list(args) -> int:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lowband.registry import load_all
+    from lowband.catalog import load_all
 
     p = parser()
     args = p.parse_args(argv)

@@ -40,7 +40,7 @@ class TrainConfig:
     backend: Literal["auto", "gloo", "nccl"] = opt("auto", "auto: nccl on cuda, gloo on cpu")
     timeout_s: float = opt(300.0, "process-group timeout: a collective waiting longer fails")
     threads: int = opt(1, "torch threads per worker process")
-    target_accuracy: float = opt(0.0, "report the first epoch whose test accuracy reaches this (0: none)")
+    target_accuracy: float = opt(0.0, "report the first epoch whose validation accuracy reaches this (0: none)")
     stop_at_target: bool = opt(False, "stop training at the first epoch that reaches target_accuracy")
 
     def __post_init__(self):
@@ -66,11 +66,16 @@ class DataConfig:
     augment: Literal["auto", "on", "off"] = opt("auto", "random crop + flip; auto: on for cifar/imagefolder")
     image_size: int = opt(32, "imagefolder: images are resized to this square size")
     cache_dir: str = opt("", "where generated data sets are cached (default ~/.cache/lowband)")
+    val_fraction: float = opt(0.1, "share of the training data held out for validation (stratified, never trained "
+                                   "on); model selection, targets and early stopping read it, never the test set")
+    val_seed: int = opt(0, "seed of the validation split (the same for every method and train.seed)")
 
     def __post_init__(self):
         require(self.num_samples >= 50, "data.num_samples", self.num_samples, "must be >= 50")
         require(self.alpha > 0, "data.alpha", self.alpha, "must be > 0")
         require(self.image_size >= 8, "data.image_size", self.image_size, "must be >= 8")
+        require(0 < self.val_fraction <= 0.5, "data.val_fraction", self.val_fraction, "must be in (0, 0.5]")
+        require(self.val_seed >= 0, "data.val_seed", self.val_seed, "must be >= 0")
 
 
 @dataclass(kw_only=True)
@@ -244,6 +249,13 @@ def from_dict(raw: dict, method_configs: dict[str, type]) -> Config:
     require(name in method_configs, "method.name", name, "known methods: " + ", ".join(sorted(method_configs)))
     sections = {key: build(cls, raw.get(key, {}), key) for key, cls in SECTIONS.items()}
     return Config(method=build(method_configs[name], method_raw, "method"), **sections)
+
+
+def from_dict_any_method(raw: dict) -> Config:
+    """A run's Config with its [method] table cut to the name: for readers that need only the data,
+    model and training sections (a teacher server), so they need not know every method."""
+    name = raw.get("method", {}).get("name", MethodConfig.name)
+    return from_dict({**raw, "method": {"name": name}}, {name: MethodConfig})
 
 
 def to_dict(cfg: Config) -> dict:

@@ -41,21 +41,12 @@ def read_metrics(run_dir: str, filename: str = "metrics.jsonl") -> list[dict]:
 
 
 class MetricsSink:
-    """Writes epoch records (rank 0 only) and drives the progress display."""
+    """Writes epoch records to a run's `metrics` stream (when active) and drives the progress display."""
 
-    def __init__(self, run_dir: str, active: bool, total_epochs: int, log: logging.Logger,
-                 filename: str = "metrics.jsonl"):
-        self.path = os.path.join(run_dir, filename)
+    def __init__(self, stream, active: bool, total_epochs: int, log: logging.Logger):
+        self.stream = stream
         self.active, self.total_epochs, self.log = active, total_epochs, log
         self.tty = active and sys.stderr.isatty()
-
-    def keep_until(self, epoch: int) -> None:
-        """On resume: drop records after the checkpointed epoch."""
-        if self.active:
-            records = [r for r in read_metrics(os.path.dirname(self.path), os.path.basename(self.path))
-                       if r["epoch"] <= epoch]
-            with open(self.path, "w") as f:
-                f.writelines(json.dumps(r) + "\n" for r in records)
 
     def steps(self, iterable, epoch: int, total: int):
         if not self.tty:
@@ -66,15 +57,14 @@ class MetricsSink:
     def write(self, record: dict) -> None:
         if not self.active:
             return
-        with open(self.path, "a") as f:
-            f.write(json.dumps(record) + "\n")
+        self.stream.write(record)
         self.log.info(format_record(record, self.total_epochs))
 
 
 def format_record(r: dict, total_epochs: int) -> str:
-    acc = "   -  " if r.get("test_acc") is None else f"{r['test_acc']:.4f}"
+    acc = "   -  " if r.get("val_acc") is None else f"{r['val_acc']:.4f}"
     t = r["time"]
-    return (f"epoch {r['epoch']:>3}/{total_epochs}  loss {r['train_loss']:.4f}  acc {acc}  "
+    return (f"epoch {r['epoch']:>3}/{total_epochs}  loss {r['train_loss']:.4f}  val acc {acc}  "
             f"lr {r['lr']:.4g}  sent/worker {human_bytes(r['bytes_sent_per_worker'])}  "
             f"compute {t['compute_s']:.1f}s comm {t['comm_s']:.1f}s wait {t['wait_s']:.1f}s")
 

@@ -44,9 +44,3 @@ METHODS: Registry = Registry("method")
 MODELS: Registry = Registry("model")
 DATASETS: Registry = Registry("dataset")
 
-
-def load_all() -> None:
-    """Import the packages whose modules fill the registries."""
-    import lowband.data  # noqa: F401
-    import lowband.methods  # noqa: F401
-    import lowband.models  # noqa: F401

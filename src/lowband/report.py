@@ -14,7 +14,6 @@ import base64
 import csv
 import html
 import os
-import json
 import platform
 import tomllib
 
@@ -25,6 +24,7 @@ import matplotlib.pyplot as plt  # noqa: E402
 import matplotlib.ticker  # noqa: E402
 
 from lowband.metrics import human_bytes, median, read_metrics  # noqa: E402
+from lowband.rundir import RunDir  # noqa: E402
 
 PLOTS = [("acc_epoch", "epoch", "epoch", False), ("acc_bytes", "bytes_sent_per_worker", "bytes sent per worker", True),
          ("acc_time", "train_s", "training time (s)", False)]
@@ -79,10 +79,9 @@ def distill_timelines(runs: list[dict]) -> list[tuple[str, list[dict]]]:
     """(label, rank 0's distill.rank0.jsonl points) for every run that has one."""
     out = []
     for run in runs:
-        path = os.path.join(run["run_dir"], "distill.rank0.jsonl")
-        if os.path.exists(path):
-            with open(path) as f:
-                out.append((run["label"], [json.loads(line) for line in f if line.strip()]))
+        points = RunDir(run["run_dir"]).read("distill", rank=0, per_rank=True)
+        if points:
+            out.append((run["label"], points))
     return out
 
 

@@ -16,7 +16,9 @@ from lowband import config as C
 from lowband import launch
 from lowband.comm import Communicator, launched_by_torchrun
 from lowband.errors import ConfigError, UsageError
-from lowband.registry import METHODS, load_all
+from lowband.catalog import load_all
+from lowband.registry import METHODS
+from lowband.rundir import RunDir
 
 
 def method_configs() -> dict[str, type]:
@@ -43,28 +45,22 @@ def new_run_dir(out: str, method: str) -> str:
 
 
 def prepare_run_dir(cfg: C.Config, run_dir: str) -> None:
-    if os.path.exists(os.path.join(run_dir, "metrics.jsonl")):
+    run = RunDir(run_dir)
+    if run.has_records():
         raise ConfigError("--run-dir", run_dir, "holds a run already; continue it with --resume or pick a new directory")
-    os.makedirs(run_dir, exist_ok=True)
+    run.create()
     write_config(cfg, run_dir)
 
 
 def write_config(cfg: C.Config, run_dir: str) -> None:
-    _write(os.path.join(run_dir, "config.toml"), C.to_toml(cfg))
+    RunDir(run_dir).write_text("config.toml", C.to_toml(cfg))
 
 
 def read_run_config(run_dir: str) -> C.Config:
-    path = os.path.join(run_dir, "config.toml")
-    if not os.path.isfile(path):
+    run = RunDir(run_dir)
+    if not run.is_run():
         raise ConfigError("--resume", run_dir, "not a run directory (no config.toml)")
-    return C.from_dict(C.read_toml(path), method_configs())
-
-
-def _write(path: str, text: str) -> None:
-    tmp = f"{path}.tmp-{os.getpid()}"
-    with open(tmp, "w") as f:
-        f.write(text)
-    os.replace(tmp, path)
+    return C.from_dict(C.read_toml(run.config_path), method_configs())
 
 
 def check_plan(cfg: C.Config) -> None:

@@ -8,15 +8,16 @@ import os
 import time
 
 import torch
-import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector
 
 from lowband.comm import Communicator
 from lowband.config import Config, ModelConfig, TrainConfig
 from lowband.methods.allreduce import Allreduce, AllreduceConfig
-from lowband.methods.base import Context
+from lowband.data import Batch
+from lowband.methods.base import Context, Method
 from lowband.models import build_model
 from lowband.models.flat import flat_state
+from lowband.trainer import train_step
 
 IN_SHAPE, CLASSES = (1, 40), 10
 
@@ -47,13 +48,7 @@ def allreduce_trace(out_dir: str, steps: str, batch: str, model_name: str = "cnn
     xs, ys = fixed_batches(steps, batch * comm.world)
     trace, spread = [], []
     for s in range(steps):
-        part = slice(comm.rank * batch, (comm.rank + 1) * batch)
-        loss = F.cross_entropy(model(xs[s, part]), ys[s, part])
-        opt.zero_grad()
-        loss.backward()
-        method.after_backward(s)
-        opt.step()
-        method.after_step(s)
+        train_step(model, method, opt, rank_batch(xs, ys, s, comm.rank, batch), s)
         state = list(model.parameters()) + [b for b in model.buffers() if b.is_floating_point()]
         flat = torch.cat([t.detach().reshape(-1) for t in state])
         everyone = comm.all_gather(flat, tag="check")
@@ -65,6 +60,36 @@ def allreduce_trace(out_dir: str, steps: str, batch: str, model_name: str = "cnn
         json.dump({"spread": spread, "stats": comm.snapshot()}, f)
     del model, method, opt  # the DDP wrapper must go before its process group does
     close(comm)
+
+
+def rank_batch(xs, ys, step: int, rank: int, size: int) -> Batch:
+    """Rank `rank`'s part of step `step`'s global batch."""
+    part = slice(rank * size, (rank + 1) * size)
+    return Batch(xs[step, part], ys[step, part], torch.arange(rank * size, (rank + 1) * size))
+
+
+class Tap(Method):
+    """Wraps a method, running its hooks unchanged, and records the model between them."""
+
+    def __init__(self, inner: Method, model, record: dict):
+        self.inner, self.net, self.rec = inner, model, record
+
+    def flat(self) -> torch.Tensor:
+        return parameters_to_vector(self.net.parameters()).detach().clone()
+
+    def loss(self, batch, outputs, loss):
+        return self.inner.loss(batch, outputs, loss)
+
+    def after_backward(self, step: int) -> None:
+        self.rec.setdefault("before", []).append(self.flat())
+        self.rec.setdefault("grad", []).append(torch.cat([p.grad.reshape(-1) for p in self.net.parameters()]))
+        self.inner.after_backward(step)
+        self.rec.setdefault("mixed", []).append(self.flat())
+
+    def after_step(self, step: int) -> None:
+        self.rec.setdefault("pre", []).append(self.flat())
+        self.inner.after_step(step)
+        self.rec.setdefault("after", []).append(self.flat())
 
 
 def close(comm) -> None:
@@ -116,16 +141,11 @@ def local_sgd_trace(out_dir: str, steps: str, tau: str) -> None:
     model = method.setup(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     xs, ys = fixed_batches(steps, 8 * comm.world)
-    pre, post = [], []
+    rec: dict = {}
+    tap = Tap(method, model, rec)
     for s in range(steps):
-        part = slice(comm.rank * 8, (comm.rank + 1) * 8)
-        opt.zero_grad()
-        F.cross_entropy(model(xs[s, part]), ys[s, part]).backward()
-        opt.step()
-        pre.append(parameters_to_vector(model.parameters()).detach().clone())
-        method.after_step(s)
-        post.append(parameters_to_vector(model.parameters()).detach().clone())
-    torch.save({"pre": torch.stack(pre), "post": torch.stack(post), "stats": comm.snapshot()},
+        train_step(model, tap, opt, rank_batch(xs, ys, s, comm.rank, 8), s)
+    torch.save({"pre": torch.stack(rec["pre"]), "post": torch.stack(rec["after"]), "stats": comm.snapshot()},
                os.path.join(out_dir, f"rank{comm.rank}.pt"))
     comm.close()
 
@@ -135,7 +155,8 @@ def gossip_trace(out_dir: str, steps: str, method: str, options: str = "{}") -> 
 
     Records per step: x before mixing, the gradient, x after mixing, x after the step.
     """
-    from lowband.registry import METHODS, load_all
+    from lowband.catalog import load_all
+    from lowband.registry import METHODS
 
     load_all()
     torch.set_num_threads(1)
@@ -150,20 +171,12 @@ def gossip_trace(out_dir: str, steps: str, method: str, options: str = "{}") -> 
     model = gossip.setup(initial_model())
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     xs, ys = fixed_batches(steps, 8 * comm.world)
-    rec = {"before": [], "grad": [], "mixed": [], "after": []}
+    rec: dict = {}
+    tap = Tap(gossip, model, rec)
     for s in range(steps):
-        part = slice(comm.rank * 8, (comm.rank + 1) * 8)
         torch.rand(1)  # stands for dropout etc.: the global RNG must not see the masks
-        opt.zero_grad()
-        F.cross_entropy(model(xs[s, part]), ys[s, part]).backward()
-        rec["before"].append(parameters_to_vector(model.parameters()).detach().clone())
-        rec["grad"].append(torch.cat([p.grad.reshape(-1) for p in model.parameters()]))
-        gossip.after_backward(s)
-        rec["mixed"].append(parameters_to_vector(model.parameters()).detach().clone())
-        opt.step()
-        gossip.after_step(s)
-        rec["after"].append(parameters_to_vector(model.parameters()).detach().clone())
-    out = {k: torch.stack(v) for k, v in rec.items()}
+        train_step(model, tap, opt, rank_batch(xs, ys, s, comm.rank, 8), s)
+    out = {k: torch.stack(rec[k]) for k in ("before", "grad", "mixed", "after")}
     out["rng"] = torch.get_rng_state()
     out.update({f"copy{j}": t for j, t in getattr(gossip, "copies", {}).items()})
     torch.save(out, os.path.join(out_dir, f"rank{comm.rank}.pt"))
@@ -191,14 +204,7 @@ def codistill_trace(out_dir: str, steps: str, interval: str, method: str = "codi
     xs, ys = fixed_batches(steps, 8 * comm.world)
     own, teachers, versions = [], [], []
     for s in range(steps):
-        part = slice(comm.rank * 8, (comm.rank + 1) * 8)
-        out = model(xs[s, part])
-        loss = codistill.loss((xs[s, part], ys[s, part], torch.arange(8)), out, F.cross_entropy(out, ys[s, part]))
-        opt.zero_grad()
-        loss.backward()
-        codistill.after_backward(s)
-        opt.step()
-        codistill.after_step(s)
+        train_step(model, codistill, opt, rank_batch(xs, ys, s, comm.rank, 8), s)
         own.append(flat_state(codistill.local_model()).clone())
         teachers.append({j: flat_state(t).clone() for j, t in codistill.teachers.items()})
         versions.append(dict(codistill.teacher_step))

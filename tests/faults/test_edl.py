@@ -186,3 +186,26 @@ def test_no_teacher_ever_ends_the_run_with_one_line_and_exit_3(tmp_path, teacher
     assert r.returncode == 3, r.stderr
     assert "lowband: error: no teacher for 3 s (method.teacher_timeout_s = 3)" in r.stderr
     assert "Traceback" not in r.stderr
+
+
+def _drop_newest_checkpoints(run: str, workers: int) -> int:
+    """Delete every rank's newest checkpoint, as if the run had died before writing them; the epoch left."""
+    newest = checkpoint.latest_common_epoch(run, workers)
+    for rank in range(workers):
+        os.remove(checkpoint.rank_path(run, rank, newest))
+    return checkpoint.latest_common_epoch(run, workers)
+
+
+@pytest.mark.slow
+def test_resumed_run_writes_no_record_twice(tmp_path, teacher):
+    run = str(tmp_path / "run")
+    done = cli(*distill(tmp_path, teacher, "--set", "method.mode=online", "--epochs", "3", "--run-dir", run))
+    assert done.returncode == 0, done.stderr
+    assert _drop_newest_checkpoints(run, 2) == 2
+    again = cli("train", "--resume", run)
+    assert again.returncode == 0, again.stderr
+    assert [r["epoch"] for r in read_metrics(run)] == [1, 2, 3]
+    for rank in (0, 1):
+        with open(os.path.join(run, f"samples.rank{rank}.jsonl")) as f:
+            epochs = [json.loads(line)["epoch"] for line in f]
+        assert epochs == [1, 2, 3]  # epoch 3 was trained twice, recorded once

@@ -9,7 +9,8 @@ import pytest
 import torch
 
 from lowband.config import DataConfig
-from lowband.data import Batches, TensorData, load_dataset
+from lowband.data import Batches, TensorData, load_dataset, partition
+from lowband.data.base import hold_out, read_dataset
 from lowband.data.loader import crop_flip
 from lowband.errors import ConfigError
 
@@ -25,7 +26,7 @@ def write_cifar10(root, n=20):
 
 def test_cifar10_reads_the_python_pickle_format(tmp_path):
     write_cifar10(tmp_path)
-    d = load_dataset(DataConfig(name="cifar10", root=str(tmp_path)))
+    d = read_dataset(DataConfig(name="cifar10", root=str(tmp_path)))
     assert d.x_train.shape == (100, 3, 32, 32) and d.x_test.shape == (20, 3, 32, 32)
     assert d.num_classes == 10 and d.y_train.dtype == torch.int64
     assert d.x_train.mean(dim=(0, 2, 3)).abs().max() < 1e-4  # normalised per channel on the train set
@@ -70,7 +71,7 @@ def test_imagefolder_reads_class_folders(tmp_path):
             (tmp_path / split / cls).mkdir(parents=True)
             for i in range(n):
                 Image.new("RGB", (20, 14), color).save(tmp_path / split / cls / f"{i}.png")
-    d = load_dataset(DataConfig(name="imagefolder", root=str(tmp_path), image_size=16))
+    d = read_dataset(DataConfig(name="imagefolder", root=str(tmp_path), image_size=16))
     assert d.x_train.shape == (6, 3, 16, 16) and d.x_test.shape == (2, 3, 16, 16)
     assert d.y_train.tolist() == [0, 0, 0, 1, 1, 1] and d.num_classes == 2
     assert d.x_train[0, 0].mean() > d.x_train[3, 0].mean()  # the cat is red
@@ -107,3 +108,27 @@ def test_crop_flip_keeps_shape_and_moves_pixels():
     x = torch.randn(8, 3, 32, 32)
     out = crop_flip(x, torch.Generator().manual_seed(0))
     assert out.shape == x.shape and not torch.equal(out, x)
+
+
+def test_validation_split_is_stratified_disjoint_and_fixed_by_its_seed():
+    y = torch.arange(200) % 4
+    data = TensorData(torch.arange(200.0)[:, None], y, torch.zeros(1, 1), torch.zeros(1, dtype=torch.int64), 4)
+    a = hold_out(data, 0.1, seed=3)
+    b = hold_out(data, 0.1, seed=3)
+    c = hold_out(data, 0.1, seed=4)
+    val, train = a.x_val[:, 0].long(), a.x_train[:, 0].long()
+    assert len(val) == 20 and len(train) == 180  # 10% of each class of 50 is 5, four classes
+    assert torch.bincount(a.y_val, minlength=4).tolist() == [5, 5, 5, 5]
+    assert set(val.tolist()).isdisjoint(train.tolist()) and len(set(val.tolist()) | set(train.tolist())) == 200
+    assert torch.equal(y[val], a.y_val) and torch.equal(y[train], a.y_train)  # samples keep their labels
+    assert torch.equal(a.x_val, b.x_val) and not torch.equal(a.x_val, c.x_val)
+
+
+def test_partitions_never_reach_the_validation_samples(tmp_path):
+    cfg = DataConfig(name="digits", val_fraction=0.2, cache_dir=str(tmp_path))
+    d = load_dataset(cfg)
+    assert len(d.y_val) == round(0.2 * (len(d.y_train) + len(d.y_val)))
+    shards = partition(d.y_train, 3, "iid", seed=0)
+    assert sum(len(s) for s in shards) == len(d.y_train)  # shards index the training part only
+    train_rows = {tuple(r) for r in d.x_train.flatten(1).tolist()}
+    assert not any(tuple(r) in train_rows for r in d.x_val.flatten(1).tolist()[:50])

@@ -8,7 +8,8 @@ import torch
 from lowband.config import ModelConfig
 from lowband.errors import ConfigError
 from lowband.models import build_model
-from lowband.registry import MODELS, load_all
+from lowband.catalog import load_all
+from lowband.registry import MODELS
 
 load_all()
 

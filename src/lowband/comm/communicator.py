@@ -96,6 +96,12 @@ class Communicator:
         sub.stats, sub.link = self.stats, self.link
         return sub
 
+    def alone(self) -> Communicator:
+        """A communicator of this rank alone (collectives move nothing), sharing these byte counters."""
+        solo = Communicator(0, 1, self.device, None, [self.global_ranks[self.rank]])
+        solo.stats, solo.link = self.stats, self.link
+        return solo
+
     def _peer(self, rank: int) -> int:
         return self.global_ranks[rank]
 
@@ -211,6 +217,18 @@ class Communicator:
         if self.rank == src:
             buf.copy_(torch.frombuffer(bytearray(data), dtype=torch.uint8))
         return bytes(self.broadcast(buf, src, tag).cpu().numpy().tobytes())
+
+    def all_gather_bytes(self, data: bytes, tag: str) -> list[bytes]:
+        """Every rank's byte string (lengths may differ), in rank order: the lengths, then the payloads
+        padded to the longest. Plain bytes, never pickle."""
+        if self.world == 1:
+            return [data]
+        lengths = [int(t.item()) for t in self.all_gather(torch.tensor([len(data)], device=self.device), tag)]
+        buf = torch.zeros(max(lengths), dtype=torch.uint8, device=self.device)
+        if data:
+            buf[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
+        parts = self.all_gather(buf, tag)
+        return [bytes(p[:n].cpu().numpy().tobytes()) for p, n in zip(parts, lengths)]
 
     # ---- data parallel ----------------------------------------------------------------------
     def data_parallel(self, module: torch.nn.Module, tag: str = "grad") -> torch.nn.Module:

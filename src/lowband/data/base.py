@@ -7,6 +7,7 @@ import json
 import os
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
@@ -23,6 +24,8 @@ class TensorData:
     x_test: torch.Tensor
     y_test: torch.Tensor
     num_classes: int
+    x_val: torch.Tensor | None = None  # held out of the training data (data.val_fraction); never trained on
+    y_val: torch.Tensor | None = None
 
     @property
     def in_shape(self) -> tuple[int, ...]:
@@ -42,7 +45,31 @@ def _cache_path(cfg: DataConfig) -> str:
 
 
 def load_dataset(cfg: DataConfig) -> TensorData:
-    """Load `cfg.name`; data sets that are generated (not read from disk) are cached."""
+    """Load `cfg.name` and hold out its validation part (`data.val_fraction`)."""
+    return hold_out(read_dataset(cfg), cfg.val_fraction, cfg.val_seed)
+
+
+def hold_out(data: TensorData, fraction: float, seed: int) -> TensorData:
+    """Move a stratified `fraction` of the training data (at least one per class with two or more
+    samples) into the validation part; which samples depends only on the labels and `seed`."""
+    if fraction <= 0:
+        return data
+    labels = data.y_train.numpy()
+    rng = np.random.default_rng(seed)
+    val = []
+    for c in np.unique(labels):
+        idx = rng.permutation(np.flatnonzero(labels == c))
+        take = min(max(int(round(fraction * len(idx))), 1), len(idx) - 1)
+        val.append(idx[:take])
+    val_idx = torch.as_tensor(np.sort(np.concatenate(val)), dtype=torch.int64)
+    keep = torch.ones(len(labels), dtype=torch.bool)
+    keep[val_idx] = False
+    return TensorData(data.x_train[keep], data.y_train[keep], data.x_test, data.y_test, data.num_classes,
+                      data.x_train[val_idx], data.y_train[val_idx])
+
+
+def read_dataset(cfg: DataConfig) -> TensorData:
+    """The whole data set `cfg.name` as its source splits it (train, test); generated ones are cached."""
     loader = DATASETS.get(cfg.name)
     if not getattr(loader, "cached", False):
         return loader(cfg)

@@ -51,11 +51,12 @@ def read_weights(path: str) -> dict[str, torch.Tensor]:
 
 def load_teacher(path: str):
     """(model in eval mode, the teacher run's Config, input shape, number of classes)."""
+    from lowband.config import from_dict_any_method
     from lowband.data import load_dataset
     from lowband.models import build_model
-    from lowband.runs import read_run_config
+    from lowband.rundir import RunDir
 
-    cfg = read_run_config(os.path.dirname(find_run_config(path)))
+    cfg = from_dict_any_method(RunDir(os.path.dirname(find_run_config(path))).read_config_dict())
     data = load_dataset(cfg.data)
     model = build_model(cfg.model, data.in_shape, data.num_classes)
     try:

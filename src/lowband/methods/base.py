@@ -30,24 +30,31 @@ from torch import nn
 from lowband.comm.communicator import Communicator
 from lowband.config import Config, MethodConfig
 from lowband.data import TensorData
+from lowband.rundir import RunDir
 
 
 @dataclass
 class Context:
-    """What a method may use: config, communicator, device, logger, run dir, data, and two services."""
+    """What a method may use: config, communicator, device, logger, run directory, data, evaluation.
+
+    A method writes files only through `run` (`run.stream("rounds")`, `run.file("exchange")`), so
+    that a resumed run cuts its records back and nothing else needs to know the file names.
+    """
 
     cfg: Config
     comm: Communicator
     device: torch.device
     log: logging.Logger
-    run_dir: str
+    run: RunDir | str
     steps_per_epoch: int
     data: TensorData | None = None
     shard: torch.Tensor | None = None
-    #: test accuracy of a model; timed as evaluation, not as training compute
+    #: validation accuracy of a model; timed as evaluation, not as training compute
     evaluate: Callable[[nn.Module], float] = lambda model: float("nan")
-    #: append one record to RUN_DIR/rounds.jsonl (rank 0 writes; others ignore)
-    write_round: Callable[[dict], None] = lambda record: None
+
+    def __post_init__(self):
+        if not isinstance(self.run, RunDir):
+            self.run = RunDir(self.run, self.comm.rank)
 
     @property
     def total_steps(self) -> int:

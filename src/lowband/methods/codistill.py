@@ -14,7 +14,6 @@ own order) or `partitioned` (disjoint shards); a model's shard is split over its
 from __future__ import annotations
 
 import copy
-import os
 import time
 from dataclasses import dataclass
 from typing import Literal
@@ -96,7 +95,7 @@ class Codistill(Method):
         self.net = self.wrap(model)
         self.model = self.group.data_parallel(self.net, tag="grad") if g > 1 else self.net
         self._has_buffers = any(b.is_floating_point() for b in model.buffers())
-        url = self.cfg.store or os.path.join(self.ctx.run_dir, "exchange")
+        url = self.cfg.store or self.ctx.run.file("exchange")
         self.store = CheckpointStore(url, comm, self.ctx.log)
         self.teachers: dict[int, torch.nn.Module] = {}
         self.teacher_step: dict[int, int] = {}

@@ -15,7 +15,6 @@ that died. The same method runs the paper's two baselines, so all three share on
 from __future__ import annotations
 
 import copy
-import json
 import os
 import socket
 import time
@@ -97,7 +96,8 @@ class EDL(Allreduce):
     def setup(self, model):
         self.reader, self.teacher = None, None
         self._bytes_seen = (0, 0)  # the reader's byte counters already handed to the communicator
-        self.timeline_path = os.path.join(self.ctx.run_dir, f"distill.rank{self.ctx.comm.rank}.jsonl")
+        self.timeline = self.ctx.run.stream("distill", per_rank=True)
+        self.samples_log = self.ctx.run.stream("samples", per_rank=True)
         if self.cfg.mode == "online":
             self.teacher = self._load_teacher().to(self.ctx.device)
         elif self.cfg.mode == "edl":
@@ -170,14 +170,11 @@ class EDL(Allreduce):
 
     def end_epoch(self, epoch: int) -> dict:
         if self.cfg.log_samples:
-            with open(os.path.join(self.ctx.run_dir, f"samples.rank{self.ctx.comm.rank}.jsonl"), "a") as f:
-                f.write(json.dumps({"epoch": epoch, "ids": torch.cat(self.consumed).tolist()}) + "\n")
+            self.samples_log.write({"epoch": epoch, "ids": torch.cat(self.consumed).tolist()})
         if self.reader is None:
             return {}
         timeline = self.reader.take_timeline()
-        with open(self.timeline_path, "a") as f:
-            for point in timeline:
-                f.write(json.dumps({"epoch": epoch, **point}) + "\n")
+        self.timeline.write_many([{"epoch": epoch, **point} for point in timeline])
         s = self.reader.stats
         buffer = [p["buffer"] for p in timeline] or [0]
         return {"distill": {"teachers": len(self.reader.links), "teachers_max": max((p["teachers"] for p in timeline), default=0),

@@ -1,8 +1,9 @@
 """Per-round figures for methods that aggregate in rounds (MA-DNN, EC-DNN).
 
 At a reported round every rank evaluates its local model, rank 0 evaluates the global model,
-and RUN_DIR/rounds.jsonl gets: round, step, each local model's test accuracy, the global
-model's, and Diff_LG = mean local error - global error (positive: the global model is better).
+and the run's `rounds` stream (rounds.jsonl) gets: round, step, epoch, each local model's
+validation accuracy, the global model's, and Diff_LG = mean local error - global error
+(positive: the global model is better).
 At most `round_evals` rounds are reported, evenly spaced, to bound the evaluation cost.
 """
 
@@ -30,6 +31,7 @@ class RoundsConfig(MethodConfig):
 class RoundLog:
     def __init__(self, ctx, tau: int, budget: int):
         self.ctx = ctx
+        self.stream = ctx.run.stream("rounds")
         rounds = max(ctx.total_steps // tau, 1)
         self.every = math.ceil(rounds / budget) if budget else 0
 
@@ -44,6 +46,6 @@ class RoundLog:
         if self.ctx.comm.rank != 0:
             return
         glob = self.ctx.evaluate(global_model)
-        self.ctx.write_round({"round": round_no, "step": step, "epoch": step / self.ctx.steps_per_epoch,
+        self.stream.write({"round": round_no, "step": step, "epoch": step / self.ctx.steps_per_epoch,
                               "local_acc": local, "global_acc": glob,
                               "diff_lg": glob - sum(local) / len(local), **extra})

@@ -1,0 +1,107 @@
+"""The epoch reporter: gathers what every rank measured and writes one record per epoch.
+
+Each rank fills a `RankFigures`; the reporter gathers them over its *scope* communicator — the
+whole world for methods that train one model together, the rank alone for methods whose ranks
+train separate models (codistillation, AFSD) — and the scope's first rank writes the record to
+its `metrics` stream. The trainer never asks which kind of method it runs: it only picks the scope.
+
+Byte figures: `bytes_sent_per_worker` / `bytes_recv_per_worker` are the mean over the scope's
+ranks of the training traffic (bookkeeping tags excluded); `bytes` gives every tag's mean per
+worker and `bytes_total` its sum over the scope's ranks. All are cumulative since the run began.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+from dataclasses import asdict, dataclass, field
+
+from lowband.comm import BOOKKEEPING_TAGS, Communicator
+from lowband.metrics import MetricsSink
+from lowband.rundir import RunDir
+
+
+class TrainingError(RuntimeError):
+    """Training cannot go on (diverged, inconsistent checkpoints); exit code 1."""
+
+
+@dataclass
+class RankFigures:
+    """One rank's figures for one epoch (plain types: they travel as JSON)."""
+
+    loss: float
+    samples: int
+    test_acc: float | None = None  # this rank's own model; None when the epoch was not evaluated
+    val_acc: float | None = None
+    bytes: dict[str, dict[str, float]] = field(default_factory=dict)  # tag -> {"sent", "recv"}, cumulative
+
+    @property
+    def sent(self) -> float:
+        return sum(b["sent"] for tag, b in self.bytes.items() if tag not in BOOKKEEPING_TAGS)
+
+    @property
+    def recv(self) -> float:
+        return sum(b["recv"] for tag, b in self.bytes.items() if tag not in BOOKKEEPING_TAGS)
+
+
+def tag_bytes(comm: Communicator) -> dict[str, dict[str, float]]:
+    """The communicator's cumulative bytes per tag, for tags that moved any."""
+    return {tag: {"sent": s.sent, "recv": s.recv} for tag, s in sorted(comm.stats.items()) if s.sent or s.recv}
+
+
+def _mean(values: list[float]) -> float:
+    return sum(values) / len(values)
+
+
+def _per_tag(ranks: list[RankFigures], reduce) -> dict[str, dict[str, float]]:
+    tags = sorted({tag for r in ranks for tag in r.bytes})
+    return {tag: {k: reduce([r.bytes.get(tag, {}).get(k, 0.0) for r in ranks]) for k in ("sent", "recv")}
+            for tag in tags}
+
+
+class EpochReporter:
+    """Gathers `RankFigures` over `scope` and writes the scope's records to `run`'s metrics stream."""
+
+    def __init__(self, scope: Communicator, run: RunDir, log: logging.Logger, total_epochs: int):
+        self.scope, self.log = scope, log
+        self.leader = scope.rank == 0
+        self.sink = MetricsSink(run.stream("metrics"), self.leader, total_epochs, log)
+
+    def gather(self, mine: RankFigures) -> list[RankFigures]:
+        """Every scope rank's figures, in scope rank order; stops training on a diverged loss."""
+        parts = self.scope.all_gather_bytes(json.dumps(asdict(mine)).encode(), tag="metrics")
+        ranks = [RankFigures(**json.loads(p)) for p in parts]
+        worst = max(r.loss for r in ranks)
+        if not math.isfinite(worst):
+            raise TrainingError(f"training diverged (loss {worst}); lower optim.lr")
+        return ranks
+
+    @staticmethod
+    def best_local(ranks: list[RankFigures]) -> int:
+        """The scope rank whose model had the smallest training loss this epoch (the EC-DNN paper's _L)."""
+        return min(range(len(ranks)), key=lambda i: ranks[i].loss)
+
+    def record(self, epoch: int, ranks: list[RankFigures], glob: dict | None, extra: dict) -> dict:
+        """One metrics record. `glob`: the global model's {"test_acc", "val_acc"} (None: the method has
+        none, so rank 0's own model stands for it); `extra`: figures the trainer adds (steps, lr, time)."""
+        evaluated = ranks[0].test_acc is not None
+        best = self.best_local(ranks)
+        head = glob or {"test_acc": ranks[0].test_acc, "val_acc": ranks[0].val_acc}
+        return {
+            "epoch": epoch, "samples": sum(r.samples for r in ranks) * epoch,
+            "train_loss": _mean([r.loss for r in ranks]), "train_loss_ranks": [r.loss for r in ranks],
+            "test_acc": head["test_acc"] if evaluated else None,
+            "val_acc": head["val_acc"] if evaluated else None,
+            "test_acc_L": ranks[best].test_acc if evaluated else None,
+            "val_acc_L": ranks[best].val_acc if evaluated else None,
+            "test_acc_ranks": [r.test_acc for r in ranks] if evaluated else None,
+            "val_acc_ranks": [r.val_acc for r in ranks] if evaluated else None,
+            "bytes_sent_per_worker": _mean([r.sent for r in ranks]),
+            "bytes_recv_per_worker": _mean([r.recv for r in ranks]),
+            "bytes": _per_tag(ranks, _mean), "bytes_total": _per_tag(ranks, sum),
+            **extra,
+        }
+
+    def write(self, record: dict) -> None:
+        self.sink.write(record)

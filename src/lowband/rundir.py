@@ -1,0 +1,129 @@
+"""A run directory and every file in it, with one owner: `RunDir`.
+
+    config.toml                 the resolved configuration
+    checkpoints/                rank{R}-epoch{E}.pt, resumable state (see checkpoint.py)
+    model.safetensors           the final model (model.rank{R}.safetensors: rank R's own, when
+                                ranks train separate models); model_L.safetensors the best local one
+    NAME.jsonl, NAME.rank{R}.jsonl   record streams: metrics, rounds, distill, samples, ...
+
+A stream is a JSONL file of records that each carry an `epoch`. Rank 0's stream is NAME.jsonl
+and rank R's NAME.rank{R}.jsonl, unless the stream is `per_rank`, when every rank (0 included)
+has the suffix. On resume after epoch E, `cut_back(E)` drops every record past E from the
+streams this rank owns, so a resumed run writes nothing twice.
+
+Nothing here imports torch: the report and the coordinator read run directories cheaply.
+"""
+
+from __future__ import annotations
+
+import glob
+import json
+import os
+import re
+import tomllib
+from typing import Any, Iterator
+
+CONFIG = "config.toml"
+
+
+class Stream:
+    """Appends JSON records to one file; creates it on the first write."""
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def write(self, record: dict) -> None:
+        with open(self.path, "a") as f:
+            f.write(json.dumps(record) + "\n")
+
+    def write_many(self, records: list[dict]) -> None:
+        if records:
+            with open(self.path, "a") as f:
+                f.writelines(json.dumps(r) + "\n" for r in records)
+
+
+class RunDir:
+    """The files of one run directory, as seen by one rank (rank 0 for readers)."""
+
+    def __init__(self, path: str, rank: int = 0):
+        self.path, self.rank = path, rank
+
+    def __repr__(self) -> str:
+        return f"RunDir({self.path!r}, rank={self.rank})"
+
+    def __fspath__(self) -> str:
+        return self.path
+
+    def file(self, *parts: str) -> str:
+        return os.path.join(self.path, *parts)
+
+    # ---- config ---------------------------------------------------------------------------------
+    @property
+    def config_path(self) -> str:
+        return self.file(CONFIG)
+
+    def is_run(self) -> bool:
+        return os.path.isfile(self.config_path)
+
+    def has_records(self) -> bool:
+        return os.path.exists(self.stream_path("metrics", rank=0))
+
+    def create(self) -> None:
+        os.makedirs(self.path, exist_ok=True)
+
+    def write_text(self, name: str, text: str) -> None:
+        """Write a file atomically (a temporary name, then a rename)."""
+        path = self.file(name)
+        tmp = f"{path}.tmp-{os.getpid()}"
+        with open(tmp, "w") as f:
+            f.write(text)
+        os.replace(tmp, path)
+
+    def read_config_dict(self) -> dict[str, Any]:
+        with open(self.config_path, "rb") as f:
+            return tomllib.load(f)
+
+    # ---- models ---------------------------------------------------------------------------------
+    def model_path(self, rank: int = 0) -> str:
+        """The final model of rank `rank`'s scope: model.safetensors for rank 0."""
+        return self.file("model.safetensors" if rank == 0 else f"model.rank{rank}.safetensors")
+
+    def local_model_path(self) -> str:
+        return self.file("model_L.safetensors")
+
+    # ---- record streams -------------------------------------------------------------------------
+    def stream_path(self, name: str, rank: int | None = None, per_rank: bool = False) -> str:
+        rank = self.rank if rank is None else rank
+        return self.file(f"{name}.jsonl" if rank == 0 and not per_rank else f"{name}.rank{rank}.jsonl")
+
+    def stream(self, name: str, per_rank: bool = False) -> Stream:
+        """This rank's stream `name` (see the module docstring for the file name)."""
+        return Stream(self.stream_path(name, per_rank=per_rank))
+
+    def read(self, name: str, rank: int = 0, per_rank: bool = False) -> list[dict]:
+        """Every record of a stream; [] when it does not exist."""
+        return list(read_jsonl(self.stream_path(name, rank, per_rank)))
+
+    def own_streams(self) -> list[str]:
+        """Paths of the streams this rank writes: NAME.rank{R}.jsonl, and NAME.jsonl for rank 0."""
+        mine = re.compile(rf"\.rank{self.rank}\.jsonl$")
+        paths = [p for p in glob.glob(self.file("*.jsonl")) if mine.search(p)]
+        if self.rank == 0:
+            paths += [p for p in glob.glob(self.file("*.jsonl")) if not re.search(r"\.rank\d+\.jsonl$", p)]
+        return sorted(paths)
+
+    def cut_back(self, epoch: int) -> None:
+        """Drop every record after `epoch` from this rank's streams (on resume)."""
+        for path in self.own_streams():
+            kept = [r for r in read_jsonl(path) if r.get("epoch", 0) <= epoch]
+            with open(path, "w") as f:
+                f.writelines(json.dumps(r) + "\n" for r in kept)
+
+
+def read_jsonl(path: str) -> Iterator[dict]:
+    if not os.path.exists(path):
+        return
+    with open(path) as f:
+        for line in f:
+            if line.strip():
+                yield json.loads(line)
