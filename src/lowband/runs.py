@@ -112,15 +112,16 @@ def _join(cfg: C.Config) -> Communicator:
 def _run(cfg: C.Config, run_dir: str, resume: bool, comm: Communicator) -> None:
     from lowband.trainer import Trainer
 
-    trainer = None
+    trainer, clean = None, False
     try:
         trainer = Trainer(cfg, comm, run_dir)
         trainer.fit(resume=resume)
+        clean = not METHODS.get(cfg.method.name).independent_models  # independent ranks never meet
     finally:
         if trainer is not None:
             trainer.close()
         del trainer  # frees the DDP model before its process group goes
-        comm.close()
+        comm.close(clean)
 
 
 def _as_torchrun_worker(cfg: C.Config, run_dir: str | None, out: str, resume: bool) -> tuple[int, str]:

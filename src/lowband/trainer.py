@@ -195,7 +195,7 @@ class Trainer:
         t_eval = time.perf_counter()
         last = epoch == self.cfg.train.epochs
         evaluate = epoch % self.cfg.train.eval_every == 0 or last
-        mine = RankFigures(loss=loss, samples=self.plan.steps * self.cfg.train.batch_size, bytes=tag_bytes(self.comm))
+        mine = RankFigures(loss=loss, samples=self.plan.steps * self.cfg.train.batch_size)
         glob, glob_accs = None, None
         if evaluate:
             local = self._accuracies(self.method.local_model())
@@ -203,6 +203,7 @@ class Trainer:
             glob = self.method.global_model(final=last)
             glob_accs = self._accuracies(glob) if glob is not None and self.scope.rank == 0 else None
         times["eval_s"] = time.perf_counter() - t_eval
+        mine.bytes = tag_bytes(self.comm)  # after the global model, whose final exchange counts
         ranks = self.reporter.gather(mine)
         self.elapsed += time.perf_counter() - t_start
         self.best_local_rank = self.scope.global_ranks[self.reporter.best_local(ranks)]

@@ -43,9 +43,19 @@ def run(tmp_path, method: str, *extra: str, workers: int = 2, epochs: int = 2):
     return run_dir, read_metrics(str(run_dir))
 
 
+def steps_per_epoch(run_dir) -> int:
+    """Steps per epoch of a small() run: 600 samples -> 480 train, 10% of it held out for validation."""
+    from lowband.runs import read_run_config
+    from lowband.trainer import make_plan
+
+    cfg = read_run_config(str(run_dir))
+    return make_plan(cfg, cfg.train.workers).steps
+
+
 def test_ec_dnn_bytes_per_round_are_two_model_all_gathers(tmp_path):
-    # 600 samples -> 480 train -> 240 per worker -> 15 steps/epoch, 30 steps; rounds end at 8, 16, 24
+    # 600 samples -> 432 train -> 216 per worker -> 13 steps/epoch, 26 steps; rounds end at 8, 16, 24
     run_dir, records = run(tmp_path, "ec_dnn", "--set", "method.tau=8", "--set", "method.round_evals=10")
+    assert steps_per_epoch(run_dir) == 13
     gathers = 3 + 3 + 1  # three ensembles, three compressed-model gathers, the final ensemble
     assert records[-1]["bytes"]["params"]["sent"] == gathers * (2 - 1) * PARAM_BYTES
     assert records[-1]["bytes"]["params"]["recv"] == gathers * (2 - 1) * PARAM_BYTES
@@ -71,9 +81,10 @@ def test_ensemble_global_model_is_saved_as_members_plus_weights(tmp_path):
 
 
 def test_local_sgd_run_reports_rounds_and_global_model(tmp_path):
-    run_dir, records = run(tmp_path, "local_sgd", "--set", "method.tau=5", epochs=1)
+    run_dir, records = run(tmp_path, "local_sgd", "--set", "method.tau=4", epochs=1)
+    assert steps_per_epoch(run_dir) == 13
     rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
-    assert [r["step"] for r in rounds] == [5, 10, 15]
+    assert [r["step"] for r in rounds] == [4, 8, 12]
     # 3 rounds of one allreduce each, and one more to form the final global model
     assert records[-1]["bytes"]["params"]["sent"] == pytest.approx(4 * 2 * (2 - 1) / 2 * PARAM_BYTES)
 

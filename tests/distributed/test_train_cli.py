@@ -22,7 +22,7 @@ def test_allreduce_run_writes_records_bytes_and_equal_checkpoints(tmp_path):
     assert p.returncode == 0, p.stderr
     records = read_metrics(str(run))
     assert [r["epoch"] for r in records] == [1, 2]
-    steps = 480 // 2 // 16  # 600 samples, 80% train, 2 shards, batch 16
+    steps = 432 // 2 // 16  # 600 samples, 80% train less 10% validation, 2 shards, batch 16
     last = records[-1]
     assert last["steps"] == 2 * steps and last["samples"] == 2 * steps * 16 * 2
     ring = 2 * (2 - 1) / 2 * CNN1D_PARAMS * 4

@@ -105,8 +105,12 @@ class Communicator:
     def _peer(self, rank: int) -> int:
         return self.global_ranks[rank]
 
-    def close(self) -> None:
+    def close(self, clean: bool = False) -> None:
+        """Leave the process group; after a clean finish, first wait until every rank has finished so
+        no rank tears the group down under a peer's last collective (gloo aborts the peer otherwise)."""
         if self.group is not None and dist.is_initialized():
+            if clean:
+                dist.barrier(group=self.group)
             dist.destroy_process_group()
             self.group = None
 

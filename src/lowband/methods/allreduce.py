@@ -24,14 +24,12 @@ class AllreduceConfig(MethodConfig):
 @METHODS.register("allreduce")
 class Allreduce(Method):
     Config = AllreduceConfig
+    averages_workers = True
 
     def setup(self, model):
         self._has_buffers = any(b.is_floating_point() for b in model.buffers())
         self.model = self.ctx.comm.data_parallel(model, tag="grad")
         return self.model
-
-    def lr_scale(self) -> float:
-        return float(self.ctx.comm.world)
 
     def default_warmup_epochs(self) -> float:
         return self.cfg.warmup_epochs if self.ctx.comm.world > 1 else 0.0

@@ -72,6 +72,10 @@ class Method:
     #: True: the ranks train separate models that meet only through shared storage, so a dead
     #: rank does not stop the others and no collective spans all ranks (metrics per rank)
     independent_models: bool = False
+    #: True: the model follows the mean of all K workers' updates (allreduce, model averaging,
+    #: gossip), so by default its learning rate scales linearly with K after a 2-epoch warm-up, like
+    #: the synchronous baseline it approximates (Goyal et al. 2017; Lin et al. 2020 for local SGD)
+    averages_workers: bool = False
 
     @classmethod
     def check(cls, cfg: MethodConfig, world: int) -> None:
@@ -104,11 +108,12 @@ class Method:
         pass
 
     def lr_scale(self) -> float:
-        """How many workers' batches one optimizer step averages (for linear lr scaling)."""
-        return 1.0
+        """How many workers' batches the model's updates average (for linear lr scaling)."""
+        return float(self.ctx.comm.world) if self.averages_workers else 1.0
 
     def default_warmup_epochs(self) -> float:
-        return 0.0
+        """Warm-up used when optim.warmup_epochs = 'auto': 2 epochs when the rate is scaled up."""
+        return 2.0 if self.lr_scale() > 1 else 0.0
 
     def loss(self, batch, outputs: torch.Tensor, loss: torch.Tensor) -> torch.Tensor:
         return loss

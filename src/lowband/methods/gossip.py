@@ -74,6 +74,7 @@ class Timers(dict):
 @METHODS.register("dpsgd")
 class DPSGD(Method):
     Config = DPSGDConfig
+    averages_workers = True
     min_workers = 2
 
     @classmethod

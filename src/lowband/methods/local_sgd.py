@@ -27,6 +27,7 @@ class LocalSGDConfig(RoundsConfig):
 @METHODS.register("local_sgd")
 class LocalSGD(Method):
     Config = LocalSGDConfig
+    averages_workers = True
     min_workers = 2
 
     def setup(self, model):
