@@ -46,13 +46,16 @@ def main():
     p.add_argument("--epochs", type=int, default=5)
     p.add_argument("--workers", type=int, default=4)
     p.add_argument("--mode", default="model", choices=["model", "netns"])
+    p.add_argument("--out", help="keep the comparisons here (default: a temporary directory)")
     a = p.parse_args()
-    with tempfile.TemporaryDirectory() as out:
-        base = compare(a.methods, a.workers, a.epochs, "unlimited", "model", out)
-        print(f"\n{a.methods}, {a.workers} workers, {a.epochs} epochs, MNIST-1D cnn1d; link mode {a.mode}\n")
+    with tempfile.TemporaryDirectory() as tmp:
+        out = a.out or tmp
+        print(f"{a.methods}, {a.workers} workers, {a.epochs} epochs, MNIST-1D cnn1d; link mode {a.mode}; each "
+              "limited comparison runs right after the unlimited one it is projected from\n")
         print("| method | link | unlimited train s | projected s | measured s | error |")
         print("|---|---|---|---|---|---|")
         for link in a.links:
+            base = compare(a.methods, a.workers, a.epochs, "unlimited", "model", os.path.join(out, f"base-{link}"))
             runs = compare(a.methods, a.workers, a.epochs, link, a.mode, out)
             for label, row in base.items():
                 proj, meas = projected(row, link), measured(runs[label]) if label in runs else None

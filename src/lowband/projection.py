@@ -1,8 +1,9 @@
 """Project a finished run's training time onto another link, with the modelled link's own arithmetic.
 
 A run's metrics records carry, per epoch, the seconds the training loop took (`time.epoch_train_s`,
-with `compute_s` inside it) and, per tag, the cumulative bytes sent per worker and the number of
-calls. An epoch's traffic is the difference of those counters between records, over the tags that
+with `compute_s` inside it) and, per tag, the cumulative bytes sent per worker, the number of
+calls and the bytes on each call's busiest link (`wire`: an exchange with two peers sends on two
+links at once). An epoch's traffic is the difference of those counters between records, over the tags that
 move during training (not the bookkeeping tags, nor "init", sent before the first epoch).
 
 On a link L the epoch is projected to take
@@ -41,13 +42,17 @@ def rates(lo: float = 1e6, hi: float = 1e10, per_decade: int = 8) -> list[float]
 
 
 def _training_counters(record: dict) -> tuple[float, float]:
-    """(bytes sent, calls) per worker, cumulative, over the tags sent while training."""
+    """(bytes on the busiest link, calls) per worker, cumulative, over the tags sent while training.
+
+    A call to several peers puts its bytes on one link per peer, in parallel: the record's `wire`
+    counts the busiest link's share; records without it fall back to all bytes sent (one link)."""
     tags = [v for tag, v in record.get("bytes", {}).items() if tag not in OUTSIDE_TRAINING]
-    return sum(v.get("sent", 0.0) for v in tags), sum(v.get("calls", 0.0) for v in tags if v.get("sent"))
+    wire = sum(v.get("wire", v.get("sent", 0.0)) for v in tags)
+    return wire, sum(v.get("calls", 0.0) for v in tags if v.get("sent"))
 
 
 def traffic(records: list[dict]) -> list[tuple[float, float]]:
-    """Per epoch record: (bytes sent per worker, messages per worker) during that epoch.
+    """Per epoch record: (bytes on the busiest link, messages) per worker during that epoch.
 
     Records written before calls were counted give 0 messages: latency is then not projected."""
     out, before = [], (0.0, 0.0)

@@ -26,6 +26,13 @@ def test_traffic_is_per_epoch_over_training_tags():
     assert traffic(RECORDS) == [(1e6, 10), (2e6, 10)]
 
 
+def test_an_exchange_with_two_peers_occupies_each_link_with_half():
+    gossip = [{"epoch": 1, "bytes": {"params": {"sent": 2e6, "recv": 2e6, "calls": 4, "wire": 1e6}},
+               "time": {"epoch_train_s": 1.0, "compute_s": 0.8}}]
+    assert traffic(gossip) == [(1e6, 4)]
+    assert epoch_seconds(gossip, MB_PER_S) == [pytest.approx(2.0)]
+
+
 def test_old_records_without_calls_project_no_latency():
     old = [{"epoch": 1, "bytes": {"grad": {"sent": 4e6, "recv": 4e6}}, "time": {"epoch_train_s": 1.0}}]
     assert traffic(old) == [(4e6, 0)]
