@@ -101,6 +101,8 @@ def accuracy(groups: dict[str, list[dict]], key: str, xlabel: str, target: float
         if any(sds):
             ax.fill_between(xs, [y - s for y, s in zip(ys, sds)], [y + s for y, s in zip(ys, sds)],
                             color=line.get_color(), alpha=0.15, linewidth=0)
+    if key == "epoch":
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     target_line(ax, target)
     ax.set_xlabel(xlabel)
     ax.set_ylabel("validation accuracy (mean over seeds)")
@@ -159,9 +161,17 @@ def link_sweep(curves: dict[str, list[float | None]], rates: list[float], classe
     for rate in classes.values():
         ax.axvline(rate, color="0.75", linewidth=0.8, zorder=0)
     ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: _rate_label(v)))
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_seconds_label))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(_seconds_label))
     ax.set_xlabel("link rate per worker (log)")
     ax.set_ylabel(ylabel)
     finish(fig, ax, path)
+
+
+def _seconds_label(v: float, _=None) -> str:
+    """Plain numbers on a log seconds axis, only at 1, 2 and 5 times a power of ten."""
+    lead = v / 10 ** math.floor(math.log10(v)) if v > 0 else 0
+    return f"{v:g}" if any(math.isclose(lead, d) for d in (1, 2, 5)) else ""
 
 
 def _rate_label(v: float) -> str:

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
-from lowband.report import build
 from lowband.errors import UsageError
+from lowband.report import build
 
 
 def record(epoch, val, sent_per_epoch, secs_per_epoch, compute_per_epoch, calls_per_epoch=10):
@@ -53,6 +53,11 @@ def make_comparison(folder, runs=RUNS, link="unlimited", with_seed=True, tuning=
     return folder
 
 
+def read(path: str) -> str:
+    with open(path) as f:
+        return f.read()
+
+
 def write_csv(path, rows, fields):
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields, extrasaction="ignore")
@@ -72,7 +77,7 @@ def table(md: str, title: str = "| method | seeds |") -> dict[str, list[str]]:
 
 def test_report_answers_per_link_class_from_two_seeds(tmp_path):
     folder = make_comparison(tmp_path / "cmp")
-    md = open(build([str(folder)])).read()
+    md = read(build([str(folder)]))
     assert "Target accuracy (validation): 0.9100 (mean final validation accuracy of allreduce over 2 seeds)" in md
     # 1 mbit: allreduce 3 x 10 s + 3 MB x 8 / 1e6 = 54 s; local SGD 2 x 5 s + 20 kB x 8 / 1e6 = 10.16 s
     assert ("At 1 mbit the fastest to target is local_sgd:tau=16 (10.2 s; allreduce 54.0 s), the fewest bytes "
@@ -97,7 +102,7 @@ def test_report_answers_per_link_class_from_two_seeds(tmp_path):
 def test_the_projection_takes_the_measured_links_transfer_out(tmp_path):
     # the same runs measured on a 1 mbit link: allreduce's 10 s epochs held 8 s of transfer
     folder = make_comparison(tmp_path / "slow", link="1mbit")
-    md = open(build([str(folder)])).read()
+    md = read(build([str(folder)]))
     assert "Link: 1 mbit/s (model)" in md
     # at 10 gbit allreduce: 3 x max(10 - 8, compute 2) = 6 s; local SGD: 2 x max(5 - 0.08, 5) = 10 s
     assert "At 10 gbit the fastest to target is allreduce (6.0 s)" in md
@@ -105,7 +110,7 @@ def test_the_projection_takes_the_measured_links_transfer_out(tmp_path):
 
 def test_a_summary_without_seeds_and_a_given_target(tmp_path):
     runs = {label: per_seed[:1] for label, per_seed in RUNS.items()}
-    md = open(build([str(make_comparison(tmp_path / "c", runs, with_seed=False))], target=0.7)).read()
+    md = read(build([str(make_comparison(tmp_path / "c", runs, with_seed=False))], target=0.7))
     assert "Target accuracy (validation): 0.7000 (given)" in md
     rows = table(md)
     assert rows["single"][1] == "1" and rows["single"][3] == "0.8500" and rows["single"][9] == "2"
@@ -118,7 +123,7 @@ def test_a_summary_without_seeds_and_a_given_target(tmp_path):
 def test_tuning_table_shows_values_tried_and_the_chosen_one(tmp_path):
     tuning = [{"label": "local_sgd:tau=16", "field": "optim.lr", "value": v, "val_acc": a, "chosen": c}
               for v, a, c in (("0.05", "0.81", "false"), ("0.1", "0.905", "true"), ("0.2", "nan-ish", "false"))]
-    md = open(build([str(make_comparison(tmp_path / "c", tuning=tuning))])).read()
+    md = read(build([str(make_comparison(tmp_path / "c", tuning=tuning))]))
     rows = table(md, "| method | setting |")
     assert rows["local_sgd:tau=16"] == ["local_sgd:tau=16", "optim.lr", "0.05 (0.8100), 0.1 (0.9050), 0.2 (-)", "0.1"]
 
@@ -126,12 +131,12 @@ def test_tuning_table_shows_values_tried_and_the_chosen_one(tmp_path):
 def test_two_comparisons_overlay_with_the_names_given(tmp_path):
     a = make_comparison(tmp_path / "compare-20261122-101010")
     b = make_comparison(tmp_path / "compare-20261122-111111", link="10mbit,20ms")
-    md = open(build([str(a), str(b)], out=str(tmp_path / "both"), labels=["base", "tuned"])).read()
+    md = read(build([str(a), str(b)], out=str(tmp_path / "both"), labels=["base", "tuned"]))
     rows = table(md)
     assert set(rows) == {f"{p}/{m}" for p in ("base", "tuned") for m in RUNS}
     assert "unlimited (model)" in md and "10 mbit/s, 20 ms latency (model)" in md
     assert "mean final validation accuracy of base/allreduce" in md
-    named = open(build([str(a), str(b)], out=str(tmp_path / "plain"))).read()
+    named = read(build([str(a), str(b)], out=str(tmp_path / "plain")))
     assert "compare-20261122-111111/single" in table(named)
     with pytest.raises(UsageError, match="--labels='base' names 1 comparisons; give one non-empty name per"):
         build([str(a), str(b)], out=str(tmp_path / "bad"), labels=["base"])
@@ -189,7 +194,7 @@ def test_user_suite_files_and_unknown_suites(tmp_path):
 
 def test_edl_runs_add_the_buffer_and_teachers_plot(tmp_path):
     folder = make_comparison(tmp_path / "c")
-    assert "distill.png" not in open(build([str(folder)])).read()
+    assert "distill.png" not in read(build([str(folder)]))
     points = [{"epoch": 1, "t": 0.25 * i, "buffer": i % 5, "teachers": 1 + i // 4, "sending": True, "inflight": 2}
               for i in range(12)]
     (folder / "single-seed0" / "distill.rank0.jsonl").write_text("".join(json.dumps(p) + "\n" for p in points))
