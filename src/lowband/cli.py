@@ -88,7 +88,11 @@ def parser() -> argparse.ArgumentParser:
     r = sub.add_parser("report", help="rebuild the report of finished comparisons (several are overlaid)")
     r.add_argument("folders", nargs="+", metavar="COMPARE_DIR")
     r.add_argument("--out", help="where to write (default: the first directory)")
-    r.add_argument("--target", type=float, help="target accuracy (default: the Allreduce run's final accuracy)")
+    r.add_argument("--target", type=float,
+                   help="target validation accuracy (default: the Allreduce runs' mean final validation accuracy)")
+    r.add_argument("--labels", help="comma-separated names of the directories, prefixed to their methods when "
+                                    "overlaid, e.g. base,tuned (default: the directory names)")
+    r.add_argument("--latency", default="0ms", help="latency per message in the link projection, e.g. 20ms")
     _distill_parsers(sub)
     h = sub.add_parser("churn", help="share of test examples on which two runs' final models disagree")
     h.add_argument("run_a", metavar="RUN_A")
@@ -214,12 +218,18 @@ def cmd_compare(args) -> int:
 def cmd_report(args) -> int:
     import os
 
+    from lowband.comm.links import DELAY, DELAY_UNITS
     from lowband.report import build
 
     for folder in args.folders:
         if not os.path.isfile(os.path.join(folder, "summary.csv")):
             raise UsageError(f"{folder} is not a comparison directory (no summary.csv)")
-    print(f"wrote {build(args.folders, args.out, args.target)} and report.html")
+    labels = [x.strip() for x in args.labels.split(",")] if args.labels is not None else None
+    delay = DELAY.match(args.latency)
+    if not delay:
+        raise UsageError(f"--latency={args.latency!r} does not parse: expected a time such as 20ms (units us, ms, s)")
+    latency = float(delay.group(1)) * DELAY_UNITS[delay.group(2).lower()]
+    print(f"wrote {build(args.folders, args.out, args.target, labels, latency)} and report.html")
     return 0
 
 

@@ -1,26 +1,26 @@
 """Run several methods on the same data, model and seeds, one after another, and tabulate them.
 
-A method is named alone (`allreduce`) or with options (`ec_dnn:ensemble=margin:tau=128`). When a
-`local_sgd` (MA-DNN) run is among them, every row also gets the EC-DNN paper's "speed": the
-training time MA-DNN_G needed to reach its own final accuracy divided by the time this
-method's global (G) or best local (L) model needed to reach it; 0 if it never did.
+A method is named alone (`allreduce`) or with options (`ec_dnn:ensemble=margin:tau=128`).
+summary.csv has one row per run; the console table is lowband.table's, the same as the report's
+(seeds pooled, one reference: the target accuracy, and speed-up against Allreduce).
 """
 
 from __future__ import annotations
 
 import csv
-import tomllib
 import os
 import time
 from importlib import resources
 
-from lowband import config as C
-from lowband import runs
-from lowband.errors import ConfigError, UsageError
-from lowband.metrics import human_bytes, median, read_metrics
+import tomllib
 
-COLUMNS = ["label", "method", "workers", "final_acc", "final_acc_L", "best_acc", "epochs",
-           "bytes_sent_per_worker", "train_s", "samples_per_s", "speed_G", "speed_L", "status", "run_dir"]
+from lowband import config as C
+from lowband import runs, table
+from lowband.errors import ConfigError, UsageError
+from lowband.metrics import median, read_metrics
+
+COLUMNS = ["label", "method", "seed", "workers", "val_acc", "val_acc_L", "final_acc", "final_acc_L", "best_val_acc",
+           "epochs", "samples", "bytes_sent_per_worker", "train_s", "samples_per_s", "speedup", "status", "run_dir"]
 
 
 def suite_names() -> list[str]:
@@ -120,17 +120,21 @@ def run_prepare(command: str) -> int:
 
 
 def summarize(label: str, cfg: C.Config, run_dir: str, code: int) -> dict:
+    """One run's row of summary.csv (final figures of its global model; `final_acc` is test accuracy),
+    plus its records and link for the comparison table."""
     records = read_metrics(run_dir)
-    done = [r for r in records if r.get("test_acc") is not None]
-    last = records[-1] if records else {}
+    done = [r for r in records if r.get("val_acc") is not None or r.get("test_acc") is not None]
+    last, end = (records[-1] if records else {}), (done[-1] if done else {})
     return {
-        "label": label, "method": cfg.method.name, "workers": runs.world_size(cfg),
-        "final_acc": done[-1]["test_acc"] if done else None, "final_acc_L": done[-1]["test_acc_L"] if done else None,
-        "best_acc": max(r["test_acc"] for r in done) if done else None,
-        "epochs": last.get("epoch", 0), "bytes_sent_per_worker": last.get("bytes_sent_per_worker", 0.0),
-        "train_s": last.get("time", {}).get("train_s", 0.0), "speed_G": None, "speed_L": None,
+        "label": label, "method": cfg.method.name, "seed": cfg.train.seed, "workers": runs.world_size(cfg),
+        "val_acc": end.get("val_acc"), "val_acc_L": end.get("val_acc_L"),
+        "final_acc": end.get("test_acc"), "final_acc_L": end.get("test_acc_L"),
+        "best_val_acc": max((r["val_acc"] for r in done if r.get("val_acc") is not None), default=None),
+        "epochs": last.get("epoch", 0), "samples": last.get("samples"),
+        "bytes_sent_per_worker": last.get("bytes_sent_per_worker", 0.0),
+        "train_s": last.get("time", {}).get("train_s", 0.0), "speedup": None,
         "samples_per_s": median([r["samples_per_s"] for r in records if r.get("samples_per_s")]),
-        "status": "ok" if code == 0 else f"failed ({code})", "run_dir": run_dir, "_records": done,
+        "status": "ok" if code == 0 else f"failed ({code})", "run_dir": run_dir, "records": records,
     }
 
 
@@ -139,15 +143,11 @@ def time_to(records: list[dict], key: str, target: float) -> float | None:
     return next((r["time"]["train_s"] for r in records if r.get(key) is not None and r[key] >= target), None)
 
 
-def add_speed(rows: list[dict]) -> None:
-    ref = next((r for r in rows if r["method"] == "local_sgd" and r["final_acc"] is not None), None)
-    if ref is None:
-        return
-    t_ref = time_to(ref["_records"], "test_acc", ref["final_acc"])
+def add_speed(rows: list[dict], target: float | None = None) -> None:
+    """Give every run the comparison table's speed-up of its label (one reference: see lowband.table)."""
+    by_label = {r["label"]: r["speedup"] for r in table.rows(rows, target)[0]}
     for r in rows:
-        for key, col in (("test_acc", "speed_G"), ("test_acc_L", "speed_L")):
-            t = time_to(r["_records"], key, ref["final_acc"])
-            r[col] = 0.0 if t is None else t_ref / max(t, 1e-9)
+        r["speedup"] = by_label.get(r["label"])
 
 
 def write_csv(rows: list[dict], path: str) -> None:
@@ -158,23 +158,13 @@ def write_csv(rows: list[dict], path: str) -> None:
         writer.writerows(rows)
 
 
-def format_table(rows: list[dict]) -> str:
-    speed = any(r["speed_G"] is not None for r in rows)
-    head = ["method", "workers", "final acc", "acc L", "best acc", "epochs", "sent/worker", "train s", "samples/s"]
-    head += ["speed G", "speed L"] if speed else []
-    fmt = lambda v, d=4: "-" if v is None else f"{v:.{d}f}"  # noqa: E731
-    body = []
-    for r in rows:
-        cells = [r["label"], str(r["workers"]), fmt(r["final_acc"]), fmt(r["final_acc_L"]), fmt(r["best_acc"]),
-                 str(r["epochs"]), human_bytes(r["bytes_sent_per_worker"]), f"{r['train_s']:.1f}",
-                 fmt(r.get("samples_per_s"), 0)]
-        cells += [fmt(r["speed_G"], 2), fmt(r["speed_L"], 2)] if speed else []
-        body.append(cells + ([] if r["status"] == "ok" else [r["status"]]))
-    widths = [max(len(row[i]) if i < len(row) else 0 for row in [head] + body) for i in range(len(head) + 1)]
-    line = lambda cells: "  ".join(c.ljust(w) for c, w in zip(cells, widths)).rstrip()  # noqa: E731
-    return "\n".join([line(head), line(["-" * w for w in widths[:len(head)]])] + [line(b) for b in body])
+def format_table(rows: list[dict], target: float | None = None) -> str:
+    """The comparison table (lowband.table) of these runs, as plain text, with its target."""
+    body, target, why = table.rows(rows, target)
+    return table.text(body) + "\n\n" + table.describe_target(target, why)
 
 
-def print_summary(rows: list[dict], folder: str) -> None:
-    print("\n" + format_table(rows))
-    print(f"\nruns, summary.csv and report.md/report.html (plots: accuracy vs epoch, bytes, time) in {folder}")
+def print_summary(rows: list[dict], folder: str, target: float | None = None) -> None:
+    print("\n" + format_table(rows, target))
+    print(f"\nruns, summary.csv and report.md/report.html (plots: accuracy against epoch, bytes and time; "
+          f"projected time to target against link rate; accuracy against bytes) in {folder}")

@@ -1,11 +1,15 @@
-"""A comparison's report: plots and a table, as report.md (PNG files beside it) and report.html.
+"""A comparison's report, report.md (PNG files beside it) and report.html: which method for my link?
 
-Plots: test accuracy against epoch, against bytes sent per worker (log scale) and against
-training time. Table, per method: final accuracy, and the epochs, bytes per worker and seconds
-it took to first reach the target accuracy (default: the Allreduce run's final accuracy), and
-its speed-up over Allreduce (Allreduce's seconds to target / the method's). Also the machine and
-the link the runs had. Two or more comparison directories can be overlaid. Where a run used
-EDL-Dist teacher servers, one more plot: its rank 0's soft-label buffer and teachers held over time.
+It answers with the comparison table (lowband.table: seeds pooled as mean ± sd, one target:
+the given one or Allreduce's mean final validation accuracy) and, from each run's compute
+seconds and messages, the projected training time to the target on links from 1 mbit/s to
+10 gbit/s (lowband.projection), with a sentence per link class naming the fastest method and the
+one that sends the fewest bytes. Plots (lowband.report_plots): projected seconds to target
+against link rate, final validation accuracy against bytes per worker (Pareto), and validation
+accuracy against epoch, bytes and training time. When the comparison tuned a setting
+(tuning.csv), a table of the values tried. Where a run used EDL-Dist teacher servers, one more
+plot: its rank 0's soft-label buffer and teachers held over time. Several comparison directories
+can be overlaid, their labels prefixed by names given with `labels` (default: directory names).
 """
 
 from __future__ import annotations
@@ -15,64 +19,143 @@ import csv
 import html
 import os
 import platform
-import tomllib
+import re
 
 import matplotlib
+import tomllib
 
 matplotlib.use("Agg")
-import matplotlib.pyplot as plt  # noqa: E402
-import matplotlib.ticker  # noqa: E402
+import matplotlib.pyplot as plt
+import matplotlib.ticker
 
-from lowband.metrics import human_bytes, median, read_metrics  # noqa: E402
-from lowband.rundir import RunDir  # noqa: E402
+from lowband import projection, report_plots, table
+from lowband.comm.links import LinkSpec
+from lowband.errors import UsageError
+from lowband.metrics import human_bytes, read_metrics
+from lowband.rundir import RunDir
 
-PLOTS = [("acc_epoch", "epoch", "epoch", False), ("acc_bytes", "bytes_sent_per_worker", "bytes sent per worker", True),
-         ("acc_time", "train_s", "training time (s)", False)]
+PLOTS = [("acc_epoch", "epoch", "epoch"), ("acc_bytes", "bytes", "bytes sent per worker"),
+         ("acc_time", "time", "training time (s)")]
 
 
-def load_runs(folders: list[str]) -> list[dict]:
-    """Every run of the comparison directories, with its evaluated epoch records."""
+def prefixes(folders: list[str], labels: list[str] | None) -> list[str]:
+    """What each folder's labels are prefixed with: the given names, else directory names (one folder: none)."""
+    if labels is not None:
+        if len(labels) != len(folders) or not all(labels):
+            raise UsageError(f"--labels={','.join(labels)!r} names {len(labels)} comparisons; "
+                             f"give one non-empty name per directory ({len(folders)})")
+        return [f"{name}/" for name in labels]
+    if len(folders) == 1:
+        return [""]
+    return [f"{os.path.basename(os.path.normpath(folder))}/" for folder in folders]
+
+
+def read_config(run_dir: str) -> dict:
+    path = os.path.join(run_dir, "config.toml")
+    if not os.path.exists(path):
+        return {}
+    with open(path, "rb") as f:
+        return tomllib.load(f)
+
+
+def load_run(row: dict, folder: str, prefix: str) -> dict:
+    run_dir = row["run_dir"] if os.path.isabs(row["run_dir"]) else os.path.join(folder, os.path.basename(row["run_dir"]))
+    config = read_config(run_dir)
+    return {"label": prefix + row["label"], "method": row["method"], "workers": row["workers"],
+            "seed": int(row.get("seed") or 0), "status": row.get("status") or "ok", "run_dir": run_dir,
+            "records": read_metrics(run_dir), "link": projection.run_link(config),
+            "link_mode": config.get("link", {}).get("mode", "model")}
+
+
+def load_runs(folders: list[str], labels: list[str] | None = None) -> list[dict]:
+    """Every run of the comparison directories (one summary.csv row each), with its metrics records."""
     runs = []
-    for folder in folders:
-        prefix = f"{os.path.basename(os.path.normpath(folder))}/" if len(folders) > 1 else ""
+    for folder, prefix in zip(folders, prefixes(folders, labels)):
         with open(os.path.join(folder, "summary.csv")) as f:
-            for row in csv.DictReader(f):
-                run_dir = row["run_dir"] if os.path.isabs(row["run_dir"]) else os.path.join(folder, os.path.basename(row["run_dir"]))
-                records = [r for r in read_metrics(run_dir) if r.get("test_acc") is not None]
-                runs.append({"label": prefix + row["label"], "method": row["method"], "workers": row["workers"],
-                             "run_dir": run_dir, "records": records})
+            runs += [load_run(row, folder, prefix) for row in csv.DictReader(f)]
     return runs
 
 
-def first_reaching(records: list[dict], target: float) -> dict | None:
-    return next((r for r in records if r["test_acc"] >= target), None)
+def load_tuning(folders: list[str], labels: list[str] | None = None) -> list[dict]:
+    """Rows of each folder's tuning.csv (label, field, value, val_acc, chosen), labels prefixed."""
+    out = []
+    for folder, prefix in zip(folders, prefixes(folders, labels)):
+        path = os.path.join(folder, "tuning.csv")
+        if os.path.exists(path):
+            with open(path) as f:
+                out += [{**row, "label": prefix + row["label"]} for row in csv.DictReader(f)]
+    return out
 
 
-def pick_target(runs: list[dict], target: float | None, reference: str = "allreduce") -> tuple[float | None, str]:
+def tuning_table(rows: list[dict]) -> list[str]:
+    """Markdown: per label and field, the values tried with their validation accuracy, and the chosen one."""
+    if not rows:
+        return []
+    tried: dict[tuple[str, str], list[dict]] = {}
+    for r in rows:
+        tried.setdefault((r["label"], r["field"]), []).append(r)
+    lines = ["| method | setting | values tried (validation accuracy) | chosen |", "|---|---|---|---|"]
+    for (label, field), values in tried.items():
+        chosen = [v["value"] for v in values if str(v.get("chosen", "")).strip().lower() in ("1", "true", "yes")]
+        shown = ", ".join(f"{v['value']} ({_acc(v['val_acc'])})" for v in values)
+        lines.append(f"| {label} | {field} | {shown} | {', '.join(chosen) or '-'} |")
+    return lines
+
+
+def _acc(text: str) -> str:
+    try:
+        return f"{float(text):.4f}"
+    except (TypeError, ValueError):
+        return "-"
+
+
+# ---- projection onto other links -------------------------------------------------------------
+def projected(runs: list[dict], epoch: int | None, link: LinkSpec) -> float | None:
+    """Mean over seeds of the projected training seconds through `epoch` on `link` (None: never)."""
+    if epoch is None:
+        return None
+    secs = [projection.seconds_through(r["records"], epoch, link, r["link"]) for r in runs]
+    secs = [s for s in secs if s is not None]
+    return sum(secs) / len(secs) if secs else None
+
+
+def goal_epochs(rows: list[dict], groups: dict[str, list[dict]], target: float | None) -> dict[str, int | None]:
+    """Per label, the epoch projections run to: the target's (mean curve), or without a target the last one."""
     if target is not None:
-        return target, "given"
-    ref = next((r for r in runs if r["method"] == reference and r["records"]), None)
-    if ref is None:
-        return None, "none (no Allreduce run)"
-    return ref["records"][-1]["test_acc"], f"final accuracy of {ref['label']}"
+        return {r["label"]: r["epochs_to_target"] for r in rows}
+    return {label: (table.mean_curve(g)[-1][0] if table.mean_curve(g) else None) for label, g in groups.items()}
 
 
-def table_rows(runs: list[dict], target: float | None) -> list[dict]:
-    ref = next((r for r in runs if r["method"] == "allreduce"), None)
-    ref_hit = first_reaching(ref["records"], target) if ref and target is not None else None
-    rows = []
-    for run in runs:
-        last = run["records"][-1] if run["records"] else None
-        hit = first_reaching(run["records"], target) if target is not None else None
-        speedup = ref_hit["time"]["train_s"] / max(hit["time"]["train_s"], 1e-9) if hit and ref_hit else None
-        rows.append({"label": run["label"], "workers": run["workers"],
-                     "final_acc": last["test_acc"] if last else None,
-                     "bytes_total": last["bytes_sent_per_worker"] if last else None,
-                     "epochs_to_target": hit["epoch"] if hit else None,
-                     "bytes_to_target": hit["bytes_sent_per_worker"] if hit else None,
-                     "seconds_to_target": hit["time"]["train_s"] if hit else None, "speedup": speedup,
-                     "samples_per_s": median([r["samples_per_s"] for r in run["records"] if r.get("samples_per_s")])})
-    return rows
+def sweep(groups: dict[str, list[dict]], goals: dict[str, int | None], rates: list[float],
+          latency_s: float) -> dict[str, list[float | None]]:
+    return {label: [projected(g, goals[label], LinkSpec(rate, latency_s)) for rate in rates]
+            for label, g in groups.items()}
+
+
+def link_sentences(rows: list[dict], groups: dict[str, list[dict]], goals: dict[str, int | None],
+                   latency_s: float, has_target: bool) -> list[str]:
+    """One sentence per link class: the fastest label to target there, and the one with fewest bytes."""
+    goal = "to target" if has_target else "to finish training"
+    reach = [r for r in rows if goals[r["label"]] is not None]
+    by_bytes = min(reach, key=lambda r: _bytes_at_goal(r, groups, goals), default=None)
+    ref = next((r["label"] for r in reach if r["method"] == table.REFERENCE), None)
+    out = []
+    for name, rate in projection.LINK_CLASSES.items():
+        link = LinkSpec(rate, latency_s)
+        secs = {r["label"]: projected(groups[r["label"]], goals[r["label"]], link) for r in reach}
+        if not secs:
+            out.append(f"At {name} no method reaches the target.")
+            continue
+        best = min(secs, key=secs.get)
+        versus = f"; {ref} {secs[ref]:.1f} s" if ref is not None and ref != best else ""
+        out.append(f"At {name} the fastest {goal} is {best} ({secs[best]:.1f} s{versus}), the fewest bytes "
+                   f"{by_bytes['label']} ({human_bytes(_bytes_at_goal(by_bytes, groups, goals))} per worker).")
+    return out
+
+
+def _bytes_at_goal(row: dict, groups: dict[str, list[dict]], goals: dict[str, int | None]) -> float:
+    value = table.at_epoch(groups[row["label"]], goals[row["label"]], lambda r: r.get("bytes_sent_per_worker", 0.0))
+    return value or 0.0
 
 
 def distill_timelines(runs: list[dict]) -> list[tuple[str, list[dict]]]:
@@ -98,29 +181,8 @@ def plot_distill(timelines: list[tuple[str, list[dict]]], path: str) -> None:
     bottom.set_xlabel("time since the reader started (s), rank 0")
     for ax in (top, bottom):
         ax.grid(alpha=0.3)
-    top.legend(fontsize=7, loc="upper right")
-    fig.tight_layout()
-    fig.savefig(path)
-    plt.close(fig)
-
-
-def plot(runs: list[dict], key: str, xlabel: str, log: bool, target: float | None, path: str) -> None:
-    fig, ax = plt.subplots(figsize=(7, 4.2), dpi=100)
-    for run in runs:
-        xs = [r["epoch"] if key == "epoch" else (r[key] if key in r else r["time"][key]) for r in run["records"]]
-        if log:
-            xs = [max(x, 1.0) for x in xs]  # methods that send nothing sit at 1 byte
-        ax.plot(xs, [r["test_acc"] for r in run["records"]], marker=".", label=run["label"])
-    if target is not None:
-        ax.axhline(target, color="grey", linestyle="--", linewidth=1, label=f"target {target:.4f}")
-    if log:
-        ax.set_xscale("log")
-    ax.set_xlabel(xlabel)
-    ax.set_ylabel("test accuracy")
-    ax.grid(alpha=0.3)
-    ax.legend(fontsize=7, loc="lower right")
-    fig.tight_layout()
-    fig.savefig(path)
+    top.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.savefig(path, bbox_inches="tight")
     plt.close(fig)
 
 
@@ -146,60 +208,95 @@ def link_of(runs: list[dict]) -> str:
     return "; ".join(sorted(seen)) or "unknown"
 
 
-def fmt(v, kind: str) -> str:
-    if v is None:
-        return "never" if kind in ("epochs", "bytes_t", "secs") else "-"
-    return {"acc": f"{v:.4f}", "bytes": human_bytes(v), "bytes_t": human_bytes(v), "epochs": str(v),
-            "secs": f"{v:.1f}", "x": f"{v:.2f}x", "rate": f"{v:.0f}"}[kind]
 
-
-COLUMNS = [("label", "method", None), ("workers", "workers", None), ("final_acc", "final acc", "acc"),
-           ("bytes_total", "sent/worker", "bytes"), ("epochs_to_target", "epochs to target", "epochs"),
-           ("bytes_to_target", "bytes to target", "bytes_t"), ("seconds_to_target", "seconds to target", "secs"),
-           ("speedup", "speed-up vs allreduce", "x"), ("samples_per_s", "samples/s", "rate")]
-
-
-def cells(row: dict) -> list[str]:
-    return [str(row[k]) if kind is None else fmt(row[k], kind) for k, _, kind in COLUMNS]
-
-
-def build(folders: list[str], out: str | None = None, target: float | None = None) -> str:
+def build(folders: list[str], out: str | None = None, target: float | None = None,
+          labels: list[str] | None = None, latency_s: float = 0.0) -> str:
     """Write report.md, report.html and the plots into `out` (default: the first folder); returns report.md."""
     out = out or folders[0]
     os.makedirs(out, exist_ok=True)
-    runs = load_runs(folders)
-    target, why = pick_target(runs, target)
-    for name, key, xlabel, log in PLOTS:
-        plot(runs, key, xlabel, log, target, os.path.join(out, f"{name}.png"))
-    images = [name for name, *_ in PLOTS]
-    timelines = distill_timelines(runs)
-    if timelines:
-        plot_distill(timelines, os.path.join(out, "distill.png"))
-        images.append("distill")
-    rows = table_rows(runs, target)
-    head = [title for _, title, _ in COLUMNS]
-    facts = [f"Target accuracy: {'-' if target is None else f'{target:.4f}'} ({why})",
-             f"Machine: {machine()}", f"Link: {link_of(runs)}", f"Comparisons: {', '.join(folders)}"]
-    md = ["# lowband comparison", "", *[f"- {f}" for f in facts], "", "| " + " | ".join(head) + " |",
-          "|" + "---|" * len(head), *["| " + " | ".join(cells(r)) + " |" for r in rows], ""]
-    md += [f"![{name}]({name}.png)" for name in images]
+    runs = load_runs(folders, labels)
+    rows, target, why = table.rows(runs, target)
+    groups = table.groups(runs)
+    md = ["# lowband comparison", "", *[f"- {f}" for f in facts(runs, folders, target, why)], ""]
+    md += answer(rows, groups, target, latency_s, out) + [""]
+    md += ["## Results", "", ("Mean ± sd over seeds; accuracies of the final model, validation split unless "
+           "marked test; `to target` = first epoch at which the mean validation accuracy reaches the target."), ""]
+    md += table.markdown(rows) + [""]
+    tuning = tuning_table(load_tuning(folders, labels))
+    md += ["## Tuning", "", *tuning, ""] if tuning else []
+    md += ["## Plots", "", *plots(runs, rows, groups, target, out)]
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write("\n".join(md) + "\n")
-    write_html(os.path.join(out, "report.html"), facts, head, [cells(r) for r in rows], out, images)
+    write_html(os.path.join(out, "report.html"), md, out)
     return os.path.join(out, "report.md")
 
 
-def write_html(path: str, facts: list[str], head: list[str], body: list[list[str]], folder: str,
-               names: list[str]) -> None:
-    images = []
-    for name in names:
-        with open(os.path.join(folder, f"{name}.png"), "rb") as f:
-            images.append(f'<img alt="{name}" src="data:image/png;base64,{base64.b64encode(f.read()).decode()}">')
-    rows = "".join("<tr>" + "".join(f"<td>{html.escape(c)}</td>" for c in r) + "</tr>" for r in body)
-    page = (f"<!doctype html><meta charset='utf-8'><title>lowband comparison</title>"
-            f"<style>body{{font-family:sans-serif;max-width:1000px;margin:2em auto}}table{{border-collapse:collapse}}"
-            f"td,th{{border:1px solid #ccc;padding:3px 8px;text-align:right}}td:first-child{{text-align:left}}</style>"
-            f"<h1>lowband comparison</h1><ul>{''.join(f'<li>{html.escape(x)}</li>' for x in facts)}</ul>"
-            f"<table><tr>{''.join(f'<th>{html.escape(h)}</th>' for h in head)}</tr>{rows}</table>{''.join(images)}")
+def facts(runs: list[dict], folders: list[str], target: float | None, why: str) -> list[str]:
+    return [table.describe_target(target, why), f"Machine: {machine()}", f"Link: {link_of(runs)}",
+            f"Comparisons: {', '.join(folders)}"]
+
+
+def answer(rows: list[dict], groups: dict[str, list[dict]], target: float | None, latency_s: float,
+           out: str) -> list[str]:
+    """The section that answers "which method for my link": sentences and the link-rate plot."""
+    goals = goal_epochs(rows, groups, target)
+    rates = projection.rates()
+    ylabel = "projected seconds to target" if target is not None else "projected seconds to finish training"
+    report_plots.link_sweep(sweep(groups, goals, rates, latency_s), rates, projection.LINK_CLASSES,
+                            ylabel, os.path.join(out, "time_link.png"))
+    latency = f"{latency_s * 1e3:g} ms latency per message" if latency_s else "no latency"
+    return ["## Which method for my link", "", *link_sentences(rows, groups, goals, latency_s, target is not None),
+            "", (f"Projected from each run's compute seconds and messages as the modelled link charges them "
+                 f"(bytes × 8 / rate, {latency}); the measured link's transfer time is taken out first. "
+                 "Methods that overlap messages with computing are projected as if they did not (an upper bound)."),
+            "", "![time_link](time_link.png)"]
+
+
+def plots(runs: list[dict], rows: list[dict], groups: dict[str, list[dict]], target: float | None,
+          out: str) -> list[str]:
+    report_plots.pareto(rows, target, os.path.join(out, "pareto.png"))
+    names = ["pareto"]
+    for name, key, xlabel in PLOTS:
+        report_plots.accuracy(groups, key, xlabel, target, os.path.join(out, f"{name}.png"))
+        names.append(name)
+    timelines = distill_timelines(runs)
+    if timelines:
+        plot_distill(timelines, os.path.join(out, "distill.png"))
+        names.append("distill")
+    return [f"![{name}]({name}.png)" for name in names]
+
+
+def write_html(path: str, md: list[str], folder: str) -> None:
+    """report.md's lines as HTML (headings, bullets, tables, images inlined, paragraphs)."""
+    parts, table_rows = [], []
+    for line in md + [""]:
+        if line.startswith("|"):
+            if "---|" not in line:
+                table_rows.append([html.escape(c.strip()) for c in line.strip().strip("|").split("|")])
+            continue
+        if table_rows:
+            head, *body = table_rows
+            parts.append("<table><tr>" + "".join(f"<th>{c}</th>" for c in head) + "</tr>"
+                         + "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in body) + "</table>")
+            table_rows = []
+        parts.append(_html_line(line, folder))
+    page = ("<!doctype html><meta charset='utf-8'><title>lowband comparison</title>"
+            "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse}"
+            "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:first-child{text-align:left}"
+            "img{max-width:100%;display:block;margin:1em 0}</style>" + "".join(parts))
     with open(path, "w") as f:
         f.write(page)
+
+
+def _html_line(line: str, folder: str) -> str:
+    image = re.fullmatch(r"!\[(\w+)\]\((\S+)\)", line)
+    if image:
+        with open(os.path.join(folder, image.group(2)), "rb") as f:
+            data = base64.b64encode(f.read()).decode()
+        return f'<img alt="{image.group(1)}" src="data:image/png;base64,{data}">'
+    level = len(line) - len(line.lstrip("#"))
+    if level:
+        return f"<h{level}>{html.escape(line[level:].strip())}</h{level}>"
+    if line.startswith("- "):
+        return f"<li>{html.escape(line[2:])}</li>"
+    return f"<p>{html.escape(line)}</p>" if line else ""

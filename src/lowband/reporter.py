@@ -34,7 +34,7 @@ class RankFigures:
     samples: int
     test_acc: float | None = None  # this rank's own model; None when the epoch was not evaluated
     val_acc: float | None = None
-    bytes: dict[str, dict[str, float]] = field(default_factory=dict)  # tag -> {"sent", "recv"}, cumulative
+    bytes: dict[str, dict[str, float]] = field(default_factory=dict)  # tag -> {"sent", "recv", "calls", "wire"}
 
     @property
     def sent(self) -> float:
@@ -46,8 +46,9 @@ class RankFigures:
 
 
 def tag_bytes(comm: Communicator) -> dict[str, dict[str, float]]:
-    """The communicator's cumulative bytes per tag, for tags that moved any."""
-    return {tag: {"sent": s.sent, "recv": s.recv} for tag, s in sorted(comm.stats.items()) if s.sent or s.recv}
+    """The communicator's cumulative bytes, calls and busiest-link bytes per tag, for tags that moved any bytes."""
+    return {tag: {"sent": s.sent, "recv": s.recv, "calls": s.calls, "wire": s.wire}
+            for tag, s in sorted(comm.stats.items()) if s.sent or s.recv}
 
 
 def _mean(values: list[float]) -> float:
@@ -56,8 +57,8 @@ def _mean(values: list[float]) -> float:
 
 def _per_tag(ranks: list[RankFigures], reduce) -> dict[str, dict[str, float]]:
     tags = sorted({tag for r in ranks for tag in r.bytes})
-    return {tag: {k: reduce([r.bytes.get(tag, {}).get(k, 0.0) for r in ranks]) for k in ("sent", "recv")}
-            for tag in tags}
+    keys = ("sent", "recv", "calls", "wire")
+    return {tag: {k: reduce([r.bytes.get(tag, {}).get(k, 0.0) for r in ranks]) for k in keys} for tag in tags}
 
 
 class EpochReporter:

@@ -44,6 +44,7 @@ def test_dpsgd_matches_x_gets_wx_minus_lr_g(tmp_path):
     d = ranks[0]["before"].shape[1]
     for st in stats:  # two neighbours, d float32 values each, every step; no index
         assert st["params"]["sent"] == st["params"]["recv"] == STEPS * 2 * d * 4
+        assert st["params"]["wire"] == STEPS * d * 4  # the two neighbours' links carry theirs in parallel
         assert "index" not in st
 
 

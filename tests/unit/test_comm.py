@@ -41,4 +41,8 @@ def test_snapshot_round_trips():
     comm.count("grad", 10, 20, 0.5)
     other = Communicator()
     other.load_snapshot(comm.snapshot())
-    assert other.snapshot() == comm.snapshot() == {"grad": {"sent": 10, "recv": 20, "calls": 1, "seconds": 0.5}}
+    assert other.snapshot() == comm.snapshot() == {"grad": {"sent": 10, "recv": 20, "calls": 1, "seconds": 0.5,
+                                                            "wire": 10}}
+    older = Communicator()  # a checkpoint written before busiest-link bytes were counted
+    older.load_snapshot({"grad": {"sent": 10, "recv": 20, "calls": 1, "seconds": 0.5}})
+    assert older.stats["grad"].wire == 0.0

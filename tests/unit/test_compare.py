@@ -1,4 +1,4 @@
-"""Method specs and the EC-DNN paper's speed, from hand-made records."""
+"""Method specs and the console table (lowband.table's) from hand-made records."""
 
 import pytest
 
@@ -13,33 +13,35 @@ def test_specs_carry_method_options():
         parse_spec("ec_dnn:tau")
 
 
-def rec(train_s, acc, acc_l=None):
-    return {"time": {"train_s": train_s}, "test_acc": acc, "test_acc_L": acc if acc_l is None else acc_l}
+def rec(epoch, train_s, val, sent=0.0):
+    return {"epoch": epoch, "time": {"train_s": train_s}, "val_acc": val, "test_acc": val,
+            "bytes_sent_per_worker": sent, "samples": 100 * epoch}
 
 
 def row(method, records, label=None):
-    return {"label": label or method, "method": method, "workers": 4, "final_acc": records[-1]["test_acc"],
-            "final_acc_L": records[-1]["test_acc_L"], "best_acc": None, "epochs": len(records),
-            "bytes_sent_per_worker": 0.0, "train_s": records[-1]["time"]["train_s"], "speed_G": None,
-            "speed_L": None, "status": "ok", "_records": records}
+    return {"label": label or method, "method": method, "workers": 4, "status": "ok", "speedup": None,
+            "records": records}
 
 
-def test_speed_is_ma_time_to_its_final_accuracy_over_the_methods_time():
-    ma = row("local_sgd", [rec(10, 0.5), rec(20, 0.8), rec(30, 0.9)])
-    fast = row("ec_dnn", [rec(5, 0.7, 0.6), rec(15, 0.95, 0.85), rec(25, 0.96, 0.91)])
-    never = row("ensemble", [rec(10, 0.3), rec(20, 0.89)])
-    add_speed([ma, fast, never])
-    assert ma["speed_G"] == 1.0
-    assert fast["speed_G"] == pytest.approx(30 / 15) and fast["speed_L"] == pytest.approx(30 / 25)
-    assert never["speed_G"] == 0.0 and never["speed_L"] == 0.0
-    assert time_to(fast["_records"], "test_acc", 0.99) is None
-    assert "speed G" in format_table([ma, fast, never])
+def test_compare_prints_the_shared_table_with_one_reference():
+    ar = row("allreduce", [rec(1, 10, 0.5, 1e6), rec(2, 20, 0.8, 2e6), rec(3, 30, 0.9, 3e6)])
+    ma = row("local_sgd", [rec(1, 5, 0.7, 1e4), rec(2, 10, 0.95, 2e4)], "local_sgd:tau=16")
+    never = row("ensemble", [rec(1, 10, 0.3), rec(2, 20, 0.89)])
+    add_speed([ar, ma, never])
+    assert ar["speedup"] == 1.0 and ma["speedup"] == pytest.approx(30 / 10) and never["speedup"] is None
+    text = format_table([ar, ma, never])
+    assert "Target accuracy (validation): 0.9000 (mean final validation accuracy of allreduce)" in text
+    lines = {line.split()[0]: line for line in text.splitlines()[2:5]}
+    assert "3.00x" in lines["local_sgd:tau=16"] and "never" in lines["ensemble"] and "0 B" in lines["ensemble"]
+    assert time_to(ma["records"], "val_acc", 0.99) is None and time_to(ma["records"], "val_acc", 0.9) == 10
 
 
-def test_no_speed_columns_without_ma_dnn():
-    rows = [row("allreduce", [rec(1, 0.5)])]
-    add_speed(rows)
-    assert rows[0]["speed_G"] is None and "speed" not in format_table(rows)
+def test_a_given_target_and_no_allreduce():
+    ma = row("local_sgd", [rec(1, 5, 0.7), rec(2, 10, 0.95)])
+    add_speed([ma], target=0.9)
+    assert ma["speedup"] is None
+    assert "Target accuracy (validation): 0.9000 (given)" in format_table([ma], target=0.9)
+    assert "none (no Allreduce run and no target given)" in format_table([ma])
 
 
 def test_suites_may_prepare_and_refer_to_their_folder(tmp_path):

@@ -32,6 +32,7 @@ class TagStats:
     recv: float = 0.0
     calls: int = 0
     seconds: float = 0.0
+    wire: float = 0.0  # bytes on this rank's busiest link per call, summed: what a modelled link delays
 
 
 def launched_by_torchrun() -> bool:
@@ -119,8 +120,11 @@ class Communicator:
         return dist.get_backend(self.group) if self.group is not None else "none"
 
     # ---- accounting -------------------------------------------------------------------------
-    def count(self, tag: str, sent: float = 0.0, recv: float = 0.0, seconds: float = 0.0) -> None:
+    def count(self, tag: str, sent: float = 0.0, recv: float = 0.0, seconds: float = 0.0,
+              wire: float | None = None) -> None:
+        """Add one call to `tag`; `wire`: its bytes on the busiest link (default all `sent`, one link)."""
         s = self.stats[tag]
+        s.wire += sent if wire is None else wire
         s.sent += sent
         s.recv += recv
         s.seconds += seconds
@@ -207,7 +211,8 @@ class Communicator:
         """
         ops = [dist.P2POp(dist.isend, t.contiguous(), self._peer(p), self.group) for p, t in sends.items()]
         ops += [dist.P2POp(dist.irecv, t, self._peer(p), self.group) for p, t in recvs.items()]
-        self.count(tag, sum(_nbytes(t) for t in sends.values()), sum(_nbytes(t) for t in recvs.values()))
+        self.count(tag, sum(_nbytes(t) for t in sends.values()), sum(_nbytes(t) for t in recvs.values()),
+                   wire=max((_nbytes(t) for t in sends.values()), default=0))  # one link per peer, in parallel
         ready = max((self.link.reserve(p, _nbytes(t)) for p, t in sends.items()), default=0.0) if self.link else 0.0
         return Pending(self, tag, dist.batch_isend_irecv(ops) if ops else [], ready)
 

@@ -46,6 +46,15 @@ class LinkSpec:
         rate = "unlimited" if self.rate_bps == float("inf") else f"{self.rate_bps / 1e6:g} mbit/s"
         return rate + (f", {self.latency_s * 1e3:g} ms latency" if self.latency_s else "")
 
+    def wire_seconds(self, nbytes: float) -> float:
+        """Seconds `nbytes` occupy this link (0 when unlimited); the modelled link queues exactly this."""
+        return nbytes * 8 / self.rate_bps
+
+    def seconds(self, nbytes: float, messages: float = 1) -> float:
+        """Seconds to send `nbytes` as `messages` blocking messages one after another: wire time plus
+        one latency per message, as `LinkModel` charges them (used to project runs onto other links)."""
+        return self.wire_seconds(nbytes) + messages * self.latency_s
+
 
 def parse_link(text: str, field: str = "--link") -> LinkSpec:
     """'10mbit,20ms' -> LinkSpec(10e6, 0.02); '' or 'unlimited' -> no limit."""
@@ -84,7 +93,7 @@ class LinkModel:
         """Queue `nbytes` on `link`; returns the monotonic time at which they have arrived."""
         with self.lock:
             start = max(time.monotonic(), self.free_at[link])
-            done = start + nbytes * 8 / self.spec.rate_bps
+            done = start + self.spec.wire_seconds(nbytes)
             self.free_at[link] = done
         return done + self.spec.latency_s
 

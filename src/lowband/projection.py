@@ -1,0 +1,93 @@
+"""Project a finished run's training time onto another link, with the modelled link's own arithmetic.
+
+A run's metrics records carry, per epoch, the seconds the training loop took (`time.epoch_train_s`,
+with `compute_s` inside it) and, per tag, the cumulative bytes sent per worker, the number of
+calls and the bytes on each call's busiest link (`wire`: an exchange with two peers sends on two
+links at once). An epoch's traffic is the difference of those counters between records, over the tags that
+move during training (not the bookkeeping tags, nor "init", sent before the first epoch).
+
+On a link L the epoch is projected to take
+
+    base + L.seconds(bytes, messages)      (LinkSpec.seconds: bytes * 8 / rate + messages * latency)
+
+where `base` is what the epoch took without the link's transfer time: the measured epoch minus the
+transfer time of the link it was measured on (nothing for an unlimited run), never below its
+compute seconds. `base` keeps the backend's own per-message cost, which a modelled link also pays
+(the communicator sleeps for the transfer after the backend's call returns). Messages sent while
+computing (DDP's bucketed allreduce, gossip's posted exchanges) overlap in a real run, so for
+those methods the projection is an upper bound.
+"""
+
+from __future__ import annotations
+
+from itertools import accumulate
+
+from lowband.comm.links import LinkSpec, parse_link
+
+#: tags not sent inside the training loop (see lowband.comm.BOOKKEEPING_TAGS, and "init")
+OUTSIDE_TRAINING = frozenset({"metrics", "control", "barrier", "eval", "init"})
+
+#: link classes the report speaks of, name -> bits per second
+LINK_CLASSES = {"1 mbit": 1e6, "10 mbit": 1e7, "100 mbit": 1e8, "1 gbit": 1e9, "10 gbit": 1e10}
+
+UNLIMITED = LinkSpec(float("inf"))
+
+
+def rates(lo: float = 1e6, hi: float = 1e10, per_decade: int = 8) -> list[float]:
+    """Link rates (bit/s) evenly spaced on a log axis from `lo` to `hi`, both included."""
+    from math import log10
+
+    n = round(log10(hi / lo) * per_decade)
+    return [lo * (hi / lo) ** (i / n) for i in range(n + 1)]
+
+
+def _training_counters(record: dict) -> tuple[float, float]:
+    """(bytes on the busiest link, calls) per worker, cumulative, over the tags sent while training.
+
+    A call to several peers puts its bytes on one link per peer, in parallel: the record's `wire`
+    counts the busiest link's share; records without it fall back to all bytes sent (one link)."""
+    tags = [v for tag, v in record.get("bytes", {}).items() if tag not in OUTSIDE_TRAINING]
+    wire = sum(v.get("wire", v.get("sent", 0.0)) for v in tags)
+    return wire, sum(v.get("calls", 0.0) for v in tags if v.get("sent"))
+
+
+def traffic(records: list[dict]) -> list[tuple[float, float]]:
+    """Per epoch record: (bytes on the busiest link, messages) per worker during that epoch.
+
+    Records written before calls were counted give 0 messages: latency is then not projected."""
+    out, before = [], (0.0, 0.0)
+    for record in records:
+        now = _training_counters(record)
+        out.append((max(now[0] - before[0], 0.0), max(now[1] - before[1], 0.0)))
+        before = now
+    return out
+
+
+def epoch_seconds(records: list[dict], link: LinkSpec, measured_on: LinkSpec = UNLIMITED) -> list[float]:
+    """Projected training seconds of every epoch on `link`, from records measured on `measured_on`."""
+    out = []
+    for record, (sent, messages) in zip(records, traffic(records)):
+        t = record["time"]
+        base = max(t["epoch_train_s"] - measured_on.seconds(sent, messages), t.get("compute_s", 0.0))
+        out.append(base + link.seconds(sent, messages))
+    return out
+
+
+def seconds_through(records: list[dict], epoch: int, link: LinkSpec,
+                    measured_on: LinkSpec = UNLIMITED) -> float | None:
+    """Projected training seconds from the start through `epoch` (None: the run has no such epoch)."""
+    total = list(accumulate(epoch_seconds(records, link, measured_on)))
+    return next((s for r, s in zip(records, total) if r["epoch"] == epoch), None)
+
+
+def run_link(config: dict) -> LinkSpec:
+    """The link a run was measured on, from its config (a dict read from config.toml)."""
+    return parse_link(config.get("link", {}).get("rate", ""))
+
+
+def link_name(rate_bps: float) -> str:
+    """1e7 -> '10 mbit'."""
+    for unit, scale in (("gbit", 1e9), ("mbit", 1e6), ("kbit", 1e3)):
+        if rate_bps >= scale:
+            return f"{rate_bps / scale:g} {unit}"
+    return f"{rate_bps:g} bit"

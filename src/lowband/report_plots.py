@@ -1,0 +1,181 @@
+"""The report's plots. Every label has its own colour AND marker and line style, legends sit outside
+the axes, seeds are drawn as a mean line with a shaded band of ± one standard deviation, and runs
+that send nothing are drawn apart at the left edge of a log bytes axis, at a tick labelled "0 B".
+
+Inputs are the comparison table's run groups (label -> runs with `records`), see lowband.table.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+
+import matplotlib
+
+matplotlib.use("Agg")
+import matplotlib.pyplot as plt
+import matplotlib.ticker
+
+from lowband.metrics import human_bytes
+from lowband.table import evaluated
+
+MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h"]
+LINES = ["-", "--", "-.", ":"]
+FIGSIZE = (9, 4.4)
+
+
+def style(i: int) -> dict:
+    """Colour, marker and line style of the i-th label: no two labels share all three."""
+    colours = plt.get_cmap("tab10").colors
+    return {"color": colours[i % 10], "marker": MARKERS[i % len(MARKERS)], "linestyle": LINES[(i // 10) % len(LINES)]}
+
+
+def per_epoch(runs: list[dict], value) -> list[tuple[int, float, float, float]]:
+    """(epoch, mean x, mean y, sd y) at every epoch all runs evaluated; `value(record)` -> (x, y)."""
+    by_epoch: dict[int, list[tuple[float, float]]] = {}
+    for run in runs:
+        for r in evaluated(run):
+            by_epoch.setdefault(r["epoch"], []).append(value(r))
+    out = []
+    for epoch in sorted(e for e, v in by_epoch.items() if len(v) == len(runs)):
+        xs, ys = zip(*by_epoch[epoch])
+        out.append((epoch, statistics.fmean(xs), statistics.fmean(ys), statistics.stdev(ys) if len(ys) > 1 else 0.0))
+    return out
+
+
+def zero_position(values: list[float]) -> float:
+    """Where 0 bytes sit on a log axis: a decade below the smallest positive value."""
+    positive = [v for v in values if v > 0]
+    return 10 ** (math.floor(math.log10(min(positive))) - 1) if positive else 1e3
+
+
+def bytes_axis(ax, values: list[float], axis: str = "x") -> float:
+    """Make `axis` a log bytes axis with a "0 B" tick at the left edge; returns where 0 is drawn."""
+    zero = zero_position(values)
+    top = max([v for v in values if v > 0], default=zero * 10)
+    ticks = [zero] + [10.0 ** k for k in range(int(math.log10(zero)) + 1, math.floor(math.log10(top)) + 2)]
+    label = lambda v, _: "0 B" if math.isclose(v, zero) else human_bytes(v)
+    target = ax.xaxis if axis == "x" else ax.yaxis
+    (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
+    target.set_major_locator(matplotlib.ticker.FixedLocator(ticks))
+    target.set_major_formatter(matplotlib.ticker.FuncFormatter(label))
+    target.set_minor_locator(matplotlib.ticker.NullLocator())
+    (ax.axvline if axis == "x" else ax.axhline)(zero * 3, color="0.6", linestyle=(0, (1, 3)), linewidth=1)
+    return zero
+
+
+def short_bytes(n: float) -> str:
+    """1e5 -> '100 kB' (tick labels: no decimals unless needed)."""
+    for unit, scale in (("GB", 1e9), ("MB", 1e6), ("kB", 1e3)):
+        if n >= scale:
+            return f"{n / scale:g} {unit}"
+    return f"{n:g} B"
+
+
+def finish(fig, ax, path: str, legend: bool = True) -> None:
+    ax.grid(alpha=0.3)
+    if legend:
+        ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
+    fig.savefig(path, bbox_inches="tight", dpi=100)
+    plt.close(fig)
+
+
+def target_line(ax, target: float | None) -> None:
+    if target is not None:
+        ax.axhline(target, color="0.3", linestyle="--", linewidth=1, label=f"target {target:.4f}")
+
+
+def accuracy(groups: dict[str, list[dict]], key: str, xlabel: str, target: float | None, path: str) -> None:
+    """Mean validation accuracy (band: ± sd over seeds) against epoch, bytes per worker or train seconds."""
+    fig, ax = plt.subplots(figsize=FIGSIZE)
+    x_of = {"epoch": lambda r: r["epoch"], "bytes": lambda r: r.get("bytes_sent_per_worker", 0.0),
+            "time": lambda r: r["time"]["train_s"]}[key]
+    curves = {label: per_epoch(runs, lambda r: (x_of(r), r["val_acc"])) for label, runs in groups.items()}
+    zero = bytes_axis(ax, [p[1] for c in curves.values() for p in c]) if key == "bytes" else None
+    for i, (label, points) in enumerate(curves.items()):
+        if not points:
+            continue
+        xs = [zero if zero is not None and x <= 0 else x for _, x, _, _ in points]
+        ys, sds = [p[2] for p in points], [p[3] for p in points]
+        line = ax.plot(xs, ys, label=label, markersize=4, linewidth=1.4, **style(i))[0]
+        if any(sds):
+            ax.fill_between(xs, [y - s for y, s in zip(ys, sds)], [y + s for y, s in zip(ys, sds)],
+                            color=line.get_color(), alpha=0.15, linewidth=0)
+    if key == "epoch":
+        ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    target_line(ax, target)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel("validation accuracy (mean over seeds)")
+    finish(fig, ax, path)
+
+
+def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
+    """The points no other point beats on both fewer bytes and higher accuracy, by bytes."""
+    front, best = [], -math.inf
+    for x, y in sorted(points, key=lambda p: (p[0], -p[1])):
+        if y > best:
+            front.append((x, y))
+            best = y
+    return front
+
+
+def pareto(rows: list[dict], target: float | None, path: str) -> None:
+    """Final validation accuracy (± sd) against bytes sent per worker, one point per label."""
+    fig, ax = plt.subplots(figsize=FIGSIZE)
+    drawn = [(i, r) for i, r in enumerate(rows) if r["val_acc"] is not None and r["bytes"] is not None]
+    zero = bytes_axis(ax, [r["bytes"].mean for _, r in drawn])
+    points = []
+    for i, r in drawn:
+        x = r["bytes"].mean if r["bytes"].mean > 0 else zero
+        s = style(i)
+        ax.errorbar([x], [r["val_acc"].mean], yerr=[r["val_acc"].sd or 0.0], color=s["color"], marker=s["marker"],
+                    markersize=7, capsize=3, linestyle="none", label=r["label"])
+        points.append((x, r["val_acc"].mean))
+        ax.annotate(r["label"], (x, r["val_acc"].mean), xytext=(6, 4), textcoords="offset points", fontsize=7,
+                    color=s["color"])
+    front = pareto_front(points)
+    if len(front) > 1:
+        ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="0.5", linewidth=1,
+                linestyle="--", label="Pareto front", zorder=0)
+    target_line(ax, target)
+    ax.set_xlabel("bytes sent per worker (whole run)")
+    ax.set_ylabel("final validation accuracy")
+    finish(fig, ax, path)
+
+
+def link_sweep(curves: dict[str, list[float | None]], rates: list[float], classes: dict[str, float],
+               ylabel: str, path: str) -> None:
+    """Projected seconds (to target) against link rate, log-log, one curve per label; labels whose
+    curve is empty (never reach the target) are named in the legend."""
+    fig, ax = plt.subplots(figsize=FIGSIZE)
+    for i, (label, secs) in enumerate(curves.items()):
+        pts = [(r, s) for r, s in zip(rates, secs) if s is not None]
+        s = style(i)
+        if pts:
+            ax.plot(*zip(*pts), label=label, markevery=max(len(pts) // 8, 1), markersize=5, linewidth=1.4, **s)
+        else:
+            ax.plot([], [], label=f"{label} (never reaches target)", color=s["color"], marker=s["marker"],
+                    linestyle="none")
+    ax.set_xscale("log")
+    ax.set_yscale("log")
+    for rate in classes.values():
+        ax.axvline(rate, color="0.75", linewidth=0.8, zorder=0)
+    ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: _rate_label(v)))
+    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_seconds_label))
+    ax.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(_seconds_label))
+    ax.set_xlabel("link rate per worker (log)")
+    ax.set_ylabel(ylabel)
+    finish(fig, ax, path)
+
+
+def _seconds_label(v: float, _=None) -> str:
+    """Plain numbers on a log seconds axis, only at 1, 2 and 5 times a power of ten."""
+    lead = v / 10 ** math.floor(math.log10(v)) if v > 0 else 0
+    return f"{v:g}" if any(math.isclose(lead, d) for d in (1, 2, 5)) else ""
+
+
+def _rate_label(v: float) -> str:
+    for unit, scale in (("gbit/s", 1e9), ("mbit/s", 1e6), ("kbit/s", 1e3)):
+        if v >= scale:
+            return f"{v / scale:g} {unit}"
+    return f"{v:g} bit/s"

@@ -1,0 +1,192 @@
+"""The one comparison table, which `compare` prints and `report` writes: a row per label, seeds pooled.
+
+Input: runs, each a dict with `label`, `method`, `workers`, `status` and `records` (its metrics
+records, in epoch order). Runs sharing a label are the seeds of one configuration; figures are
+their mean ± sample standard deviation.
+
+One reference, the target accuracy: a number when the suite or the user gives one, else the
+mean final validation accuracy of the Allreduce runs. A label "reaches" it at the first epoch at
+which its mean validation accuracy over seeds is at least the target; the epochs, bytes and
+seconds to target are the seeds' means at that epoch, and the speed-up is Allreduce's seconds to
+target over the label's. When the gap between a label's mean final validation accuracy and the
+target is smaller than its spread, the gap is marked "within noise". Every figure that selects
+(target, to-target, best) reads validation accuracy; test accuracy is reported for the final model.
+"""
+
+from __future__ import annotations
+
+import statistics
+from dataclasses import dataclass
+
+from lowband.metrics import human_bytes
+
+REFERENCE = "allreduce"
+
+
+@dataclass(frozen=True)
+class Stat:
+    """Mean and sample standard deviation over seeds (sd None with one value)."""
+
+    mean: float
+    sd: float | None
+    n: int
+
+    @staticmethod
+    def of(values: list[float]) -> Stat | None:
+        values = [float(v) for v in values if v is not None]
+        if not values:
+            return None
+        return Stat(statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None, len(values))
+
+    def show(self, fmt) -> str:
+        return fmt(self.mean) + ("" if self.sd is None else f" ± {fmt(self.sd)}")
+
+
+def evaluated(run: dict) -> list[dict]:
+    return [r for r in run["records"] if r.get("val_acc") is not None]
+
+
+def groups(runs: list[dict]) -> dict[str, list[dict]]:
+    """Runs by label, labels in order of first appearance."""
+    out: dict[str, list[dict]] = {}
+    for run in runs:
+        out.setdefault(run["label"], []).append(run)
+    return out
+
+
+def final(runs: list[dict], key: str) -> Stat | None:
+    """`key` of each run's last evaluated record, over the runs that have one."""
+    return Stat.of([evaluated(r)[-1].get(key) for r in runs if evaluated(r)])
+
+
+def mean_curve(runs: list[dict], key: str = "val_acc") -> list[tuple[int, float]]:
+    """(epoch, mean of `key` over the runs) at every epoch all of them evaluated."""
+    done = [{r["epoch"]: r[key] for r in evaluated(run) if r.get(key) is not None} for run in runs]
+    done = [d for d in done if d]
+    if not done:
+        return []
+    common = sorted(set.intersection(*(set(d) for d in done)))
+    return [(e, statistics.fmean(d[e] for d in done)) for e in common]
+
+
+def hit_epoch(runs: list[dict], target: float | None) -> int | None:
+    """The first epoch at which the runs' mean validation accuracy reaches `target` (None: never)."""
+    if target is None:
+        return None
+    return next((e for e, acc in mean_curve(runs) if acc >= target), None)
+
+
+def at_epoch(runs: list[dict], epoch: int, value) -> float | None:
+    """Mean over the runs of `value(record)` for their record of `epoch`."""
+    stat = Stat.of([value(r) for run in runs for r in run["records"] if r["epoch"] == epoch])
+    return stat.mean if stat else None
+
+
+def reference(runs: list[dict], target: float | None) -> tuple[float | None, str]:
+    """(target accuracy, why): the given number, else Allreduce's mean final validation accuracy."""
+    if target is not None:
+        return target, "given"
+    ref = next((g for g in groups(runs).values() if g[0]["method"] == REFERENCE and final(g, "val_acc")), None)
+    if ref is None:
+        return None, "none (no Allreduce run and no target given)"
+    stat = final(ref, "val_acc")
+    seeds = f" over {stat.n} seeds" if stat.n > 1 else ""
+    return stat.mean, f"mean final validation accuracy of {ref[0]['label']}{seeds}"
+
+
+def row(label: str, runs: list[dict], target: float | None) -> dict:
+    ok = [r for r in runs if r["status"] == "ok"]
+    val, hit = final(runs, "val_acc"), hit_epoch(runs, target)
+    last = [r["records"][-1] for r in runs if r["records"]]
+    gap = None if val is None or target is None else val.mean - target
+    return {
+        "label": label, "method": runs[0]["method"], "workers": runs[0]["workers"], "seeds": len(runs),
+        "status": "ok" if len(ok) == len(runs) else f"{len(runs) - len(ok)} of {len(runs)} failed",
+        "val_acc": val, "test_acc": final(runs, "test_acc"), "val_acc_L": final(runs, "val_acc_L"),
+        "gap": gap, "within_noise": gap is not None and val.sd is not None and abs(gap) < val.sd,
+        "samples": Stat.of([r.get("samples") for r in last]),
+        "bytes": Stat.of([r.get("bytes_sent_per_worker", 0.0) for r in last]),
+        "train_s": Stat.of([r["time"]["train_s"] for r in last]),
+        "epochs_to_target": hit,
+        "bytes_to_target": None if hit is None else at_epoch(runs, hit, lambda r: r.get("bytes_sent_per_worker")),
+        "seconds_to_target": None if hit is None else at_epoch(runs, hit, lambda r: r["time"]["train_s"]),
+        "speedup": None,
+    }
+
+
+def rows(runs: list[dict], target: float | None = None) -> tuple[list[dict], float | None, str]:
+    """(one row per label, the target accuracy, why that target)."""
+    target, why = reference(runs, target)
+    out = [row(label, group, target) for label, group in groups(runs).items()]
+    ref = next((r for r in out if r["method"] == REFERENCE and r["seconds_to_target"] is not None), None)
+    for r in out:
+        if ref is not None and r["seconds_to_target"] is not None:
+            r["speedup"] = ref["seconds_to_target"] / max(r["seconds_to_target"], 1e-9)
+    return out, target, why
+
+
+# ---- rendering ---------------------------------------------------------------------------------
+def _acc(s: Stat | None) -> str:
+    return "-" if s is None else s.show(lambda v: f"{v:.4f}")
+
+
+def _gap(r: dict) -> str:
+    if r["gap"] is None:
+        return "-"
+    return f"{100 * r['gap']:+.2f} pts" + (" (within noise)" if r["within_noise"] else "")
+
+
+def _count(n: float) -> str:
+    for unit, scale in (("G", 1e9), ("M", 1e6), ("k", 1e3)):
+        if n >= scale:
+            return f"{n / scale:.2f}{unit}"
+    return f"{n:.0f}"
+
+
+def _never(v, fmt) -> str:
+    return "never" if v is None else fmt(v)
+
+
+COLUMNS = [
+    ("method", lambda r: r["label"]),
+    ("seeds", lambda r: str(r["seeds"])),
+    ("workers", lambda r: str(r["workers"])),
+    ("val acc", lambda r: _acc(r["val_acc"])),
+    ("test acc", lambda r: _acc(r["test_acc"])),
+    ("vs target", _gap),
+    ("samples", lambda r: "-" if r["samples"] is None else _count(r["samples"].mean)),
+    ("sent/worker", lambda r: "-" if r["bytes"] is None else human_bytes(r["bytes"].mean)),
+    ("train s", lambda r: "-" if r["train_s"] is None else r["train_s"].show(lambda v: f"{v:.1f}")),
+    ("epochs to target", lambda r: _never(r["epochs_to_target"], str)),
+    ("bytes to target", lambda r: _never(r["bytes_to_target"], human_bytes)),
+    ("seconds to target", lambda r: _never(r["seconds_to_target"], lambda v: f"{v:.1f}")),
+    ("speed-up vs allreduce", lambda r: "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"),
+]
+
+
+def head(table: list[dict]) -> list[str]:
+    failed = any(r["status"] != "ok" for r in table)
+    return [title for title, _ in COLUMNS] + (["status"] if failed else [])
+
+
+def cells(r: dict, width: int) -> list[str]:
+    return ([show(r) for _, show in COLUMNS] + [r["status"]])[:width]
+
+
+def markdown(table: list[dict]) -> list[str]:
+    titles = head(table)
+    return (["| " + " | ".join(titles) + " |", "|" + "---|" * len(titles)]
+            + ["| " + " | ".join(cells(r, len(titles))) + " |" for r in table])
+
+
+def text(table: list[dict]) -> str:
+    """The table as aligned plain text, for the console."""
+    titles = head(table)
+    body = [cells(r, len(titles)) for r in table]
+    widths = [max(len(line[i]) for line in [titles] + body) for i in range(len(titles))]
+    line = lambda cs: "  ".join(c.ljust(w) for c, w in zip(cs, widths)).rstrip()
+    return "\n".join([line(titles), line(["-" * w for w in widths])] + [line(b) for b in body])
+
+
+def describe_target(target: float | None, why: str) -> str:
+    return f"Target accuracy (validation): {'-' if target is None else f'{target:.4f}'} ({why})"

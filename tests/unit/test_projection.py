@@ -1,0 +1,73 @@
+"""Link projection against hand-computed seconds, and against the modelled link's own queue."""
+
+import time
+
+import pytest
+
+from lowband.comm.links import LinkModel, LinkSpec, parse_link
+from lowband.projection import epoch_seconds, link_name, rates, seconds_through, traffic
+
+MB_PER_S = LinkSpec(8e6)  # 1 MB/s
+
+
+def rec(epoch, train_s, compute_s, grad_sent, grad_calls, **extra_tags):
+    tags = {"grad": {"sent": grad_sent, "recv": grad_sent, "calls": grad_calls}, **extra_tags}
+    return {"epoch": epoch, "bytes": tags, "time": {"epoch_train_s": train_s, "compute_s": compute_s}}
+
+
+# cumulative counters: epoch 1 sends 1 MB in 10 messages, epoch 2 another 2 MB in 10 messages;
+# "init" (before training) and "metrics" (bookkeeping) never count
+INIT = {"sent": 5e5, "recv": 5e5, "calls": 3}
+RECORDS = [rec(1, 2.0, 1.5, 1e6, 10, init=INIT, metrics={"sent": 100, "recv": 100, "calls": 1}),
+           rec(2, 3.0, 2.5, 3e6, 20, init=INIT, metrics={"sent": 200, "recv": 200, "calls": 2})]
+
+
+def test_traffic_is_per_epoch_over_training_tags():
+    assert traffic(RECORDS) == [(1e6, 10), (2e6, 10)]
+
+
+def test_an_exchange_with_two_peers_occupies_each_link_with_half():
+    gossip = [{"epoch": 1, "bytes": {"params": {"sent": 2e6, "recv": 2e6, "calls": 4, "wire": 1e6}},
+               "time": {"epoch_train_s": 1.0, "compute_s": 0.8}}]
+    assert traffic(gossip) == [(1e6, 4)]
+    assert epoch_seconds(gossip, MB_PER_S) == [pytest.approx(2.0)]
+
+
+def test_old_records_without_calls_project_no_latency():
+    old = [{"epoch": 1, "bytes": {"grad": {"sent": 4e6, "recv": 4e6}}, "time": {"epoch_train_s": 1.0}}]
+    assert traffic(old) == [(4e6, 0)]
+    assert epoch_seconds(old, LinkSpec(8e6, 0.5)) == [pytest.approx(1.0 + 4.0)]
+
+
+def test_unlimited_run_projected_onto_a_slow_link_with_latency():
+    link = LinkSpec(8e6, 0.01)
+    # epoch 1: 2.0 s measured + 1 MB at 1 MB/s + 10 x 10 ms; epoch 2: 3.0 + 2.0 + 0.1
+    assert epoch_seconds(RECORDS, link) == [pytest.approx(3.1), pytest.approx(5.1)]
+    assert seconds_through(RECORDS, 2, link) == pytest.approx(8.2)
+    assert seconds_through(RECORDS, 1, link) == pytest.approx(3.1)
+    assert seconds_through(RECORDS, 3, link) is None
+    assert epoch_seconds(RECORDS, LinkSpec(float("inf"))) == [2.0, 3.0]
+
+
+def test_a_slow_run_loses_its_own_transfer_time_first():
+    measured = [rec(1, 4.0, 1.5, 1e6, 10)]  # measured on 1 MB/s: 1 s of it was the transfer
+    assert epoch_seconds(measured, parse_link("16mbit"), MB_PER_S) == [pytest.approx(3.0 + 0.5)]
+    too_fast = [rec(1, 1.2, 0.5, 1e6, 10)]  # 1.2 - 1.0 = 0.2 s is below the compute seconds: floor there
+    assert epoch_seconds(too_fast, parse_link("unlimited"), MB_PER_S) == [pytest.approx(0.5)]
+
+
+def test_projection_charges_what_the_modelled_link_charges():
+    spec = LinkSpec(8e6, 0.02)
+    t0 = time.monotonic()
+    arrival = LinkModel(spec).reserve("ring", 100_000)
+    assert arrival - t0 == pytest.approx(spec.seconds(100_000), abs=0.005)
+    assert spec.seconds(100_000, messages=3) == pytest.approx(0.1 + 0.06)
+    assert LinkSpec(float("inf")).seconds(1e9, messages=2) == 0.0
+
+
+def test_rates_span_1_mbit_to_10_gbit_on_a_log_grid():
+    grid = rates(per_decade=2)
+    assert len(grid) == 9 and grid[0] == pytest.approx(1e6) and grid[-1] == pytest.approx(1e10)
+    assert grid[1] == pytest.approx(1e6 * 10 ** 0.5)
+    assert [link_name(r) for r in (1e6, 1e7, 2.5e8, 1e10, 5e3)] == ["1 mbit", "10 mbit", "250 mbit", "10 gbit",
+                                                                     "5 kbit"]
