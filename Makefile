@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test test-fast bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,6 +18,10 @@ demo: $(STAMP)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest tests
+
+# the inner loop: the unit layer without its slow tests (about 25 s)
+test-fast: $(STAMP)
+	$(BIN)/python -m pytest tests/unit -m "not slow"
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py

@@ -1,7 +1,14 @@
-"""Shared fixtures: run the CLI in-process or as a real subprocess, and find a process tree."""
+"""Shared fixtures: run the CLI in-process or as a real subprocess, and find a process tree.
+
+Also the suite's rules: every test gets its layer's marker from its directory (tests/unit ->
+`unit`, ...) and a time limit (pytest-timeout: 60 s in the unit layer, pyproject's default
+elsewhere); with LOWBAND_STRICT_SKIPS=1 (CI) a skip not listed in tests/skip_allowlist.txt fails
+the run.
+"""
 
 from __future__ import annotations
 
+import fnmatch
 import os
 import subprocess
 import sys
@@ -9,6 +16,49 @@ import sys
 import pytest
 
 ROOT = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+LAYERS = ("unit", "distributed", "contract", "faults")
+UNIT_TIMEOUT_S = 60
+ALLOWLIST = os.path.join(ROOT, "tests", "skip_allowlist.txt")
+
+
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        parts = os.path.relpath(str(item.path), os.path.join(ROOT, "tests")).split(os.sep)
+        if parts[0] in LAYERS:
+            item.add_marker(getattr(pytest.mark, parts[0]))
+        if parts[0] == "unit" and item.get_closest_marker("timeout") is None:
+            item.add_marker(pytest.mark.timeout(UNIT_TIMEOUT_S))
+
+
+def allowed_skips(path: str = ALLOWLIST) -> list[str]:
+    """Node-id patterns (fnmatch) of tests that may skip; one a line, `#` starts a comment."""
+    with open(path) as f:
+        return [line.split("#")[0].strip() for line in f if line.split("#")[0].strip()]
+
+
+def unexpected_skips(nodeids: list[str], patterns: list[str]) -> list[str]:
+    return [n for n in nodeids if not any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+
+
+_skipped: list[tuple[str, str]] = []
+
+
+def pytest_runtest_logreport(report):
+    if report.skipped and not hasattr(report, "wasxfail"):
+        reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
+        _skipped.append((report.nodeid, reason))
+
+
+def pytest_sessionfinish(session, exitstatus):
+    if os.environ.get("LOWBAND_STRICT_SKIPS") != "1" or exitstatus not in (0, 1):
+        return
+    bad = unexpected_skips([n for n, _ in _skipped], allowed_skips())
+    if bad:
+        reasons = dict(_skipped)
+        lines = [f"  {n}: {reasons[n]}" for n in bad]
+        sys.stderr.write(f"\n{len(bad)} test(s) skipped that tests/skip_allowlist.txt does not allow:\n"
+                         + "\n".join(lines) + "\n")
+        session.exitstatus = 1
 
 
 @pytest.fixture(autouse=True)

@@ -1,10 +1,19 @@
-"""Functions that run inside launched worker processes (via lowband.launch) for the tests."""
+"""Functions that run inside launched worker processes (via lowband.launch) for the tests, and
+`run_workers`, which launches them from a test with a deadline.
+
+Every wait here is bounded: the launcher by `run_workers`' deadline, collectives by the process
+group's timeout (60 s), the exchange waits of codistillation by `wait_s`.
+"""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import os
+import signal
+import subprocess
+import sys
 import time
 
 import torch
@@ -20,6 +29,35 @@ from lowband.models.flat import flat_state
 from lowband.trainer import train_step
 
 IN_SHAPE, CLASSES = (1, 40), 10
+LAUNCHER = """
+import json, sys
+from lowband import launch
+from lowband.comm.links import LinkSpec
+a = json.loads(sys.argv[1])
+if a["kw"].get("netns"):
+    a["kw"]["netns"] = LinkSpec(**a["kw"]["netns"])
+sys.exit(launch.run(*a["args"], **a["kw"]))
+"""
+
+
+def run_workers(entry: str, args: list[str], world: int, out_dir: str, timeout_s: float = 120.0, **kw) -> int:
+    """`lowband.launch.run(entry, args, world, out_dir, **kw)` in a launcher process of its own, so that
+    a hang becomes a test failure after `timeout_s`: the launcher is then stopped with SIGTERM (it stops
+    its workers and removes any network namespaces), or killed (its workers die with it)."""
+    if kw.get("netns") is not None:
+        kw["netns"] = dataclasses.asdict(kw["netns"])
+    spec = json.dumps({"args": [entry, args, world, str(out_dir)], "kw": kw})
+    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, spec])
+    try:
+        return launcher.wait(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        launcher.send_signal(signal.SIGTERM)
+        try:
+            launcher.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            launcher.kill()
+            launcher.wait()
+        raise AssertionError(f"{entry} on {world} workers did not finish within {timeout_s:g} s") from None
 
 
 def fixed_batches(steps: int, global_batch: int) -> tuple[torch.Tensor, torch.Tensor]:

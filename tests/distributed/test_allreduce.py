@@ -9,8 +9,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.utils import parameters_to_vector
 
-from lowband import launch
-from tests.distributed.helpers import fixed_batches, initial_model
+from tests.distributed.helpers import fixed_batches, initial_model, run_workers
 
 STEPS, BATCH = 6, 8
 
@@ -32,8 +31,8 @@ def reference_trace(world: int, model_name: str) -> torch.Tensor:
 
 @pytest.mark.parametrize("world", [2, 4])
 def test_allreduce_matches_single_process_and_counts_ring_bytes(tmp_path, world):
-    code = launch.run("tests.distributed.helpers:allreduce_trace", [str(tmp_path), str(STEPS), str(BATCH)],
-                      world, str(tmp_path))
+    code = run_workers("tests.distributed.helpers:allreduce_trace", [str(tmp_path), str(STEPS), str(BATCH)],
+                       world, str(tmp_path))
     assert code == 0
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
     for r in ranks:  # identical parameters on every rank after every step
@@ -54,8 +53,8 @@ def test_allreduce_matches_single_process_and_counts_ring_bytes(tmp_path, world)
 
 def test_batchnorm_buffers_follow_rank_zero_and_are_counted(tmp_path):
     world, steps, model = 3, 4, "tests.distributed.helpers:bn_mlp"
-    code = launch.run("tests.distributed.helpers:allreduce_trace", [str(tmp_path), str(steps), str(BATCH), model],
-                      world, str(tmp_path))
+    code = run_workers("tests.distributed.helpers:allreduce_trace", [str(tmp_path), str(steps), str(BATCH), model],
+                       world, str(tmp_path))
     assert code == 0
     ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(world)]
     for r in ranks:  # parameters and running statistics identical on every rank after every step

@@ -14,14 +14,15 @@ from lowband import checkpoint, launch
 from lowband.metrics import read_metrics
 from tests.conftest import ROOT, small
 from tests.faults.test_processes import wait_for
+from tests.distributed.helpers import run_workers
 
 STEPS, N = 7, 3
 
 
 @pytest.mark.parametrize("world, method", [(2, "codistill"), (3, "codistill"), (2, "afsd")])
 def test_teachers_are_the_peers_at_the_exchange_and_stay_until_the_next(tmp_path, world, method):
-    assert launch.run("tests.distributed.helpers:codistill_trace", [str(tmp_path), str(STEPS), str(N), method],
-                      world, str(tmp_path), keep_going=False) == 0
+    assert run_workers("tests.distributed.helpers:codistill_trace", [str(tmp_path), str(STEPS), str(N), method],
+                       world, str(tmp_path), keep_going=False) == 0
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
     for i, r in enumerate(ranks):
         for s in range(STEPS):

@@ -8,20 +8,29 @@ import math
 import pytest
 import torch
 
-from lowband import launch
 from lowband.comm.codecs import GapsIndex
 from lowband.comm.masks import random_indices
-from lowband.comm.topology import mixing_matrix, neighbours
+from lowband.comm.topology import neighbours
 from lowband.methods.gossip import mask_seed
+from tests.distributed.helpers import run_workers
 
 STEPS, LR = 5, 0.1
+
+
+def ring(world: int) -> torch.Tensor:
+    """The ring's mixing matrix, written out: 1/3 for the node and for each of its two neighbours."""
+    w = torch.zeros(world, world, dtype=torch.float64)
+    for i in range(world):
+        for j in (i - 1, i, i + 1):
+            w[i, j % world] = 1 / 3
+    return w
 
 
 def trace(tmp_path, world: int, method: str, **options):
     out = tmp_path / f"{method}-{json.dumps(options, sort_keys=True)}".replace(" ", "").replace('"', "")
     out.mkdir()
-    code = launch.run("tests.distributed.helpers:gossip_trace", [str(out), str(STEPS), method, json.dumps(options)],
-                      world, str(out))
+    code = run_workers("tests.distributed.helpers:gossip_trace", [str(out), str(STEPS), method, json.dumps(options)],
+                       world, str(out))
     assert code == 0
     ranks = [torch.load(out / f"rank{r}.pt", weights_only=True) for r in range(world)]
     stats = [json.loads((out / f"stats{r}.json").read_text()) for r in range(world)]
@@ -35,7 +44,7 @@ def stacked(ranks, key, step):
 def test_dpsgd_matches_x_gets_wx_minus_lr_g(tmp_path):
     world = 4
     ranks, stats = trace(tmp_path, world, "dpsgd")
-    w = mixing_matrix("ring", world)
+    w = ring(world)
     x = stacked(ranks, "before", 0)
     for s in range(STEPS):
         torch.testing.assert_close(stacked(ranks, "before", s).float(), x.float())
@@ -52,7 +61,7 @@ def test_dpsgd_matches_x_gets_wx_minus_lr_g(tmp_path):
 def test_rdpsgd_mixes_exactly_the_masked_coordinates(tmp_path, index):
     world, p = 4, 0.3
     ranks, stats = trace(tmp_path, world, "rdpsgd", p=p, index=index)
-    w = mixing_matrix("ring", world)
+    w = ring(world)
     d = ranks[0]["before"].shape[1]
     index_bytes = 0
     for s in range(STEPS):
@@ -101,3 +110,40 @@ def test_topk_public_copies_agree_across_ranks(tmp_path):
     for st in stats:
         assert st["params"]["sent"] == STEPS * 2 * k * 4
         assert st["index"]["sent"] == STEPS * 2 * (16 + math.ceil(d / 8))  # (length, k) header + bitmask
+
+
+def choco_simulation(ranks, p: float, gamma: float) -> dict:
+    """CHOCO-SGD (Koloskova et al. 2019) in one process, from the gradients the ranks computed:
+    q_i = TopK(x_i - xhat_i); xhat_i += q_i; x_i += gamma * sum_j W_ij (xhat_j - xhat_i); x_i -= lr g_i."""
+    world = len(ranks)
+    w = ring(world).float()
+    x = stacked(ranks, "before", 0).float()
+    xhat = x.clone()
+    d = x.shape[1]
+    k = max(1, round(p * d))
+    mixed, after = [], []
+    for s in range(STEPS):
+        delta = x - xhat
+        for i in range(world):
+            top = delta[i].abs().argsort(descending=True)[:k]
+            xhat[i, top] += delta[i, top]
+        x = x + gamma * (w @ xhat - xhat)
+        mixed.append(x.clone())
+        x = x - LR * stacked(ranks, "grad", s).float()
+        after.append(x.clone())
+    return {"mixed": mixed, "after": after, "xhat": xhat}
+
+
+@pytest.mark.parametrize("gamma", [0.4, "auto"])
+def test_topk_follows_a_choco_sgd_simulation_with_its_step_size(tmp_path, gamma):
+    world, p = 4, 0.1
+    ranks, _ = trace(tmp_path, world, "topk", p=p, gamma=gamma)
+    step_size = 0.4 if gamma == 0.4 else min(1.0, 5 * p)  # auto: min(1, 5 p) = 0.5
+    sim = choco_simulation(ranks, p, step_size)
+    for s in range(STEPS):
+        torch.testing.assert_close(stacked(ranks, "mixed", s).float(), sim["mixed"][s], rtol=1e-5, atol=1e-6)
+        torch.testing.assert_close(stacked(ranks, "after", s).float(), sim["after"][s], rtol=1e-5, atol=1e-6)
+    for i in range(world):  # every rank's public copy of itself is the simulation's xhat
+        torch.testing.assert_close(ranks[i][f"copy{i}"], sim["xhat"][i], rtol=1e-5, atol=1e-6)
+    other = choco_simulation(ranks, p, 1.0)  # gamma matters in this test
+    assert (other["mixed"][-1] - sim["mixed"][-1]).abs().max() > 1e-4

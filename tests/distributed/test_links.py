@@ -8,13 +8,13 @@ import shutil
 
 import pytest
 
-from lowband import launch
 from lowband.comm.links import LinkSpec, leftover_namespaces
+from tests.distributed.helpers import run_workers
 
 
 def run(tmp_path, world, op, nbytes, rate=0.0, netns=None):
-    code = launch.run("tests.distributed.helpers:timed_transfer", [str(tmp_path), op, str(nbytes), str(rate)],
-                      world, str(tmp_path), netns=netns)
+    code = run_workers("tests.distributed.helpers:timed_transfer", [str(tmp_path), op, str(nbytes), str(rate)],
+                       world, str(tmp_path), netns=netns)
     assert code == 0
     return [json.loads((tmp_path / f"time{r}.json").read_text()) for r in range(world)]
 
@@ -48,8 +48,8 @@ def test_real_shaped_link_allreduce_takes_the_ring_models_time_and_leaves_nothin
 
 @needs_netns
 def test_real_links_are_removed_after_a_worker_is_killed(tmp_path):
-    code = launch.run("tests.distributed.helpers:die_after_joining", [str(tmp_path)], 3, str(tmp_path),
-                      netns=LinkSpec(50e6))
+    code = run_workers("tests.distributed.helpers:die_after_joining", [str(tmp_path)], 3, str(tmp_path),
+                       netns=LinkSpec(50e6))
     assert code == 128 + 9
     assert leftover_namespaces() == []
     assert not [line for line in os.popen("ip -o link show").read().splitlines() if "lbbr" in line or "lbv" in line]

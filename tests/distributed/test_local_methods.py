@@ -7,18 +7,17 @@ import json
 import pytest
 import torch
 
-from lowband import launch
 from lowband.metrics import read_metrics
 from tests.conftest import cli, small
-from tests.distributed.helpers import initial_model
+from tests.distributed.helpers import initial_model, run_workers
 
 PARAM_BYTES = sum(p.numel() for p in initial_model().parameters()) * 4
 
 
 def test_ma_dnn_averages_exactly_every_tau_steps(tmp_path):
     world, steps, tau = 4, 7, 3
-    assert launch.run("tests.distributed.helpers:local_sgd_trace", [str(tmp_path), str(steps), str(tau)],
-                      world, str(tmp_path)) == 0
+    assert run_workers("tests.distributed.helpers:local_sgd_trace", [str(tmp_path), str(steps), str(tau)],
+                       world, str(tmp_path)) == 0
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(world)]
     for s in range(steps):
         pre = torch.stack([r["pre"][s] for r in ranks])

@@ -77,7 +77,8 @@ def test_imagefolder_reads_class_folders(tmp_path):
     assert d.x_train[0, 0].mean() > d.x_train[3, 0].mean()  # the cat is red
 
 
-@pytest.mark.parametrize("name, shape, n_test", [("digits", (1, 8, 8), 360), ("mnist5k", (1, 28, 28), 1000)])
+@pytest.mark.parametrize("name, shape, n_test", [("digits", (1, 8, 8), 360),
+                                                      pytest.param("mnist5k", (1, 28, 28), 1000, marks=pytest.mark.slow)])
 def test_packaged_datasets_have_fixed_stratified_splits(name, shape, n_test):
     a, b = load_dataset(DataConfig(name=name)), load_dataset(DataConfig(name=name))
     assert a.in_shape == shape and len(a.y_test) == n_test

@@ -21,7 +21,8 @@ def test_every_registered_model_is_covered():
     assert set(SHAPES) == set(MODELS.names())
 
 
-@pytest.mark.parametrize("name", sorted(SHAPES))
+@pytest.mark.parametrize("name", [pytest.param(n, marks=pytest.mark.slow) if n.startswith("resnet") else n
+                                  for n in sorted(SHAPES)])
 def test_features_then_head_equals_forward(name):
     torch.manual_seed(0)
     model = build_model(ModelConfig(name=name), SHAPES[name], 7).eval()

@@ -7,6 +7,7 @@ import stat
 
 import pytest
 import torch
+from fsspec.implementations.local import LocalFileSystem
 
 from lowband.comm import Communicator
 from lowband.comm.store import CheckpointStore, check_architecture
@@ -62,17 +63,72 @@ def test_bytes_written_and_read_are_the_file_sizes(tmp_path):
     assert comm.stats["ckpt"].sent == size and comm.stats["ckpt"].recv == 2 * size
 
 
-def test_unwritable_or_unknown_stores_are_config_errors(tmp_path):
+@pytest.mark.parametrize("url", ["/proc/no/such/dir", "nosuchproto://bucket/x"])
+def test_unreachable_or_unknown_stores_are_config_errors(url):
+    with pytest.raises(ConfigError) as e:
+        CheckpointStore(url)
+    assert e.value.field == "method.store" and url in str(e.value)
+
+
+def deny_writes_under(monkeypatch, folder) -> None:
+    """Writes under `folder` fail as a read-only directory makes them fail (even for root, who
+    would otherwise write anywhere: CI runs as root)."""
+    real_open = LocalFileSystem._open
+
+    def guarded(self, path, mode="rb", *a, **kw):
+        if str(path).startswith(str(folder)) and any(c in mode for c in "wax+"):
+            raise PermissionError(13, "Permission denied", str(path))
+        return real_open(self, path, mode, *a, **kw)
+
+    monkeypatch.setattr(LocalFileSystem, "_open", guarded)
+
+
+def test_a_read_only_store_is_a_config_error(tmp_path, monkeypatch):
     ro = tmp_path / "ro"
     ro.mkdir()
     os.chmod(ro, stat.S_IRUSR | stat.S_IXUSR)
-    for url in ("/proc/no/such/dir", "nosuchproto://bucket/x"):
-        with pytest.raises(ConfigError) as e:
-            CheckpointStore(url)
-        assert e.value.field == "method.store"
-    if os.geteuid() != 0:  # root writes anywhere
-        with pytest.raises(ConfigError):
-            CheckpointStore(str(ro))
+    deny_writes_under(monkeypatch, ro)
+    with pytest.raises(ConfigError) as e:
+        CheckpointStore(str(ro))
+    assert e.value.field == "method.store" and "PermissionError" in str(e.value)
+    assert os.listdir(ro) == []
+
+
+def test_a_write_that_fails_half_way_leaves_nothing_under_the_final_name(tmp_path, monkeypatch):
+    store = CheckpointStore(str(tmp_path))
+    store.publish(0, 1, state(1.0))
+    real_open = LocalFileSystem._open
+
+    class HalfWrite:  # writes the first half of what it is given, then the disk is full
+        def __init__(self, f):
+            self.f = f
+
+        def write(self, data):
+            self.f.write(bytes(data)[: len(data) // 2])
+            self.f.flush()
+            raise OSError(28, "No space left on device")
+
+        def __getattr__(self, name):
+            return getattr(self.f, name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            self.f.close()
+
+    def failing(self, path, mode="rb", *a, **kw):
+        f = real_open(self, path, mode, *a, **kw)
+        return HalfWrite(f) if "w" in mode else f
+
+    monkeypatch.setattr(LocalFileSystem, "_open", failing)
+    with pytest.raises(OSError):
+        store.publish(0, 2, state(2.0))
+    monkeypatch.undo()
+    assert not (tmp_path / "model0" / "step0000000002.safetensors").exists()
+    assert store.versions(0) == [1]
+    step, got = store.load_newest(0)  # a reader still gets the last whole checkpoint
+    assert step == 1 and torch.equal(got["w"], state(1.0)["w"])
 
 
 def test_a_checkpoint_of_another_architecture_is_a_usage_error():
