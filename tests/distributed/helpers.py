@@ -277,3 +277,30 @@ def die_after_joining(out_dir: str) -> None:
     if comm.rank == 1:
         os.kill(os.getpid(), 9)
     time.sleep(60)
+
+
+def diloco_trace(out_dir: str, steps: str, options: str) -> None:
+    """DiLoCo on fixed batches with plain SGD; record every rank's parameters around each after_step,
+    the global model at the end (final=True) and the byte counts."""
+    from lowband.methods.diloco import DiLoCo, DiLoCoConfig
+
+    torch.set_num_threads(1)
+    steps = int(steps)
+    comm = Communicator.from_env(torch.device("cpu"), "gloo", timeout_s=60)
+    model = initial_model()
+    mcfg = DiLoCoConfig(round_evals=0, **json.loads(options))
+    ctx = Context(Config(method=mcfg), comm, torch.device("cpu"), logging.getLogger("t"), out_dir, steps)
+    method = DiLoCo(mcfg, ctx)
+    model = method.setup(model)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    xs, ys = fixed_batches(steps, 8 * comm.world)
+    rec: dict = {}
+    tap = Tap(method, model, rec)
+    for s in range(steps):
+        train_step(model, tap, opt, rank_batch(xs, ys, s, comm.rank, 8), s)
+    before_final = comm.snapshot()
+    final = parameters_to_vector(method.global_model(final=True).parameters()).detach()
+    torch.save({"pre": torch.stack(rec["pre"]), "post": torch.stack(rec["after"]), "final": final,
+                "stats": before_final, "stats_final": comm.snapshot(),
+                "state": method.state_dict()}, os.path.join(out_dir, f"rank{comm.rank}.pt"))
+    close(comm)

@@ -1,0 +1,230 @@
+"""Value codecs: what a dense float32 vector becomes on the wire, each with its exact size.
+
+A codec spec is one or two parts joined by "+":
+  fp32                  raw float32 (4 bytes per value); the default, lossless
+  fp16, bf16            half precision (2 bytes per value)
+  int8, int4, int2      symmetric integers with one float32 scale per chunk of 1024 values
+                        (scale = max |x| / (2^(b-1) - 1)); ":stochastic" rounds up with probability
+                        equal to the remainder (unbiased), ":nearest" (default) to the nearest level
+  topk:F                per chunk of 4096 values, the round(F * 4096) largest in magnitude, their
+                        positions as 12-bit indices packed two in three bytes; the values in fp32
+                        or in the value codec after "+" (topk:0.02+int2)
+Every payload is a uint8 tensor whose length depends only on the vector's length, so receivers
+can size their buffers in advance. `ErrorFeedback` keeps what compression dropped and adds it to
+the next vector (sent + residual = input + previous residual, exactly).
+Same idea as hivemind's compression/ and torchft's quantization.py; our own code.
+"""
+
+from __future__ import annotations
+
+import math
+
+import numpy as np
+import torch
+
+from lowband.errors import require
+
+QUANT_CHUNK = 1024
+TOPK_CHUNK = 4096  # 12-bit indices
+
+
+def _view(payload: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    """Bytes read as `dtype` (a copy: a slice may start at an offset the view cannot take)."""
+    return payload.cpu().clone().view(dtype)
+
+
+class Codec:
+    """Encode a flat float32 vector into a uint8 payload of `payload_bytes(n)` bytes, and back."""
+
+    spec = "fp32"
+    sparse = False  # True: payloads cannot be summed chunk-wise; they are all-gathered
+
+    @property
+    def lossless(self) -> bool:
+        return self.spec == "fp32"
+
+    def payload_bytes(self, numel: int) -> int:
+        return 4 * numel
+
+    def encode(self, x: torch.Tensor) -> torch.Tensor:
+        return x.detach().float().contiguous().view(torch.uint8).clone()
+
+    def decode(self, payload: torch.Tensor, numel: int) -> torch.Tensor:
+        return _view(payload, torch.float32)[:numel]
+
+    def roundtrip(self, x: torch.Tensor) -> torch.Tensor:
+        """What the receiver reads when `x` is sent."""
+        return self.decode(self.encode(x), x.numel())
+
+
+class Half(Codec):
+    def __init__(self, dtype: torch.dtype):
+        self.dtype, self.spec = dtype, {torch.float16: "fp16", torch.bfloat16: "bf16"}[dtype]
+
+    def payload_bytes(self, numel):
+        return 2 * numel
+
+    def encode(self, x):
+        return x.detach().to(self.dtype).contiguous().view(torch.uint8).clone()
+
+    def decode(self, payload, numel):
+        return _view(payload, self.dtype)[:numel].float()
+
+
+def _pack_bits(levels: np.ndarray, bits: int) -> np.ndarray:
+    """Unsigned levels < 2**bits, 8 // bits per byte, first value in the lowest bits."""
+    per = 8 // bits
+    padded = np.zeros(math.ceil(len(levels) / per) * per, np.uint8)
+    padded[:len(levels)] = levels
+    grid = padded.reshape(-1, per).astype(np.uint16) << (np.arange(per, dtype=np.uint16) * bits)
+    return grid.sum(axis=1).astype(np.uint8)
+
+
+def _unpack_bits(packed: np.ndarray, bits: int, count: int) -> np.ndarray:
+    per = 8 // bits
+    shifts = np.arange(per, dtype=np.uint8) * bits
+    return ((packed[:, None] >> shifts) & ((1 << bits) - 1)).reshape(-1)[:count]
+
+
+class Quantized(Codec):
+    """b-bit symmetric integers, one float32 scale per QUANT_CHUNK values."""
+
+    def __init__(self, bits: int, stochastic: bool = False, seed: int = 0):
+        self.bits, self.stochastic = bits, stochastic
+        self.top = (1 << (bits - 1)) - 1  # levels -top..top, stored as 0..2*top
+        self.spec = f"int{bits}" + (":stochastic" if stochastic else "")
+        self.gen = torch.Generator().manual_seed(seed)
+
+    def payload_bytes(self, numel):
+        return 4 * math.ceil(numel / QUANT_CHUNK) + math.ceil(numel * self.bits / 8)
+
+    def _chunks(self, x: torch.Tensor) -> torch.Tensor:
+        n = x.numel()
+        padded = torch.zeros(math.ceil(n / QUANT_CHUNK) * QUANT_CHUNK)
+        padded[:n] = x.detach().float().cpu()
+        return padded.view(-1, QUANT_CHUNK)
+
+    def encode(self, x):
+        chunks = self._chunks(x)
+        scale = chunks.abs().amax(dim=1, keepdim=True) / self.top
+        scaled = chunks / torch.where(scale > 0, scale, torch.ones_like(scale))
+        if self.stochastic:
+            q = torch.floor(scaled + torch.rand(scaled.shape, generator=self.gen))
+        else:
+            q = torch.round(scaled)
+        levels = (q.clamp(-self.top, self.top) + self.top).to(torch.uint8).reshape(-1)[:x.numel()]
+        packed = _pack_bits(levels.numpy(), self.bits)
+        return torch.cat([scale.reshape(-1).contiguous().view(torch.uint8), torch.from_numpy(packed)])
+
+    def decode(self, payload, numel):
+        n_chunks = math.ceil(numel / QUANT_CHUNK)
+        scale = _view(payload[:4 * n_chunks], torch.float32)
+        levels = _unpack_bits(payload[4 * n_chunks:].cpu().numpy(), self.bits, numel)
+        values = torch.from_numpy(levels.astype(np.float32)) - self.top
+        padded = torch.zeros(n_chunks * QUANT_CHUNK)
+        padded[:numel] = values
+        return (padded.view(n_chunks, QUANT_CHUNK) * scale[:, None]).reshape(-1)[:numel]
+
+
+def _pack12(indices: np.ndarray) -> np.ndarray:
+    """Indices < 4096, two in three bytes."""
+    idx = np.zeros(len(indices) + len(indices) % 2, np.uint16)
+    idx[:len(indices)] = indices
+    a, b = idx[0::2], idx[1::2]
+    out = np.stack([a & 0xFF, (a >> 8) | ((b & 0xF) << 4), b >> 4], axis=1)
+    return out.astype(np.uint8).reshape(-1)
+
+
+def _unpack12(packed: np.ndarray, count: int) -> np.ndarray:
+    trio = packed.reshape(-1, 3).astype(np.uint16)
+    a = trio[:, 0] | ((trio[:, 1] & 0xF) << 8)
+    b = (trio[:, 1] >> 4) | (trio[:, 2] << 4)
+    return np.stack([a, b], axis=1).reshape(-1)[:count].astype(np.int64)
+
+
+class TopK(Codec):
+    """Per chunk of TOPK_CHUNK values, the k largest in magnitude: 12-bit positions, then the values."""
+
+    sparse = True
+
+    def __init__(self, fraction: float, values: Codec | None = None):
+        self.fraction, self.values = fraction, values or Codec()
+        self.k = max(1, round(fraction * TOPK_CHUNK))
+        self.spec = f"topk:{fraction:g}" + ("" if self.values.spec == "fp32" else "+" + self.values.spec)
+
+    def _count(self, numel: int) -> int:
+        return math.ceil(numel / TOPK_CHUNK) * min(self.k, TOPK_CHUNK)
+
+    def payload_bytes(self, numel):
+        count = self._count(numel)
+        return 3 * math.ceil(count / 2) + self.values.payload_bytes(count)
+
+    def encode(self, x):
+        n = x.numel()
+        chunks = torch.zeros(math.ceil(n / TOPK_CHUNK) * TOPK_CHUNK)
+        chunks[:n] = x.detach().float().cpu()
+        chunks = chunks.view(-1, TOPK_CHUNK)
+        pos = chunks.abs().topk(min(self.k, TOPK_CHUNK), dim=1, sorted=False).indices.sort(dim=1).values
+        vals = chunks.gather(1, pos).reshape(-1)
+        return torch.cat([torch.from_numpy(_pack12(pos.reshape(-1).numpy())), self.values.encode(vals)])
+
+    def decode(self, payload, numel):
+        count = self._count(numel)
+        head = 3 * math.ceil(count / 2)
+        pos = torch.from_numpy(_unpack12(payload[:head].cpu().numpy(), count)).view(-1, min(self.k, TOPK_CHUNK))
+        vals = self.values.decode(payload[head:], count).view(pos.shape)
+        out = torch.zeros(pos.shape[0], TOPK_CHUNK)
+        out.scatter_(1, pos, vals)
+        return out.reshape(-1)[:numel]
+
+
+VALUE_SPECS = "fp32, fp16, bf16, int8, int4, int2 (optionally :stochastic or :nearest)"
+SPEC_HELP = f"{VALUE_SPECS}, or topk:F with 0 < F <= 1, optionally +VALUE (e.g. topk:0.02+int2)"
+
+
+def _value_codec(part: str, spec: str, field: str, seed: int) -> Codec:
+    name, _, rounding = part.partition(":")
+    if name == "fp32" and not rounding:
+        return Codec()
+    if name in ("fp16", "bf16") and not rounding:
+        return Half(torch.float16 if name == "fp16" else torch.bfloat16)
+    require(name in ("int8", "int4", "int2") and rounding in ("", "nearest", "stochastic"), field, spec,
+            f"must be {SPEC_HELP}")
+    return Quantized(int(name[3:]), rounding == "stochastic", seed)
+
+
+def parse_codec(spec: str, field: str = "method.codec", seed: int = 0) -> Codec:
+    """The codec a spec names; a malformed spec raises ConfigError naming `field`."""
+    require(isinstance(spec, str) and spec.strip() != "", field, spec, f"must be {SPEC_HELP}")
+    parts = spec.strip().split("+")
+    require(len(parts) <= 2, field, spec, f"must be {SPEC_HELP}")
+    if not parts[0].startswith("topk"):
+        require(len(parts) == 1, field, spec, "only topk:F may be followed by +VALUE")
+        return _value_codec(parts[0], spec, field, seed)
+    name, _, fraction = parts[0].partition(":")
+    try:
+        f = float(fraction)
+    except ValueError:
+        f = float("nan")
+    require(name == "topk" and 0 < f <= 1, field, spec, f"topk needs a fraction in (0, 1]; {SPEC_HELP}")
+    return TopK(f, _value_codec(parts[1], spec, field, seed) if len(parts) == 2 else None)
+
+
+class ErrorFeedback:
+    """Adds back what the codec dropped last time: send codec(x + residual), keep the remainder."""
+
+    def __init__(self, codec: Codec):
+        self.codec = codec
+        self.residual: torch.Tensor | None = None
+
+    def compensate(self, x: torch.Tensor) -> torch.Tensor:
+        return x if self.residual is None else x + self.residual.to(x.device)
+
+    def remember(self, compensated: torch.Tensor, sent: torch.Tensor) -> None:
+        self.residual = (compensated - sent.to(compensated.device)).detach().cpu()
+
+    def state_dict(self) -> dict:
+        return {} if self.residual is None else {"residual": self.residual}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.residual = state.get("residual")

@@ -1,0 +1,141 @@
+"""DiLoCo and Streaming DiLoCo: local steps, then an outer optimizer on the averaged pseudo-gradient.
+
+From Douillard et al., "DiLoCo: Distributed Low-Communication Training of Language Models" (2023)
+and "Streaming DiLoCo with overlapping communication" (Douillard et al., 2025); compressed
+pseudo-gradients as in INTELLECT-1 (int8) and SparseLoCo (top-k + 2-bit values + error feedback).
+
+Every worker runs `tau` inner steps with the configured optimizer. Then the pseudo-gradient
+Δ = θ_global - θ_local is averaged over the workers (through `codec`, with error feedback when
+the codec is lossy) and an outer SGD with Nesterov momentum (`outer_lr`, `outer_momentum`) steps
+θ_global; every worker continues from θ_global. Floating buffers (BatchNorm) are averaged.
+Outer lr 1 with momentum 0 is local SGD exactly.
+
+Streaming: `fragments = P` cuts the parameters into P consecutive groups synchronised in rotation,
+each every tau steps, fragment p at steps (p + 1) tau / P (mod tau), so each sync sends 1/P of the
+model. A fragment's result is merged `overlap` steps after it was sent (the exchange may run while
+training goes on), as θ_local <- mix·θ_global + (1 - mix)·θ_local. The global model is θ_global.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+from dataclasses import dataclass
+
+import torch
+
+from lowband.comm.compress import SPEC_HELP, parse_codec
+from lowband.config import opt
+from lowband.errors import ConfigError, require
+from lowband.methods.base import Method
+from lowband.methods.outer import Fragment, split_fragments
+from lowband.methods.rounds import RoundLog, RoundsConfig
+from lowband.registry import METHODS
+
+
+@dataclass(kw_only=True)
+class DiLoCoConfig(RoundsConfig):
+    name: str = opt("diloco", "training method")
+    tau: int = opt(32, "inner steps between outer steps (H in the paper)")
+    outer_lr: float = opt(0.7, "outer SGD learning rate (1 with outer_momentum 0 is local SGD)")
+    outer_momentum: float = opt(0.9, "outer Nesterov momentum in [0, 1) (0: plain SGD)")
+    fragments: int = opt(1, "Streaming DiLoCo: parameter fragments synchronised in rotation (1: all at once)")
+    overlap: int = opt(0, "steps between sending a fragment and merging its result; < tau / fragments")
+    mix: float = opt(1.0, "merge weight of θ_global: θ_local <- mix·θ_global + (1 - mix)·θ_local, in (0, 1]")
+    codec: str = opt("fp32", f"how pseudo-gradients travel: {SPEC_HELP}")
+    error_feedback: bool = opt(True, "keep what a lossy codec dropped and send it with the next sync")
+
+    def __post_init__(self):
+        super().__post_init__()
+        require(math.isfinite(self.outer_lr) and self.outer_lr > 0, "method.outer_lr", self.outer_lr, "must be > 0")
+        require(0 <= self.outer_momentum < 1, "method.outer_momentum", self.outer_momentum, "must be in [0, 1)")
+        require(1 <= self.fragments <= self.tau, "method.fragments", self.fragments,
+                f"must be in [1, method.tau={self.tau}]")
+        require(self.overlap >= 0 and (self.overlap == 0 or self.overlap < self.tau / self.fragments),
+                "method.overlap", self.overlap, f"must be >= 0 and < tau / fragments = {self.tau / self.fragments:g}")
+        require(0 < self.mix <= 1, "method.mix", self.mix, "must be in (0, 1]")
+        parse_codec(self.codec, "method.codec")
+
+
+@METHODS.register("diloco")
+class DiLoCo(Method):
+    Config = DiLoCoConfig
+    cfg: DiLoCoConfig
+    averages_workers = True
+    min_workers = 2
+
+    def setup(self, model):
+        self.model = model
+        self.ctx.comm.broadcast_state(model, src=0, tag="init")
+        params = list(model.parameters())
+        if self.cfg.fragments > len(params):
+            raise ConfigError("method.fragments", self.cfg.fragments,
+                              f"must be <= the model's {len(params)} parameter tensors")
+        seed = self.ctx.cfg.train.seed * 1000 + self.ctx.comm.rank
+        self.fragments = [Fragment(group, self.cfg.outer_lr, self.cfg.outer_momentum,
+                                   parse_codec(self.cfg.codec, seed=seed), self.cfg.error_feedback)
+                          for group in split_fragments(params, self.cfg.fragments)]
+        self.offsets = [round((p + 1) * self.cfg.tau / self.cfg.fragments) % self.cfg.tau
+                        for p in range(self.cfg.fragments)]
+        self.rounds = RoundLog(self.ctx, self.cfg.tau, self.cfg.round_evals)
+        self.steps = 0
+        return model
+
+    def after_step(self, step: int) -> None:
+        self.steps = step + 1
+        for frag in self.fragments:
+            if frag.apply_at == self.steps:
+                frag.merge(self.cfg.mix)
+        for frag, offset in zip(self.fragments, self.offsets):
+            if self.steps % self.cfg.tau == offset:
+                self._sync(frag)
+        if self.steps % self.cfg.tau == 0:
+            self._end_round(self.steps // self.cfg.tau)
+
+    def _sync(self, frag: Fragment) -> None:
+        frag.sync(self.ctx.comm, "params", self.steps, self.cfg.overlap)
+        if self.cfg.overlap == 0:
+            frag.merge(self.cfg.mix)
+
+    def _end_round(self, round_no: int) -> None:
+        self._average_buffers()
+        if self.rounds.due(round_no):
+            local = self.rounds.local_accuracies(self.model)
+            self.rounds.write(round_no, self.steps, local, self.global_model(final=False))
+
+    def _average_buffers(self) -> None:
+        buffers = [b for b in self.model.buffers() if b.is_floating_point()]
+        if buffers:
+            flat = torch.cat([b.reshape(-1) for b in buffers])
+            self.ctx.comm.allreduce(flat, tag="params", mean=True)
+            torch.nn.utils.vector_to_parameters(flat, buffers)
+
+    def global_model(self, final: bool):
+        """θ_global. At the end, the steps since each fragment's last sync go in first with one more
+        outer step, taken on the side: the training state stays as it was, so an extended run
+        (--resume with more epochs) continues as if it had never ended."""
+        if not final:
+            return self._with_anchors()
+        saved = [frag.state_dict() for frag in self.fragments]
+        for frag in self.fragments:
+            if frag.sent_at < self.steps:
+                frag.sync(self.ctx.comm, "params", self.steps, 0)
+        self._average_buffers()
+        model = self._with_anchors()
+        for frag, state in zip(self.fragments, saved):
+            frag.load_state_dict(state)
+        return model
+
+    def _with_anchors(self):
+        model = copy.deepcopy(self.model)
+        for frag, mine in zip(self.fragments, split_fragments(list(model.parameters()), self.cfg.fragments)):
+            torch.nn.utils.vector_to_parameters(frag.anchor.detach().clone(), mine)
+        return model
+
+    def state_dict(self) -> dict:
+        return {"steps": self.steps, "fragments": [f.state_dict() for f in self.fragments]}
+
+    def load_state_dict(self, state: dict) -> None:
+        self.steps = int(state["steps"])
+        for frag, saved in zip(self.fragments, state["fragments"]):
+            frag.load_state_dict(saved)
