@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import csv
 import os
+import re
 import time
 from importlib import resources
 
@@ -49,8 +50,13 @@ def load_suite(name: str | None = None, path: str | None = None) -> dict:
 
 
 def parse_spec(spec: str) -> tuple[str, dict]:
-    """'ec_dnn:ensemble=margin:tau=128' -> ('ec_dnn', {'ensemble': 'margin', 'tau': 128})."""
-    name, *options = spec.split(":")
+    """'ec_dnn:ensemble=margin:tau=128' -> ('ec_dnn', {'ensemble': 'margin', 'tau': 128}).
+
+    A value may hold colons ('diloco:codec=topk:0.02+int2:tau=64'): a new option starts only at
+    ':KEY='."""
+    name, *options = re.split(r":(?=[A-Za-z_][A-Za-z0-9_]*=)", spec)
+    if ":" in name:
+        raise ConfigError("--methods", spec, "options are NAME:KEY=VALUE[:KEY=VALUE], e.g. ec_dnn:ensemble=margin")
     values = {}
     for item in options:
         path, value = C.parse_set(f"method.{item}")

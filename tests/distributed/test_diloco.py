@@ -165,3 +165,16 @@ def test_bad_settings_get_one_line_and_exit_2(tmp_path, setting, field):
     assert p.returncode == 2
     assert p.stderr.strip().count("\n") == 0 and field in p.stderr
     assert not (tmp_path / "runs").exists()
+
+
+def test_local_sgd_with_a_codec_sends_compressed_changes(tmp_path):
+    """local_sgd:codec=int8 averages the same way, in the int8 reduce-scatter + all-gather's bytes."""
+    p = cli("train", "--method", "local_sgd", "--workers", "2", "--epochs", "1", "--run-dir", str(tmp_path / "l"),
+            *small(tmp_path, "--set", "method.tau=4", "--set", "method.codec=int8"))
+    assert p.returncode == 0, p.stderr
+    record = read_metrics(str(tmp_path / "l"))[-1]
+    state = sum(t.numel() for t in initial_model().state_dict().values() if t.is_floating_point())
+    codec, rounds = parse_codec("int8"), 13 // 4  # 13 steps per epoch (see test_local_methods)
+    per_round = codec.payload_bytes(state // 2) + codec.payload_bytes(state - state // 2)  # K = 2: each way once
+    final = 2 * (2 - 1) / 2 * 4 * state  # the final global model: one fp32 average
+    assert record["bytes"]["params"]["sent"] == pytest.approx(rounds * per_round + final)

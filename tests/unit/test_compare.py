@@ -13,6 +13,11 @@ def test_specs_carry_method_options():
         parse_spec("ec_dnn:tau")
 
 
+def test_option_values_may_hold_colons():
+    assert parse_spec("diloco:codec=topk:0.02+int2:tau=64") == ("diloco", {"codec": "topk:0.02+int2", "tau": 64})
+    assert parse_spec("local_sgd:tau=16:codec=int4:stochastic") == ("local_sgd", {"tau": 16, "codec": "int4:stochastic"})
+
+
 def rec(epoch, train_s, val, sent=0.0):
     return {"epoch": epoch, "time": {"train_s": train_s}, "val_acc": val, "test_acc": val,
             "bytes_sent_per_worker": sent, "samples": 100 * epoch}

@@ -4,7 +4,9 @@ From Sun et al., "Ensemble-Compression: A New Method for Parallel Training of De
 Networks" (the MA-DNN baseline), after McMahan et al. and Povey et al. Every worker runs plain
 SGD on its own data; after every tau steps all parameters and floating buffers (BatchNorm
 statistics) are averaged with one allreduce (tag "params") and every worker continues from the
-average. tau = 1 is parameter averaging after every step. The global model (_G) is the average,
+average. tau = 1 is parameter averaging after every step. With a lossy `codec` the workers send
+their change since the last average (θ_avg - θ_local) compressed, with error feedback: the same
+average, in fewer bytes (this is DiLoCo with outer lr 1 and no momentum, methods/diloco.py). The global model (_G) is the average,
 the local one (_L) the worker with the smallest training loss.
 """
 
@@ -12,9 +14,12 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from lowband.comm.averaging import averaged_copy
+from lowband.comm.compress import SPEC_HELP, parse_codec
 from lowband.config import opt
-from lowband.comm.averaging import average_models, averaged_copy
 from lowband.methods.base import Method
+from lowband.methods.outer import Fragment
+from lowband.models.flat import state_tensors
 from lowband.methods.rounds import RoundLog, RoundsConfig
 from lowband.registry import METHODS
 
@@ -22,11 +27,18 @@ from lowband.registry import METHODS
 @dataclass(kw_only=True)
 class LocalSGDConfig(RoundsConfig):
     name: str = opt("local_sgd", "training method")
+    codec: str = opt("fp32", f"how each worker's change since the last average travels: {SPEC_HELP}")
+    error_feedback: bool = opt(True, "keep what a lossy codec dropped and send it with the next average")
+
+    def __post_init__(self):
+        super().__post_init__()
+        parse_codec(self.codec, "method.codec")
 
 
 @METHODS.register("local_sgd")
 class LocalSGD(Method):
     Config = LocalSGDConfig
+    cfg: LocalSGDConfig
     averages_workers = True
     min_workers = 2
 
@@ -34,6 +46,8 @@ class LocalSGD(Method):
         self.model = model
         self.ctx.comm.broadcast_state(model, src=0, tag="init")
         self.rounds = RoundLog(self.ctx, self.cfg.tau, self.cfg.round_evals)
+        codec = parse_codec(self.cfg.codec, seed=self.ctx.cfg.train.seed * 1000 + self.ctx.comm.rank)
+        self.average = Fragment(state_tensors(model), 1.0, 0.0, codec, self.cfg.error_feedback)
         return model
 
     def after_step(self, step: int) -> None:
@@ -41,9 +55,17 @@ class LocalSGD(Method):
             return
         round_no = (step + 1) // self.cfg.tau
         local = self.rounds.local_accuracies(self.model) if self.rounds.due(round_no) else None
-        average_models(self.ctx.comm, self.model, tag="params")
+        self.average.sync(self.ctx.comm, "params", step + 1, 0)
+        self.average.merge(1.0)
         if local is not None:
             self.rounds.write(round_no, step + 1, local, self.model)
+
+    def state_dict(self) -> dict:
+        return {"average": self.average.state_dict()}
+
+    def load_state_dict(self, state: dict) -> None:
+        if "average" in state:
+            self.average.load_state_dict(state["average"])
 
     def global_model(self, final: bool):
         return averaged_copy(self.ctx.comm, self.model, tag="params" if final else "eval")
