@@ -46,9 +46,11 @@ def test_allreduce_matches_single_process_and_counts_ring_bytes(tmp_path, world)
         grad = r["stats"]["grad"]
         assert grad["sent"] == pytest.approx(STEPS * ring, rel=1e-12)
         assert grad["recv"] == pytest.approx(STEPS * ring, rel=1e-12)
-    # the initial broadcast is a chain from rank 0: all but the last forward, all but rank 0 receive
-    assert sum(r["stats"]["init"]["sent"] for r in ranks) == (world - 1) * param_bytes
-    assert sum(r["stats"]["init"]["recv"] for r in ranks) == (world - 1) * param_bytes
+    # the ranks started apart (seeded per rank), which the 8-byte fingerprints show; then the initial
+    # broadcast is a chain from rank 0: all but the last forward, all but rank 0 receive
+    fingerprints = world * (world - 1) * 8
+    assert sum(r["stats"]["init"]["sent"] for r in ranks) == (world - 1) * param_bytes + fingerprints
+    assert sum(r["stats"]["init"]["recv"] for r in ranks) == (world - 1) * param_bytes + fingerprints
 
 
 def test_batchnorm_buffers_follow_rank_zero_and_are_counted(tmp_path):
