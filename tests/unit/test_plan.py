@@ -97,3 +97,18 @@ def test_plan_round_trips_and_records_finished_runs(tmp_path):
     assert P.finished(str(tmp_path))["run/allreduce/seed=0"]["code"] == 0  # the last record counts
     with pytest.raises(Exception, match="no plan.json"):
         P.load(str(tmp_path / "nothing"))
+
+
+def test_suite_files_hold_per_method_settings(tmp_path):
+    from lowband.compare import load_suite
+
+    path = tmp_path / "mine.toml"
+    path.write_text('methods = ["allreduce", "local_sgd:tau=4", "local_sgd:tau=16"]\n[config.train]\nworkers = 2\n'
+                    '[per_method.local_sgd]\noptim.lr = 0.1\n[per_method."local_sgd:tau=16"]\noptim.lr = 0.2\n')
+    suite = load_suite(path=str(path))
+    assert suite["per_method"] == {"local_sgd": {"optim": {"lr": 0.1}}, "local_sgd:tau=16": {"optim": {"lr": 0.2}}}
+    p = P.make_plan(suite["methods"], suite["config"], {}, "F", method_configs(), per_method=suite["per_method"])
+    assert [raw.get("optim", {}).get("lr") for raw in p.configs.values()] == [None, 0.1, 0.2]
+    path.write_text('methods = ["allreduce"]\nper_method = {local_sgd = 1}\n')
+    with pytest.raises(ConfigError, match="per_method"):
+        load_suite(path=str(path))
