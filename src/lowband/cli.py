@@ -90,6 +90,10 @@ def parser() -> argparse.ArgumentParser:
                    "e.g. optim.lr=0.025,0.05,0.1 or optim.lr=log:0.01:0.2:5, and keep per method the value with the "
                    "best final validation accuracy (tuning.csv)")
     c.add_argument("--tune-epochs", type=int, metavar="N", help="epochs of each --tune run (default: the full count)")
+    c.add_argument("--budget", default="epochs", metavar="epochs|steps|samples",
+                   help="what every method gets equally: epochs over its own worker's data (default); steps: "
+                        "optimizer steps per worker, samples: training samples over all workers, both as many as "
+                        "Allreduce's in train.epochs (each method's epochs scaled, rounded)")
     c.add_argument("--resume", metavar="COMPARE_DIR", help="continue a comparison: skip its finished runs "
                    "(plan.json, done.jsonl), continue an interrupted one from its checkpoint")
     g = sub.add_parser("config", help="print the resolved configuration with every option explained")
@@ -220,6 +224,7 @@ def cmd_compare(args) -> int:
         given = [flag for flag, key, _ in SHORTCUTS if getattr(args, key) is not None]
         given += [f"--{name.replace('_', '-')}" for name in ("suite", "methods", "config", "target_from", "seeds",
                                                              "tune", "tune_epochs", "sets") if getattr(args, name)]
+        given += ["--budget"] if args.budget != "epochs" else []
         if given:
             raise UsageError(f"--resume continues a comparison with its own plan.json; drop {', '.join(given)}")
         plan, folder = P.load(args.resume), args.resume
@@ -234,7 +239,7 @@ def cmd_compare(args) -> int:
 def compare_plan(args):
     """(the comparison's plan, its new directory), every run's config checked; nothing runs yet."""
     from lowband import plan as P
-    from lowband.compare import load_suite, new_folder
+    from lowband.compare import layout, load_suite, new_folder
     from lowband.runs import method_configs, world_size
 
     if args.suite and args.config:
@@ -252,7 +257,8 @@ def compare_plan(args):
     prepare = [] if args.methods else suite["prepare"]  # the suite's preparation serves the suite's methods
     folder = new_folder(args.out)
     plan = P.make_plan(methods, base, overrides(args), folder, method_configs(), seeds, tune, prepare,
-                       suite["per_method"], suite["method_defaults"], check=world_size)
+                       suite["per_method"], suite["method_defaults"], check=world_size, budget=args.budget,
+                       layout=layout)
     return plan, folder
 
 

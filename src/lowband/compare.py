@@ -80,6 +80,8 @@ def compare(plan: P.Plan, folder: str) -> tuple[int, str, list[dict]]:
     the full runs with each spec's chosen value; writes tuning.csv, summary.csv and the report.
     """
     P.save(plan, folder)
+    if describe_budget(plan):
+        print(describe_budget(plan), flush=True)
     for i, command in enumerate(plan.prepare or []):
         code = prepared(folder, f"prepare/{i}", command)
         if code:
@@ -106,6 +108,22 @@ def compare(plan: P.Plan, folder: str) -> tuple[int, str, list[dict]]:
 
     build([folder])
     return (0 if all(r["status"] == "ok" for r in rows) else 1), folder, rows
+
+
+def layout(cfg: C.Config) -> tuple[int, int]:
+    """(optimizer steps per epoch of each worker, workers) of a config: what a budget is measured in."""
+    from lowband.trainer import make_plan
+
+    world = runs.world_size(cfg)
+    return make_plan(cfg, world).steps, world
+
+
+def describe_budget(plan: P.Plan) -> str:
+    """'budget samples: single 5 epochs, allreduce 20 epochs' (empty for the default, equal epochs)."""
+    if plan.budget == "epochs":
+        return ""
+    epochs = [f"{label} {P.full_runs(plan, {})[i].config['train']['epochs']}" for i, label in enumerate(plan.labels)]
+    return f"budget {plan.budget} (as many as Allreduce's in train.epochs); epochs: " + ", ".join(epochs)
 
 
 def execute(folder: str, run: P.Run) -> tuple[int, str]:

@@ -9,6 +9,12 @@ derives its runs:
   the first seed; per spec the value with the best final validation accuracy is chosen;
 - full runs: every spec once per seed (`--seeds 0,1,2`), with its chosen value.
 
+Budgets (`--budget`): `epochs` (the default) gives every method train.epochs passes over its
+own worker's data; `steps` gives every worker as many optimizer steps, and `samples` all
+workers together as many training samples, as Allreduce takes in train.epochs epochs on the
+comparison's workers and data. A method's epochs (tuning runs' too) are scaled to match,
+rounded to whole epochs (at least 1); the table's `samples` column shows what each processed.
+
 The plan's inputs are saved as plan.json in the comparison directory, and every finished run is
 recorded in done.jsonl there, so that `compare --resume DIR` re-plans the same runs and skips the
 finished ones. Nothing here starts a run.
@@ -29,6 +35,7 @@ from lowband.errors import ConfigError, UsageError, require
 PLAN = "plan.json"
 DONE = "done.jsonl"
 TUNE_DIR = "tune"
+BUDGETS = ("epochs", "steps", "samples")
 
 
 # ---- parsing ---------------------------------------------------------------------------------
@@ -180,6 +187,12 @@ class Plan:
     seeds: list[int] | None = None
     tune: Tune | None = None
     prepare: list[str] | None = None
+    budget: str = "epochs"
+    scale: dict[str, float] | None = None  # per label: its epochs over train.epochs (the budget's)
+
+    def epochs(self, label: str, epochs: int) -> int:
+        """`epochs` scaled to the label's share of the budget: whole epochs, at least 1."""
+        return max(1, round(epochs * (self.scale or {}).get(label, 1.0)))
 
     def to_json(self) -> dict:
         return {"version": 1, **asdict(self), "tune": asdict(self.tune) if self.tune else None}
@@ -189,21 +202,28 @@ class Plan:
         tune = data.get("tune")
         return Plan(data["labels"], data["configs"], data.get("seeds"),
                     Tune(tune["field"], tuple(tune["values"]), tune.get("epochs")) if tune else None,
-                    data.get("prepare") or [])
+                    data.get("prepare") or [], data.get("budget", "epochs"), data.get("scale"))
 
 
 def make_plan(specs: list[str], base: dict, overrides: dict, folder: str, method_configs: dict[str, type],
               seeds: list[int] | None = None, tune: Tune | None = None, prepare: list[str] | None = None,
-              per_method: dict | None = None, method_defaults: dict | None = None, check=None) -> Plan:
+              per_method: dict | None = None, method_defaults: dict | None = None, check=None,
+              budget: str = "epochs", layout=None) -> Plan:
     """Resolve and check every run before any starts: each spec's config, each seed and tuned value.
 
     `check(config)` is called on every built config (e.g. the world size's check); a bad value
-    raises ConfigError/UsageError."""
+    raises ConfigError/UsageError. `layout(config)` -> (optimizer steps per epoch per worker,
+    workers) sizes a `steps` or `samples` budget."""
     require(len(set(specs)) == len(specs), "--methods", ",".join(specs), "each method spec at most once")
     first = parse_spec(specs[0])[0]
     configs = {spec: fill(spec_config(spec, base, overrides, per_method, method_defaults,
                                       inherit=parse_spec(spec)[0] == first), folder) for spec in specs}
-    plan = Plan(list(specs), configs, seeds, None, list(prepare or []))
+    require(budget in BUDGETS, "--budget", budget, "one of " + ", ".join(BUDGETS))
+    plan = Plan(list(specs), configs, seeds, None, list(prepare or []), budget)
+    if budget != "epochs":
+        reference = C.from_dict(spec_config("allreduce", base, overrides), method_configs)
+        plan.scale = {label: budget_scale(budget, layout, reference, C.from_dict(raw, method_configs))
+                      for label, raw in configs.items()}
     if tune is not None:
         kinds = {numeric_kind(field_type(tune.field, raw, method_configs)) for raw in configs.values()}
         require(None not in kinds, "--tune", tune.field, "not a numeric field; tune a number, e.g. optim.lr")
@@ -213,6 +233,16 @@ def make_plan(specs: list[str], base: dict, overrides: dict, folder: str, method
         if check is not None:
             check(cfg)
     return plan
+
+
+def budget_scale(budget: str, layout, reference: C.Config, cfg: C.Config) -> float:
+    """`cfg`'s epochs per epoch of `reference` (Allreduce) under `budget`: the ratio of what one epoch
+    gives each worker (`steps`: optimizer steps) or all workers together (`samples`: steps x batch x workers)."""
+    def per_epoch(c: C.Config) -> float:
+        steps, workers = layout(c)
+        return steps if budget == "steps" else steps * c.train.batch_size * workers
+
+    return per_epoch(reference) / per_epoch(cfg)
 
 
 def safe(label: str) -> str:
@@ -234,8 +264,8 @@ def tuning_runs(plan: Plan) -> list[Run]:
         seed = plan.seeds[0] if plan.seeds else raw.get("train", {}).get("seed", 0)
         for value in plan.tune.values:
             cfg = set_field(set_field(raw, field, value), "train.seed", seed)
-            if plan.tune.epochs is not None:
-                cfg = set_field(cfg, "train.epochs", plan.tune.epochs)
+            epochs = plan.tune.epochs if plan.tune.epochs is not None else train_epochs(cfg)
+            cfg = set_field(cfg, "train.epochs", plan.epochs(label, epochs))
             name = f"{safe(label)}_{field}-{show(value)}"
             out.append(Run(f"tune/{label}/{field}={show(value)}", label, "tune", seed,
                            os.path.join(TUNE_DIR, name), cfg, value))
@@ -253,10 +283,16 @@ def full_runs(plan: Plan, chosen: dict[str, float | int | None]) -> list[Run]:
                 raw = set_field(raw, plan.tune.field, value)
             if seed is not None:
                 raw = set_field(raw, "train.seed", seed)
+            if plan.budget != "epochs":
+                raw = set_field(raw, "train.epochs", plan.epochs(label, train_epochs(raw)))
             suffix = f"_seed-{seed}" if len(seeds) > 1 else ""
             key = f"run/{label}" + (f"/seed={seed}" if seed is not None else "")
             out.append(Run(key, label, "run", raw.get("train", {}).get("seed", 0), safe(label) + suffix, raw, value))
     return out
+
+
+def train_epochs(raw: dict) -> int:
+    return raw.get("train", {}).get("epochs", C.TrainConfig().epochs)
 
 
 def choose(results: list[tuple[Run, float | None]]) -> dict[str, float | int | None]:

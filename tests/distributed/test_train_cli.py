@@ -157,3 +157,15 @@ def test_compare_tunes_runs_seeds_and_resumes_without_rerunning(tmp_path):
     assert [r["epoch"] for r in read_metrics(str(folder / "single_seed-1"))] == [1]
     with open(folder / "summary.csv") as f:
         assert len(list(csv.DictReader(f))) == 4
+
+
+def test_compare_budget_steps_gives_every_worker_about_allreduces_steps(tmp_path):
+    p = cli("compare", "--methods", "single,allreduce", "--workers", "2", "--epochs", "2", "--budget", "steps",
+            "--out", str(tmp_path), *small(tmp_path))
+    assert p.returncode == 0, p.stderr
+    (folder,) = tmp_path.glob("compare-*")
+    single, allreduce = read_metrics(str(folder / "single")), read_metrics(str(folder / "allreduce"))
+    # 432 training samples, batch 16: one worker takes 27 steps an epoch, each of two 13
+    assert [r["epoch"] for r in single] == [1] and single[-1]["steps"] == 27  # round(2 x 13 / 27) epochs
+    assert [r["epoch"] for r in allreduce] == [1, 2] and allreduce[-1]["steps"] == 26
+    assert "budget steps" in p.stdout and "equal optimizer steps per worker" in (folder / "report.md").read_text()

@@ -112,3 +112,27 @@ def test_suite_files_hold_per_method_settings(tmp_path):
     path.write_text('methods = ["allreduce"]\nper_method = {local_sgd = 1}\n')
     with pytest.raises(ConfigError, match="per_method"):
         load_suite(path=str(path))
+
+
+def test_budgets_scale_each_methods_epochs_to_allreduces_steps_or_samples():
+    # a fake layout: (steps per epoch per worker, workers) as if 480 training samples, batch 16
+    def layout(cfg):
+        world = world_size(cfg)
+        shard = 480 if cfg.method.name == "single" else 480 // world * (2 if cfg.method.name == "codistill" else 1)
+        return shard // cfg.train.batch_size, world
+
+    specs = ["single", "allreduce", "local_sgd:tau=4", "codistill:group_size=2"]
+    base = {"train": {"workers": 4, "epochs": 20, "batch_size": 16}}
+
+    def epochs(budget, tune=None):
+        p = P.make_plan(specs, base, {}, "F", method_configs(), tune=tune, budget=budget, layout=layout)
+        return [r.config["train"]["epochs"] for r in P.full_runs(p, {})], P.tuning_runs(p)
+
+    assert epochs("epochs")[0] == [20, 20, 20, 20]
+    # allreduce: 7 steps x 16 x 4 = 448 samples per epoch; single: 30 steps = 480; codistill (all data twice): 15 steps
+    assert epochs("steps")[0] == [round(20 * 7 / 30), 20, 20, round(20 * 7 / 15)]
+    assert epochs("samples")[0] == [round(20 * 448 / 480), 20, 20, round(20 * 448 / (15 * 16 * 4))]
+    tuning = epochs("steps", P.Tune("optim.lr", (0.1,), 10))[1]
+    assert [r.config["train"]["epochs"] for r in tuning] == [2, 10, 10, 5]  # tuning runs scale alike
+    with pytest.raises(ConfigError, match="--budget"):
+        epochs("time")
