@@ -94,14 +94,14 @@ def compare(plan: P.Plan, folder: str) -> tuple[int, str, list[dict]]:
         results.append((run, final_val_acc(run_dir) if code == 0 else None))
     chosen = P.choose(results)
     if plan.tune is not None:
-        write_tuning(plan, results, chosen, os.path.join(folder, "tuning.csv"))
-    rows = []
+        write_tuning(results, chosen, os.path.join(folder, "tuning.csv"))
+    rows: list[dict] = []
     for run in P.full_runs(plan, chosen):
         code, run_dir = execute(folder, run)
         if code == 130:
             return 130, folder, rows
         rows.append(summarize(run.label, C.from_dict(run.config, runs.method_configs()), run_dir, code)
-                    | {"tuned": "" if run.value is None else f"{plan.tune.field}={P.show(run.value)}"})
+                    | {"tuned": run.tuned})
     add_speed(rows)
     write_csv(rows, os.path.join(folder, "summary.csv"))
     from lowband.report import build
@@ -122,7 +122,7 @@ def describe_budget(plan: P.Plan) -> str:
     """'budget samples: single 5 epochs, allreduce 20 epochs' (empty for the default, equal epochs)."""
     if plan.budget == "epochs":
         return ""
-    epochs = [f"{label} {P.full_runs(plan, {})[i].config['train']['epochs']}" for i, label in enumerate(plan.labels)]
+    epochs = [f"{run.label} {run.config['train']['epochs']}" for run in P.full_runs(plan, {})[:len(plan.labels)]]
     return f"budget {plan.budget} (as many as Allreduce's in train.epochs); epochs: " + ", ".join(epochs)
 
 
@@ -163,13 +163,13 @@ def final_val_acc(run_dir: str) -> float | None:
 TUNING_COLUMNS = ["label", "method", "field", "value", "val_acc", "chosen"]
 
 
-def write_tuning(plan: P.Plan, results: list[tuple[P.Run, float | None]], chosen: dict, path: str) -> None:
+def write_tuning(results: list[tuple[P.Run, float | None]], chosen: dict, path: str) -> None:
     """tuning.csv: one row per tuning run (label, method, field, value, val_acc, chosen yes/no)."""
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=TUNING_COLUMNS)
         writer.writeheader()
         for run, acc in results:
-            writer.writerow({"label": run.label, "method": run.config["method"]["name"], "field": plan.tune.field,
+            writer.writerow({"label": run.label, "method": run.config["method"]["name"], "field": run.field,
                              "value": P.show(run.value), "val_acc": "" if acc is None else acc,
                              "chosen": "yes" if chosen.get(run.label) == run.value else "no"})
 

@@ -176,6 +176,12 @@ class Run:
     dir: str
     config: dict
     value: float | int | None = None
+    field: str | None = None  # the tuned field, when `value` is set
+
+    @property
+    def tuned(self) -> str:
+        """'optim.lr=0.1', or '' when nothing was tuned."""
+        return "" if self.value is None else f"{self.field}={show(self.value)}"
 
 
 @dataclass
@@ -268,26 +274,28 @@ def tuning_runs(plan: Plan) -> list[Run]:
             cfg = set_field(cfg, "train.epochs", plan.epochs(label, epochs))
             name = f"{safe(label)}_{field}-{show(value)}"
             out.append(Run(f"tune/{label}/{field}={show(value)}", label, "tune", seed,
-                           os.path.join(TUNE_DIR, name), cfg, value))
+                           os.path.join(TUNE_DIR, name), cfg, value, field))
     return out
 
 
 def full_runs(plan: Plan, chosen: dict[str, float | int | None]) -> list[Run]:
     """Every spec once per seed (seed-major: one whole comparison per seed), with its chosen value."""
-    seeds = plan.seeds or [None]
+    seeds: list[int | None] = list(plan.seeds) if plan.seeds else [None]
+    field = plan.tune.field if plan.tune is not None else None
     out = []
     for seed in seeds:
         for label in plan.labels:
             raw, value = plan.configs[label], chosen.get(label)
-            if value is not None:
-                raw = set_field(raw, plan.tune.field, value)
+            if value is not None and field is not None:
+                raw = set_field(raw, field, value)
             if seed is not None:
                 raw = set_field(raw, "train.seed", seed)
             if plan.budget != "epochs":
                 raw = set_field(raw, "train.epochs", plan.epochs(label, train_epochs(raw)))
             suffix = f"_seed-{seed}" if len(seeds) > 1 else ""
             key = f"run/{label}" + (f"/seed={seed}" if seed is not None else "")
-            out.append(Run(key, label, "run", raw.get("train", {}).get("seed", 0), safe(label) + suffix, raw, value))
+            out.append(Run(key, label, "run", raw.get("train", {}).get("seed", 0), safe(label) + suffix, raw,
+                           value if field is not None else None, field))
     return out
 
 
@@ -297,7 +305,7 @@ def train_epochs(raw: dict) -> int:
 
 def choose(results: list[tuple[Run, float | None]]) -> dict[str, float | int | None]:
     """Per label, the tuned value with the best validation accuracy (ties: the first tried; None: none finished)."""
-    best: dict[str, tuple[float, float | int] | None] = {}
+    best: dict[str, tuple[float, float | int | None] | None] = {}
     for run, acc in results:
         current = best.setdefault(run.label, None)
         if acc is not None and (current is None or acc > current[0]):
