@@ -221,6 +221,9 @@ def make_plan(specs: list[str], base: dict, overrides: dict, folder: str, method
     raises ConfigError/UsageError. `layout(config)` -> (optimizer steps per epoch per worker,
     workers) sizes a `steps` or `samples` budget."""
     require(len(set(specs)) == len(specs), "--methods", ",".join(specs), "each method spec at most once")
+    for key in per_method or {}:
+        require(parse_spec(key)[0] in method_configs, f"per_method.{key}", (per_method or {})[key],
+                "names no method; known: " + ", ".join(sorted(method_configs)))
     first = parse_spec(specs[0])[0]
     configs = {spec: fill(spec_config(spec, base, overrides, per_method, method_defaults,
                                       inherit=parse_spec(spec)[0] == first), folder) for spec in specs}

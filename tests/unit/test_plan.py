@@ -48,6 +48,8 @@ def test_per_method_settings_sit_between_the_suite_and_the_command_line():
     assert [p.configs[s]["method"].get("tau") for s in ("local_sgd", "local_sgd:tau=4")] == [8, 4]  # spec wins
     with pytest.raises(ConfigError, match="optim.lrr"):
         plan(["allreduce"], per_method={"allreduce": {"optim": {"lrr": 0.1}}})
+    with pytest.raises(ConfigError, match="per_method.local_sdg.*names no method"):
+        plan(["allreduce"], per_method={"local_sdg": {"optim": {"lr": 0.1}}})
 
 
 def test_tuning_runs_every_method_at_every_value_then_each_seed_once():
