@@ -148,10 +148,22 @@ def prepared(folder: str, key: str, command: str) -> int:
     if done is not None and done["code"] == 0:
         print(f"\n=== prepare: lowband {command}: finished already ===", flush=True)
         return 0
-    code = run_prepare(command.replace("{folder}", folder))
+    code = run_prepare(continued(command.replace("{folder}", folder)))
     if code != 130:
         P.mark(folder, key, "", code)
     return code
+
+
+def continued(command: str) -> str:
+    """`train ... --run-dir D` as `train --resume D` when D holds a started run (an interrupted preparation)."""
+    import shlex
+
+    words = shlex.split(command)
+    if words[:1] == ["train"] and "--run-dir" in words[:-1]:
+        run_dir = words[words.index("--run-dir") + 1]
+        if RunDir(run_dir).is_run():
+            return f"train --resume {shlex.quote(run_dir)}"
+    return command
 
 
 def final_val_acc(run_dir: str) -> float | None:

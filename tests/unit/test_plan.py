@@ -138,3 +138,13 @@ def test_budgets_scale_each_methods_epochs_to_allreduces_steps_or_samples():
     assert [r.config["train"]["epochs"] for r in tuning] == [2, 10, 10, 5]  # tuning runs scale alike
     with pytest.raises(ConfigError, match="--budget"):
         epochs("time")
+
+
+def test_an_interrupted_preparation_continues_its_run(tmp_path):
+    from lowband.compare import continued
+
+    command = f"train --method single --epochs 10 --run-dir {tmp_path}/teacher"
+    assert continued(command) == command
+    (tmp_path / "teacher").mkdir()
+    (tmp_path / "teacher" / "config.toml").write_text("")
+    assert continued(command) == f"train --resume {tmp_path}/teacher"
