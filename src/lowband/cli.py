@@ -13,6 +13,8 @@ EXAMPLES = """\
 examples:
   lowband compare --suite quick          (every method side by side on MNIST-1D, 4 workers)
   lowband compare --methods local_sgd:tau=16,ec_dnn:ensemble=margin,ec_dnn:ensemble=regression
+  lowband compare --suite quick --seeds 0,1,2 --tune optim.lr=0.05,0.1,0.2 --tune-epochs 10
+  lowband compare --resume runs/compare-20261121-101500   (skip the runs that finished)
   lowband train --method allreduce --workers 4 --epochs 30
   lowband train --method allreduce --set optim.lr=0.1 --set data.partition=dirichlet
   lowband train --method ec_dnn --set method.ensemble=margin --set method.tau=64
@@ -82,6 +84,18 @@ def parser() -> argparse.ArgumentParser:
     _common(c, with_method=False)
     c.add_argument("--out", default="runs", help="parent directory of the comparison directory (default runs)")
     c.add_argument("--target-from", metavar="RUN_DIR", help="set train.target_accuracy to that run's final test accuracy")
+    c.add_argument("--seeds", metavar="S1,S2,...", help="run every method once per seed, e.g. 0,1,2 "
+                                                        "(the table shows mean ± sd; default: train.seed once)")
+    c.add_argument("--tune", metavar="FIELD=VALUES", help="first run every method at each value of a numeric field, "
+                   "e.g. optim.lr=0.025,0.05,0.1 or optim.lr=log:0.01:0.2:5, and keep per method the value with the "
+                   "best final validation accuracy (tuning.csv)")
+    c.add_argument("--tune-epochs", type=int, metavar="N", help="epochs of each --tune run (default: the full count)")
+    c.add_argument("--budget", default="epochs", metavar="epochs|steps|samples",
+                   help="what every method gets equally: epochs over its own worker's data (default); steps: "
+                        "optimizer steps per worker, samples: training samples over all workers, both as many as "
+                        "Allreduce's in train.epochs (each method's epochs scaled, rounded)")
+    c.add_argument("--resume", metavar="COMPARE_DIR", help="continue a comparison: skip its finished runs "
+                   "(plan.json, done.jsonl), continue an interrupted one from its checkpoint")
     g = sub.add_parser("config", help="print the resolved configuration with every option explained")
     _common(g)
     sub.add_parser("list", help="list the known methods, models and data sets")
@@ -147,6 +161,12 @@ def resolve(args, method: str | None = None, base: dict | None = None) -> C.Conf
     name = method or getattr(args, "method", None)
     if name:
         raw = C.merge(raw, {"method": {"name": name}})
+    return C.from_dict(C.merge(raw, overrides(args)), method_configs())
+
+
+def overrides(args) -> dict:
+    """What the command line sets: shortcut flags <- --target-from <- --set, as a nested dict."""
+    raw: dict = {}
     for _, key, _ in SHORTCUTS:
         value = getattr(args, key, None)
         if value is not None:
@@ -156,7 +176,7 @@ def resolve(args, method: str | None = None, base: dict | None = None) -> C.Conf
     for item in args.sets:
         path, value = C.parse_set(item)
         raw = C.merge(raw, C.nest(path, value))
-    return C.from_dict(raw, method_configs())
+    return raw
 
 
 def final_accuracy(run_dir: str) -> float:
@@ -197,22 +217,49 @@ def resume_config(args) -> C.Config:
 
 
 def cmd_compare(args) -> int:
-    from lowband.compare import compare, load_suite, parse_spec, print_summary
+    from lowband import plan as P
+    from lowband.compare import compare, print_summary
+
+    if args.resume:
+        given = [flag for flag, key, _ in SHORTCUTS if getattr(args, key) is not None]
+        given += [f"--{name.replace('_', '-')}" for name in ("suite", "methods", "config", "target_from", "seeds",
+                                                             "tune", "tune_epochs", "sets") if getattr(args, name)]
+        given += ["--budget"] if args.budget != "epochs" else []
+        if given:
+            raise UsageError(f"--resume continues a comparison with its own plan.json; drop {', '.join(given)}")
+        plan, folder = P.load(args.resume), args.resume
+    else:
+        plan, folder = compare_plan(args)
+    code, folder, rows = compare(plan, folder)
+    if rows:
+        print_summary(rows, folder)
+    return code
+
+
+def compare_plan(args):
+    """(the comparison's plan, its new directory), every run's config checked; nothing runs yet."""
+    from lowband import plan as P
+    from lowband.compare import layout, load_suite, new_folder
+    from lowband.runs import method_configs, world_size
 
     if args.suite and args.config:
         raise UsageError("--suite and --config both name a suite; give one")
+    if args.tune_epochs is not None and not args.tune:
+        raise UsageError("--tune-epochs sets the length of --tune's runs; give --tune FIELD=VALUES too")
     is_suite = args.config and "methods" in C.read_toml(args.config)
     suite = load_suite(args.suite) if args.suite else load_suite(path=args.config) if is_suite else load_suite("quick")
     base = suite["config"] if (args.suite or is_suite or not args.config) else C.read_toml(args.config)
     methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else suite["methods"]
     if not methods:
         raise UsageError(f"--methods={args.methods!r} names no method")
+    seeds = P.parse_seeds(args.seeds) if args.seeds is not None else None
+    tune = P.parse_tune(args.tune, args.tune_epochs) if args.tune is not None else None
     prepare = [] if args.methods else suite["prepare"]  # the suite's preparation serves the suite's methods
-    code, folder, rows = compare(resolve(args, parse_spec(methods[0])[0], base), methods, args.out, prepare,
-                                 suite["method_defaults"])
-    if rows:
-        print_summary(rows, folder)
-    return code
+    folder = new_folder(args.out)
+    plan = P.make_plan(methods, base, overrides(args), folder, method_configs(), seeds, tune, prepare,
+                       suite["per_method"], suite["method_defaults"], check=world_size, budget=args.budget,
+                       layout=layout)
+    return plan, folder
 
 
 def cmd_report(args) -> int:

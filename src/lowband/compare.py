@@ -9,19 +9,21 @@ from __future__ import annotations
 
 import csv
 import os
-import re
 import time
 from importlib import resources
 
 import tomllib
 
 from lowband import config as C
+from lowband import plan as P
 from lowband import runs, table
 from lowband.errors import ConfigError, UsageError
 from lowband.metrics import median, read_metrics
+from lowband.plan import fill, parse_spec, spec_config  # noqa: F401 (fill, parse_spec: re-exported)
+from lowband.rundir import RunDir
 
 COLUMNS = ["label", "method", "seed", "workers", "val_acc", "val_acc_L", "final_acc", "final_acc_L", "best_val_acc",
-           "epochs", "samples", "bytes_sent_per_worker", "train_s", "samples_per_s", "speedup", "status", "run_dir"]
+           "epochs", "samples", "bytes_sent_per_worker", "train_s", "samples_per_s", "speedup", "tuned", "status", "run_dir"]
 
 
 def suite_names() -> list[str]:
@@ -29,7 +31,8 @@ def suite_names() -> list[str]:
 
 
 def load_suite(name: str | None = None, path: str | None = None) -> dict:
-    """A suite: {description, methods, target, config}; `name` is built in, `path` a user's TOML file."""
+    """A suite: {description, methods, target, config, prepare, method_defaults, per_method};
+    `name` is built in, `path` a user's TOML file."""
     if name is not None:
         if name not in suite_names():
             raise UsageError(f"unknown suite {name!r}; known: {', '.join(suite_names())} (or --config FILE)")
@@ -45,60 +48,60 @@ def load_suite(name: str | None = None, path: str | None = None) -> dict:
     defaults = raw.get("method_defaults", {})
     if not isinstance(defaults, dict) or not all(isinstance(v, dict) for v in defaults.values()):
         raise ConfigError("method_defaults", defaults, "tables of options per method, e.g. [method_defaults.edl]")
+    per_method = raw.get("per_method", {})
+    if not isinstance(per_method, dict) or not all(isinstance(v, dict) for v in per_method.values()):
+        raise ConfigError("per_method", per_method, "tables of settings per method, e.g. [per_method.local_sgd] "
+                                                    "with optim.lr = 0.2")
     return {"description": raw.get("description", ""), "methods": methods, "config": raw.get("config", {}),
-            "target": raw.get("target", "allreduce"), "prepare": prepare, "method_defaults": defaults}
+            "target": raw.get("target", "allreduce"), "prepare": prepare, "method_defaults": defaults,
+            "per_method": per_method}
 
 
-def parse_spec(spec: str) -> tuple[str, dict]:
-    """'ec_dnn:ensemble=margin:tau=128' -> ('ec_dnn', {'ensemble': 'margin', 'tau': 128}).
-
-    A value may hold colons ('diloco:codec=topk:0.02+int2:tau=64'): a new option starts only at
-    ':KEY='."""
-    name, *options = re.split(r":(?=[A-Za-z_][A-Za-z0-9_]*=)", spec)
-    if ":" in name:
-        raise ConfigError("--methods", spec, "options are NAME:KEY=VALUE[:KEY=VALUE], e.g. ec_dnn:ensemble=margin")
-    values = {}
-    for item in options:
-        path, value = C.parse_set(f"method.{item}")
-        if len(path) != 2:
-            raise ConfigError("--methods", spec, "options are KEY=VALUE, e.g. ec_dnn:ensemble=margin")
-        values[path[1]] = value
-    return name, values
+def new_folder(out: str) -> str:
+    """A new comparison directory's path under `out` (created when the comparison starts)."""
+    path, n = os.path.join(out, "compare-" + time.strftime("%Y%m%d-%H%M%S")), 1
+    while os.path.exists(path if n == 1 else f"{path}-{n}"):
+        n += 1
+    return path if n == 1 else f"{path}-{n}"
 
 
 def with_method(base: C.Config, spec: str, defaults: dict | None = None) -> C.Config:
     """`base` running `spec`; `defaults` holds a suite's options per method name (the spec's win)."""
-    name, options = parse_spec(spec)
-    raw = C.to_dict(base)
-    inherited = raw["method"] if raw["method"]["name"] == name else {}
-    raw["method"] = {**(defaults or {}).get(name, {}), **inherited, **options, "name": name}
+    name = parse_spec(spec)[0]
+    raw = spec_config(spec, C.to_dict(base), {}, None, defaults, inherit=base.method.name == name)
     return C.from_dict(raw, runs.method_configs())
 
 
-def compare(base: C.Config, specs: list[str], out: str, prepare: list[str] = (),
-            method_defaults: dict | None = None) -> tuple[int, str, list[dict]]:
-    """Returns (exit code, comparison directory, one row per method).
+def compare(plan: P.Plan, folder: str) -> tuple[int, str, list[dict]]:
+    """Run `plan` in `folder` (runs already recorded there as finished are skipped: --resume);
+    returns (exit code, comparison directory, one row per full run).
 
-    `prepare`: lowband commands run first (e.g. training a teacher); "{folder}" in them and in
-    the configs' strings is the comparison directory. `method_defaults`: options per method name.
+    First the plan's preparation commands (e.g. training a teacher), then its tuning runs, then
+    the full runs with each spec's chosen value; writes tuning.csv, summary.csv and the report.
     """
-    folder = os.path.join(out, "compare-" + time.strftime("%Y%m%d-%H%M%S"))
-    configs = [(spec, C.from_dict(fill(C.to_dict(with_method(base, spec, method_defaults)), folder),
-                                  runs.method_configs()))
-               for spec in specs]  # validate all before running any
-    for _, cfg in configs:
-        runs.world_size(cfg)
-    for command in prepare:
-        code = run_prepare(command.replace("{folder}", folder))
+    P.save(plan, folder)
+    if describe_budget(plan):
+        print(describe_budget(plan), flush=True)
+    for i, command in enumerate(plan.prepare or []):
+        code = prepared(folder, f"prepare/{i}", command)
         if code:
             return code, folder, []
-    rows = []
-    for spec, cfg in configs:
-        print(f"\n=== {spec} ===", flush=True)
-        code, run_dir = runs.start(cfg, os.path.join(folder, spec.replace(":", "_").replace("=", "-")))
+    results = []
+    for run in P.tuning_runs(plan):
+        code, run_dir = execute(folder, run)
+        if code == 130:
+            return 130, folder, []
+        results.append((run, final_val_acc(run_dir) if code == 0 else None))
+    chosen = P.choose(results)
+    if plan.tune is not None:
+        write_tuning(results, chosen, os.path.join(folder, "tuning.csv"))
+    rows: list[dict] = []
+    for run in P.full_runs(plan, chosen):
+        code, run_dir = execute(folder, run)
         if code == 130:
             return 130, folder, rows
-        rows.append(summarize(spec, cfg, run_dir, code))
+        rows.append(summarize(run.label, C.from_dict(run.config, runs.method_configs()), run_dir, code)
+                    | {"tuned": run.tuned})
     add_speed(rows)
     write_csv(rows, os.path.join(folder, "summary.csv"))
     from lowband.report import build
@@ -107,13 +110,80 @@ def compare(base: C.Config, specs: list[str], out: str, prepare: list[str] = (),
     return (0 if all(r["status"] == "ok" for r in rows) else 1), folder, rows
 
 
-def fill(raw, folder: str):
-    """`raw` with "{folder}" replaced in every string."""
-    if isinstance(raw, dict):
-        return {k: fill(v, folder) for k, v in raw.items()}
-    if isinstance(raw, list):
-        return [fill(v, folder) for v in raw]
-    return raw.replace("{folder}", folder) if isinstance(raw, str) else raw
+def layout(cfg: C.Config) -> tuple[int, int]:
+    """(optimizer steps per epoch of each worker, workers) of a config: what a budget is measured in."""
+    from lowband.trainer import make_plan
+
+    world = runs.world_size(cfg)
+    return make_plan(cfg, world).steps, world
+
+
+def describe_budget(plan: P.Plan) -> str:
+    """'budget samples: single 5 epochs, allreduce 20 epochs' (empty for the default, equal epochs)."""
+    if plan.budget == "epochs":
+        return ""
+    epochs = [f"{run.label} {run.config['train']['epochs']}" for run in P.full_runs(plan, {})[:len(plan.labels)]]
+    return f"budget {plan.budget} (as many as Allreduce's in train.epochs); epochs: " + ", ".join(epochs)
+
+
+def execute(folder: str, run: P.Run) -> tuple[int, str]:
+    """Run `run` unless done.jsonl records it finished; an interrupted run continues from its checkpoint."""
+    run_dir = os.path.join(folder, run.dir)
+    title = run.label + (f", {run.key.split('/')[-1]}" if run.kind == "tune" else f", seed {run.seed}")
+    done = P.finished(folder).get(run.key)
+    if done is not None and done["code"] == 0 and RunDir(run_dir).has_records():
+        print(f"\n=== {title}: finished already ===", flush=True)
+        return 0, run_dir
+    print(f"\n=== {title} ===", flush=True)
+    cfg = C.from_dict(run.config, runs.method_configs())
+    code, run_dir = runs.start(cfg, run_dir, resume=RunDir(run_dir).is_run())
+    if code != 130:
+        P.mark(folder, run.key, run_dir, code)
+    return code, run_dir
+
+
+def prepared(folder: str, key: str, command: str) -> int:
+    """Run a preparation command unless done.jsonl records it finished."""
+    done = P.finished(folder).get(key)
+    if done is not None and done["code"] == 0:
+        print(f"\n=== prepare: lowband {command}: finished already ===", flush=True)
+        return 0
+    code = run_prepare(continued(command.replace("{folder}", folder)))
+    if code != 130:
+        P.mark(folder, key, "", code)
+    return code
+
+
+def continued(command: str) -> str:
+    """`train ... --run-dir D` as `train --resume D` when D holds a started run (an interrupted preparation)."""
+    import shlex
+
+    words = shlex.split(command)
+    if words[:1] == ["train"] and "--run-dir" in words[:-1]:
+        run_dir = words[words.index("--run-dir") + 1]
+        if RunDir(run_dir).is_run():
+            return f"train --resume {shlex.quote(run_dir)}"
+    return command
+
+
+def final_val_acc(run_dir: str) -> float | None:
+    """The validation accuracy of the run's last evaluated record (None: none)."""
+    accs = [r["val_acc"] for r in read_metrics(run_dir) if r.get("val_acc") is not None]
+    return accs[-1] if accs else None
+
+
+TUNING_COLUMNS = ["label", "method", "field", "value", "val_acc", "chosen"]
+
+
+def write_tuning(results: list[tuple[P.Run, float | None]], chosen: dict, path: str) -> None:
+    """tuning.csv: one row per tuning run (label, method, field, value, val_acc, chosen yes/no)."""
+    with open(path, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=TUNING_COLUMNS)
+        writer.writeheader()
+        for run, acc in results:
+            writer.writerow({"label": run.label, "method": run.config["method"]["name"], "field": run.field,
+                             "value": P.show(run.value), "val_acc": "" if acc is None else acc,
+                             "chosen": "yes" if chosen.get(run.label) == run.value else "no"})
 
 
 def run_prepare(command: str) -> int:
@@ -172,5 +242,8 @@ def format_table(rows: list[dict], target: float | None = None) -> str:
 
 def print_summary(rows: list[dict], folder: str, target: float | None = None) -> None:
     print("\n" + format_table(rows, target))
+    tuned = dict.fromkeys(f"{r['label']} {r['tuned']}" for r in rows if r.get("tuned"))
+    if tuned:
+        print("\nTuned (best validation accuracy of the sweep, tuning.csv): " + "; ".join(tuned))
     print(f"\nruns, summary.csv and report.md/report.html (plots: accuracy against epoch, bytes and time; "
           f"projected time to target against link rate; accuracy against bytes) in {folder}")

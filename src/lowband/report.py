@@ -233,7 +233,27 @@ def build(folders: list[str], out: str | None = None, target: float | None = Non
 
 def facts(runs: list[dict], folders: list[str], target: float | None, why: str) -> list[str]:
     return [table.describe_target(target, why), f"Machine: {machine()}", f"Link: {link_of(runs)}",
-            f"Comparisons: {', '.join(folders)}"]
+            f"Budget: {budgets(folders)}", f"Comparisons: {', '.join(folders)}"]
+
+
+BUDGET_WORDS = {"epochs": "equal epochs over each worker's own data",
+                "steps": "equal optimizer steps per worker (Allreduce's in train.epochs)",
+                "samples": "equal training samples over all workers (Allreduce's in train.epochs)"}
+
+
+def budgets(folders: list[str]) -> str:
+    """What every method was given equally, from each comparison's plan.json (older ones: equal epochs)."""
+    import json
+
+    seen = []
+    for folder in folders:
+        path = os.path.join(folder, "plan.json")
+        budget = "epochs"
+        if os.path.exists(path):
+            with open(path) as f:
+                budget = json.load(f).get("budget", "epochs")
+        seen.append(BUDGET_WORDS.get(budget, budget))
+    return "; ".join(dict.fromkeys(seen))
 
 
 def answer(rows: list[dict], groups: dict[str, list[dict]], target: float | None, latency_s: float,

@@ -109,3 +109,63 @@ def test_compare_prints_one_table_and_writes_summary(tmp_path):
     assert float(rows[1]["speedup"]) == 1.0  # Allreduce is the yardstick; its own mean accuracy is the target
     assert json.loads((folder / "allreduce" / "metrics.jsonl").read_text().splitlines()[0])["epoch"] == 1
     assert (folder / "local_sgd_tau-5" / "rounds.jsonl").exists()
+
+
+def test_compare_tunes_runs_seeds_and_resumes_without_rerunning(tmp_path):
+    import csv
+
+    p = cli("compare", "--methods", "single,allreduce", "--workers", "2", "--epochs", "1", "--seeds", "0,1",
+            "--tune", "optim.lr=0.02,0.2", "--tune-epochs", "1", "--out", str(tmp_path), *small(tmp_path))
+    assert p.returncode == 0, p.stderr
+    (folder,) = tmp_path.glob("compare-*")
+    with open(folder / "tuning.csv") as f:
+        tuning = list(csv.DictReader(f))
+    assert [(r["label"], r["value"]) for r in tuning] == [("single", "0.02"), ("single", "0.2"),
+                                                          ("allreduce", "0.02"), ("allreduce", "0.2")]
+    chosen = {}
+    for label in ("single", "allreduce"):  # the chosen value: the best final validation accuracy, read here
+        accs = {v: read_metrics(str(folder / "tune" / f"{label}_optim.lr-{v}"))[-1]["val_acc"] for v in ("0.02", "0.2")}
+        chosen[label] = max(accs, key=lambda v: (accs[v], v == "0.02"))
+        assert [r["chosen"] for r in tuning if r["label"] == label] == [
+            "yes" if v == chosen[label] else "no" for v in ("0.02", "0.2")]
+    with open(folder / "summary.csv") as f:
+        rows = list(csv.DictReader(f))
+    assert [(r["label"], r["seed"], r["tuned"]) for r in rows] == [
+        (label, seed, f"optim.lr={chosen[label]}") for seed in ("0", "1") for label in ("single", "allreduce")]
+    for r in rows:
+        cfg = tomllib.loads((folder / f"{r['label']}_seed-{r['seed']}" / "config.toml").read_text())
+        assert cfg["optim"]["lr"] == float(chosen[r["label"]]) and cfg["train"]["seed"] == int(r["seed"])
+    table = p.stdout[p.stdout.index("method "):]
+    assert [line.split()[:2] for line in table.splitlines()[2:4]] == [["single", "2"], ["allreduce", "2"]]  # seeds
+    assert f"allreduce optim.lr={chosen['allreduce']}" in p.stdout
+    assert "## Tuning" in (folder / "report.md").read_text()
+
+    # resume: one run lost its completion record, another its directory; the rest are not run again
+    done = (folder / "done.jsonl").read_text().splitlines()
+    (folder / "done.jsonl").write_text("\n".join(done[:-1]) + "\n")
+    import shutil
+
+    shutil.rmtree(folder / "single_seed-1")
+    before = {path: path.stat().st_mtime_ns for path in folder.glob("*/metrics.jsonl")}
+    before.update({path: path.stat().st_mtime_ns for path in folder.glob("tune/*/metrics.jsonl")})
+    again = cli("compare", "--resume", str(folder))
+    assert again.returncode == 0, again.stderr
+    assert again.stdout.count("finished already") == 6
+    rerun = [path.parent.name for path, t in before.items() if path.stat().st_mtime_ns != t]
+    assert rerun == ["allreduce_seed-1"]  # continued from its checkpoint (single_seed-1 was started afresh)
+    assert [r["epoch"] for r in read_metrics(str(folder / "allreduce_seed-1"))] == [1]
+    assert [r["epoch"] for r in read_metrics(str(folder / "single_seed-1"))] == [1]
+    with open(folder / "summary.csv") as f:
+        assert len(list(csv.DictReader(f))) == 4
+
+
+def test_compare_budget_steps_gives_every_worker_about_allreduces_steps(tmp_path):
+    p = cli("compare", "--methods", "single,allreduce", "--workers", "2", "--epochs", "2", "--budget", "steps",
+            "--out", str(tmp_path), *small(tmp_path))
+    assert p.returncode == 0, p.stderr
+    (folder,) = tmp_path.glob("compare-*")
+    single, allreduce = read_metrics(str(folder / "single")), read_metrics(str(folder / "allreduce"))
+    # 432 training samples, batch 16: one worker takes 27 steps an epoch, each of two 13
+    assert [r["epoch"] for r in single] == [1] and single[-1]["steps"] == 27  # round(2 x 13 / 27) epochs
+    assert [r["epoch"] for r in allreduce] == [1, 2] and allreduce[-1]["steps"] == 26
+    assert "budget steps" in p.stdout and "equal optimizer steps per worker" in (folder / "report.md").read_text()

@@ -167,14 +167,14 @@ def test_zero_bytes_sit_a_decade_left_of_the_rest_and_the_front_is_non_dominated
 
 @pytest.mark.parametrize("name", ["quick", "afsd", "ecdnn", "rdpsgd", "edl"])
 def test_built_in_suites_resolve_to_valid_configs(name):
-    from lowband import config as C
-    from lowband.compare import load_suite, with_method
+    from lowband.compare import load_suite
+    from lowband.plan import make_plan
     from lowband.runs import method_configs, world_size
 
     suite = load_suite(name)
-    base = C.from_dict({**suite["config"], "method": {"name": "allreduce"}}, method_configs())
-    for spec in suite["methods"]:
-        world_size(with_method(base, spec, suite["method_defaults"]))  # raises on any invalid option or world size
+    plan = make_plan(suite["methods"], suite["config"], {}, "F", method_configs(), prepare=suite["prepare"],
+                     per_method=suite["per_method"], method_defaults=suite["method_defaults"], check=world_size)
+    assert plan.labels == suite["methods"]  # make_plan raises on any invalid option, setting or world size
 
 
 def test_user_suite_files_and_unknown_suites(tmp_path):
