@@ -8,7 +8,9 @@ Every worker runs `tau` inner steps with the configured optimizer. Then the pseu
 Δ = θ_global - θ_local is averaged over the workers (through `codec`, with error feedback when
 the codec is lossy) and an outer SGD with Nesterov momentum (`outer_lr`, `outer_momentum`) steps
 θ_global; every worker continues from θ_global. Floating buffers (BatchNorm) are averaged.
-Outer lr 1 with momentum 0 is local SGD exactly.
+Outer lr 1 with momentum 0 is local SGD exactly. The inner learning rate is not scaled with the
+number of workers (the outer step already moves θ_global by about outer_lr / (1 - momentum) times
+the mean change; scaling both diverged on MNIST-1D, BENCHMARKS.md).
 
 Streaming: `fragments = P` cuts the parameters into P consecutive groups synchronised in rotation,
 each every tau steps, fragment p at steps (p + 1) tau / P (mod tau), so each sync sends 1/P of the
@@ -36,7 +38,7 @@ from lowband.registry import METHODS
 @dataclass(kw_only=True)
 class DiLoCoConfig(RoundsConfig):
     name: str = opt("diloco", "training method")
-    tau: int = opt(32, "inner steps between outer steps (H in the paper)")
+    tau: int = opt(16, "inner steps between outer steps (H in the paper)")
     outer_lr: float = opt(0.7, "outer SGD learning rate (1 with outer_momentum 0 is local SGD)")
     outer_momentum: float = opt(0.9, "outer Nesterov momentum in [0, 1) (0: plain SGD)")
     fragments: int = opt(1, "Streaming DiLoCo: parameter fragments synchronised in rotation (1: all at once)")
@@ -61,7 +63,6 @@ class DiLoCoConfig(RoundsConfig):
 class DiLoCo(Method):
     Config = DiLoCoConfig
     cfg: DiLoCoConfig
-    averages_workers = True
     min_workers = 2
 
     def setup(self, model):
