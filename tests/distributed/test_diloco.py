@@ -178,3 +178,27 @@ def test_local_sgd_with_a_codec_sends_compressed_changes(tmp_path):
     per_round = codec.payload_bytes(state // 2) + codec.payload_bytes(state - state // 2)  # K = 2: each way once
     final = 2 * (2 - 1) / 2 * 4 * state  # the final global model: one fp32 average
     assert record["bytes"]["params"]["sent"] == pytest.approx(rounds * per_round + final)
+
+
+def test_replicas_allreduce_inside_and_only_their_first_ranks_step_outside(tmp_path):
+    world, steps, tau = 4, 8, 4
+    ranks = trace(tmp_path, world, steps, tau=tau, group_size=2, outer_lr=1.0, outer_momentum=0.0)
+    for s in range(steps):
+        post = [r["post"][s] for r in ranks]
+        assert torch.equal(post[0], post[1]) and torch.equal(post[2], post[3])  # one model per replica
+        if (s + 1) % tau == 0:
+            assert torch.equal(post[0], post[2])
+            torch.testing.assert_close(post[0], torch.stack([r["pre"][s] for r in ranks]).mean(0), rtol=1e-5, atol=1e-6)
+        else:
+            assert not torch.equal(post[0], post[2])
+    stats = [r["stats"] for r in ranks]
+    per_sync = 2 * (2 - 1) / 2 * P * 4  # an fp32 allreduce between the 2 replicas' first ranks
+    assert [s.get("params", {}).get("sent", 0) for s in stats] == pytest.approx([2 * per_sync, 0, 2 * per_sync, 0])
+    assert stats[1]["params-group"]["recv"] == 2 * P * 4 and stats[0]["params-group"]["sent"] == 2 * P * 4
+    assert stats[0]["grad"]["calls"] == steps  # the replica's gradient allreduce, every step
+
+
+def test_group_size_must_leave_two_replicas(tmp_path):
+    p = cli("train", "--method", "diloco", "--workers", "2", "--out", str(tmp_path / "runs"),
+            *small(tmp_path, "--set", "method.group_size=2"))
+    assert p.returncode == 2 and "method.group_size=2" in p.stderr and p.stderr.strip().count("\n") == 0

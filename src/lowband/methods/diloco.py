@@ -12,6 +12,11 @@ Outer lr 1 with momentum 0 is local SGD exactly. The inner learning rate is not 
 number of workers (the outer step already moves θ_global by about outer_lr / (1 - momentum) times
 the mean change; scaling both diverged on MNIST-1D, BENCHMARKS.md).
 
+Replicas: with `group_size = g` every g consecutive ranks form one replica that allreduces its
+gradients every step (a site's fast link, as DiLoCo's "workers" are data-parallel groups); the
+outer step runs between the replicas' first ranks and reaches the others by a broadcast inside
+the replica (tag "params-group").
+
 Streaming: `fragments = P` cuts the parameters into P consecutive groups synchronised in rotation,
 each every tau steps, fragment p at steps (p + 1) tau / P (mod tau), so each sync sends 1/P of the
 model. A fragment's result is merged `overlap` steps after it was sent (the exchange may run while
@@ -46,6 +51,7 @@ class DiLoCoConfig(RoundsConfig):
     mix: float = opt(1.0, "merge weight of θ_global: θ_local <- mix·θ_global + (1 - mix)·θ_local, in (0, 1]")
     codec: str = opt("fp32", f"how pseudo-gradients travel: {SPEC_HELP}")
     error_feedback: bool = opt(True, "keep what a lossy codec dropped and send it with the next sync")
+    group_size: int = opt(1, "ranks per replica, allreducing gradients every step; outer steps average the replicas")
 
     def __post_init__(self):
         super().__post_init__()
@@ -57,6 +63,7 @@ class DiLoCoConfig(RoundsConfig):
                 "method.overlap", self.overlap, f"must be >= 0 and < tau / fragments = {self.tau / self.fragments:g}")
         require(0 < self.mix <= 1, "method.mix", self.mix, "must be in (0, 1]")
         parse_codec(self.codec, "method.codec")
+        require(self.group_size >= 1, "method.group_size", self.group_size, "must be an integer >= 1")
 
 
 @METHODS.register("diloco")
@@ -65,14 +72,23 @@ class DiLoCo(Method):
     cfg: DiLoCoConfig
     min_workers = 2
 
+    @classmethod
+    def check(cls, cfg: DiLoCoConfig, world: int) -> None:
+        g = cfg.group_size
+        if world % g or world // g < 2:
+            raise ConfigError("method.group_size", g, f"must divide the {world} workers into at least 2 replicas")
+
     def setup(self, model):
-        self.model = model
-        self.ctx.comm.broadcast_state(model, src=0, tag="init")
+        comm, g = self.ctx.comm, self.cfg.group_size
+        comm.broadcast_state(model, src=0, tag="init")
+        self.group = comm.split([list(range(i, i + g)) for i in range(0, comm.world, g)]) if g > 1 else comm.alone()
+        self.across = comm.split([list(range(p, comm.world, g)) for p in range(g)]) if g > 1 else comm
+        self.model = self.group.data_parallel(model, tag="grad") if g > 1 else model
         params = list(model.parameters())
         if self.cfg.fragments > len(params):
             raise ConfigError("method.fragments", self.cfg.fragments,
                               f"must be <= the model's {len(params)} parameter tensors")
-        seed = self.ctx.cfg.train.seed * 1000 + self.ctx.comm.rank
+        seed = self.ctx.cfg.train.seed * 1000 + comm.rank
         self.fragments = [Fragment(group, self.cfg.outer_lr, self.cfg.outer_momentum,
                                    parse_codec(self.cfg.codec, seed=seed), self.cfg.error_feedback)
                           for group in split_fragments(params, self.cfg.fragments)]
@@ -80,7 +96,11 @@ class DiLoCo(Method):
                         for p in range(self.cfg.fragments)]
         self.rounds = RoundLog(self.ctx, self.cfg.tau, self.cfg.round_evals)
         self.steps = 0
-        return model
+        return self.model
+
+    def lr_scale(self) -> float:
+        """A replica's update averages its g ranks' batches, as Allreduce's averages K."""
+        return float(self.cfg.group_size)
 
     def after_step(self, step: int) -> None:
         self.steps = step + 1
@@ -94,18 +114,26 @@ class DiLoCo(Method):
             self._end_round(self.steps // self.cfg.tau)
 
     def _sync(self, frag: Fragment) -> None:
-        frag.sync(self.ctx.comm, "params", self.steps, self.cfg.overlap)
+        self._outer_step(frag, self.cfg.overlap)
         if self.cfg.overlap == 0:
             frag.merge(self.cfg.mix)
+
+    def _outer_step(self, frag: Fragment, delay: int) -> None:
+        """The replicas' first ranks average and step; the others receive θ_global from theirs."""
+        if self.group.rank == 0:
+            frag.sync(self.across, "params", self.steps, delay)
+        if self.group.world > 1:
+            self.group.broadcast(frag.anchor.data, src=0, tag="params-group")
+            frag.schedule(self.steps, delay)
 
     def _end_round(self, round_no: int) -> None:
         self._average_buffers()
         if self.rounds.due(round_no):
-            local = self.rounds.local_accuracies(self.model)
+            local = self.rounds.local_accuracies(self.local_model())
             self.rounds.write(round_no, self.steps, local, self.global_model(final=False))
 
     def _average_buffers(self) -> None:
-        buffers = [b for b in self.model.buffers() if b.is_floating_point()]
+        buffers = [b for b in self.local_model().buffers() if b.is_floating_point()]
         if buffers:
             flat = torch.cat([b.reshape(-1) for b in buffers])
             self.ctx.comm.allreduce(flat, tag="params", mean=True)
@@ -120,7 +148,7 @@ class DiLoCo(Method):
         saved = [frag.state_dict() for frag in self.fragments]
         for frag in self.fragments:
             if frag.sent_at < self.steps:
-                frag.sync(self.ctx.comm, "params", self.steps, 0)
+                self._outer_step(frag, 0)
         self._average_buffers()
         model = self._with_anchors()
         for frag, state in zip(self.fragments, saved):
@@ -128,7 +156,7 @@ class DiLoCo(Method):
         return model
 
     def _with_anchors(self):
-        model = copy.deepcopy(self.model)
+        model = copy.deepcopy(self.local_model())
         for frag, mine in zip(self.fragments, split_fragments(list(model.parameters()), self.cfg.fragments)):
             torch.nn.utils.vector_to_parameters(frag.anchor.detach().clone(), mine)
         return model

@@ -50,11 +50,15 @@ class Fragment:
 
     @torch.no_grad()
     def sync(self, comm, tag: str, step: int, delay: int) -> None:
-        """Average the pseudo-gradient over ranks and take one outer step; merge it at step + delay."""
+        """Average the pseudo-gradient over `comm`'s ranks and take one outer step; merge at step + delay."""
         delta = self.anchor.detach() - parameters_to_vector(self.params)
         self.anchor.grad = compressed_mean(comm, delta, self.codec, tag, self.feedback)
         self.outer.step()
         self.outer.zero_grad(set_to_none=True)
+        self.schedule(step, delay)
+
+    def schedule(self, step: int, delay: int) -> None:
+        """Record a sync at `step` whose θ_global is merged at step + delay."""
         self.sent_at, self.apply_at = step, step + delay
 
     @torch.no_grad()
