@@ -223,7 +223,7 @@ def gossip_trace(out_dir: str, steps: str, method: str, options: str = "{}") -> 
     comm.close()
 
 
-def codistill_trace(out_dir: str, steps: str, interval: str, method: str = "codistill") -> None:
+def codistill_trace(out_dir: str, steps: str, interval: str, method: str = "codistill", codec: str = "fp32") -> None:
     """Codistillation hooks in the trainer's order; records own and teacher parameters every step."""
     from lowband.methods.afsd import AFSD, AFSDConfig
     from lowband.methods.codistill import Codistill, CodistillConfig
@@ -232,7 +232,7 @@ def codistill_trace(out_dir: str, steps: str, interval: str, method: str = "codi
     steps, interval = int(steps), int(interval)
     comm = Communicator.from_env(torch.device("cpu"), "gloo", timeout_s=60)
     cls, config = (AFSD, AFSDConfig) if method == "afsd" else (Codistill, CodistillConfig)
-    mcfg = config(interval=interval, wait_s=30.0, store=os.path.join(out_dir, "store"))
+    mcfg = config(interval=interval, wait_s=30.0, store=os.path.join(out_dir, "store"), codec=codec)
     ctx = Context(Config(method=mcfg, train=TrainConfig(epochs=1)), comm, torch.device("cpu"), logging.getLogger("t"),
                   out_dir, steps)
     torch.manual_seed(comm.rank)

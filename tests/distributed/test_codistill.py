@@ -19,10 +19,12 @@ from tests.distributed.helpers import run_workers
 STEPS, N = 7, 3
 
 
-@pytest.mark.parametrize("world, method", [(2, "codistill"), (3, "codistill"), (2, "afsd")])
-def test_teachers_are_the_peers_at_the_exchange_and_stay_until_the_next(tmp_path, world, method):
-    assert run_workers("tests.distributed.helpers:codistill_trace", [str(tmp_path), str(STEPS), str(N), method],
+@pytest.mark.parametrize("world, method, codec", [(2, "codistill", "fp32"), (3, "codistill", "fp32"),
+                                                 (2, "afsd", "fp32"), (2, "codistill", "fp16")])
+def test_teachers_are_the_peers_at_the_exchange_and_stay_until_the_next(tmp_path, world, method, codec):
+    assert run_workers("tests.distributed.helpers:codistill_trace", [str(tmp_path), str(STEPS), str(N), method, codec],
                        world, str(tmp_path), keep_going=False) == 0
+    stored = {"fp32": torch.float32, "fp16": torch.float16}[codec]
     ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(world)]
     for i, r in enumerate(ranks):
         for s in range(STEPS):
@@ -33,7 +35,7 @@ def test_teachers_are_the_peers_at_the_exchange_and_stay_until_the_next(tmp_path
                 continue
             assert r["versions"][s] == {j: exchanged for j in peers}
             for j in peers:  # the teacher is exactly peer j's model after its step `exchanged`
-                assert torch.equal(r["teachers"][s][j], ranks[j]["own"][exchanged - 1])
+                assert torch.equal(r["teachers"][s][j], ranks[j]["own"][exchanged - 1].to(stored).float())
     size = os.path.getsize(next((tmp_path / "store" / "model0").iterdir()))
     exchanges = STEPS // N
     for r in ranks:

@@ -135,3 +135,21 @@ def test_a_checkpoint_of_another_architecture_is_a_usage_error():
     with pytest.raises(UsageError, match="another architecture"):
         check_architecture(state(1.0), {"w": torch.zeros(5, 3), "b": torch.zeros(3)}, "store/model1 step 3")
     check_architecture(state(1.0), state(2.0), "same")
+
+
+@pytest.mark.parametrize("dtype,torch_dtype", [("fp16", torch.float16), ("bf16", torch.bfloat16)])
+def test_half_precision_checkpoints_are_half_the_bytes_and_read_back_as_float32(tmp_path, dtype, torch_dtype):
+    from safetensors.torch import load_file
+
+    state = {"w": torch.randn(1000), "steps": torch.tensor([3])}
+    full = CheckpointStore(str(tmp_path / "a"), Communicator())
+    half = CheckpointStore(str(tmp_path / "b"), Communicator(), dtype=dtype)
+    full.publish(0, 1, state)
+    half.publish(0, 1, state)
+    sizes = [os.path.getsize(tmp_path / d / "model0" / "step0000000001.safetensors") for d in ("a", "b")]
+    assert sizes[0] - sizes[1] >= 2000 - 64  # 2 bytes fewer per value, give or take the header
+    stored = load_file(str(tmp_path / "b" / "model0" / "step0000000001.safetensors"))  # a valid file
+    assert stored["w"].dtype == torch_dtype and stored["steps"].dtype == torch.int64
+    _, back = half.load_newest(0)
+    assert back["w"].dtype == torch.float32 and torch.equal(back["w"], state["w"].to(torch_dtype).float())
+    assert torch.equal(back["steps"], state["steps"])

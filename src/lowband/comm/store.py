@@ -25,8 +25,13 @@ from safetensors.torch import save as save_bytes
 
 from lowband.errors import ConfigError, UsageError
 
+STORED = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
 KEEP = 3  # versions kept per model: a reader may still be fetching the one before the newest
 NAME = re.compile(r"step(\d{10})\.safetensors$")
+
+
+def _stored(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
+    return tensor.to(dtype) if tensor.dtype == torch.float32 else tensor
 
 
 def signature(state: dict[str, torch.Tensor]) -> str:
@@ -49,8 +54,11 @@ def read_metadata(data: bytes) -> dict:
 
 
 class CheckpointStore:
-    def __init__(self, url: str, comm=None, log: logging.Logger | None = None, tag: str = "ckpt"):
-        self.url, self.comm, self.tag = url, comm, tag
+    def __init__(self, url: str, comm=None, log: logging.Logger | None = None, tag: str = "ckpt",
+                 dtype: str = "fp32"):
+        """`dtype` fp16 or bf16: floating tensors are stored at half precision (half the bytes; still a
+        plain safetensors file) and read back as float32."""
+        self.url, self.comm, self.tag, self.dtype = url, comm, tag, STORED[dtype]
         self.log = log or logging.getLogger("lowband")
         try:
             self.fs, self.root = fsspec.core.url_to_fs(url)
@@ -65,7 +73,7 @@ class CheckpointStore:
         return f"{self.root}/model{model}"
 
     def publish(self, model: int, step: int, state: dict[str, torch.Tensor]) -> None:
-        tensors = {k: v.detach().cpu().contiguous() for k, v in state.items()}
+        tensors = {k: _stored(v.detach().cpu(), self.dtype).contiguous() for k, v in state.items()}
         meta = {"step": str(step), "model": str(model), "signature": signature(tensors), "sha256": digest(tensors)}
         data = save_bytes(tensors, metadata=meta)
         folder = self._dir(model)
@@ -113,7 +121,7 @@ class CheckpointStore:
         except Exception as e:
             self.log.warning(f"skipping damaged checkpoint {path} ({type(e).__name__}: {e}); keeping the previous one")
             return None
-        return state
+        return {k: v.float() if v.dtype in (torch.float16, torch.bfloat16) else v for k, v in state.items()}
 
     def _remove(self, path: str) -> None:
         try:

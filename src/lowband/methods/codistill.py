@@ -40,6 +40,8 @@ class CodistillConfig(MethodConfig):
     store: str = opt("", "checkpoint store: a directory or fsspec URL (default RUN_DIR/exchange)")
     temperature: float = opt(1.0, "distillation temperature T")
     wait_s: float = opt(0.0, "at an exchange, wait this long for peers' checkpoints of the same step (0: take the newest)")
+    codec: Literal["fp32", "fp16", "bf16"] = opt("fp32", "precision of the checkpoints written to the store "
+                                                          "(fp16/bf16: half the bytes, read back as float32)")
 
     def __post_init__(self):
         require(self.group_size >= 1, "method.group_size", self.group_size, "must be an integer >= 1")
@@ -96,7 +98,7 @@ class Codistill(Method):
         self.model = self.group.data_parallel(self.net, tag="grad") if g > 1 else self.net
         self._has_buffers = any(b.is_floating_point() for b in model.buffers())
         url = self.cfg.store or self.ctx.run.file("exchange")
-        self.store = CheckpointStore(url, comm, self.ctx.log)
+        self.store = CheckpointStore(url, comm, self.ctx.log, dtype=self.cfg.codec)
         self.teachers: dict[int, torch.nn.Module] = {}
         self.teacher_step: dict[int, int] = {}
         self.silent: set[int] = set()
