@@ -68,4 +68,4 @@ class LocalSGD(Method):
             self.average.load_state_dict(state["average"])
 
     def global_model(self, final: bool):
-        return averaged_copy(self.ctx.comm, self.model, tag="params" if final else "eval")
+        return averaged_copy(self.ctx.comm, self.local_model(), tag="params" if final else "eval")

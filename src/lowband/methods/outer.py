@@ -21,7 +21,9 @@ from lowband.comm.reduce import compressed_mean
 
 def split_fragments(params: list[nn.Parameter], parts: int) -> list[list[nn.Parameter]]:
     """`params` in order, cut into `parts` consecutive non-empty groups of about equal size."""
-    total, groups, current, filled = sum(p.numel() for p in params), [], [], 0
+    total, filled = sum(p.numel() for p in params), 0
+    groups: list[list[nn.Parameter]] = []
+    current: list[nn.Parameter] = []
     for i, p in enumerate(params):
         current.append(p)
         filled += p.numel()
