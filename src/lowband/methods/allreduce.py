@@ -24,6 +24,7 @@ class AllreduceConfig(MethodConfig):
 @METHODS.register("allreduce")
 class Allreduce(Method):
     Config = AllreduceConfig
+    cfg: AllreduceConfig
     averages_workers = True
 
     def setup(self, model):

@@ -22,7 +22,7 @@ from __future__ import annotations
 import contextlib
 import logging
 from dataclasses import dataclass
-from typing import Callable
+from typing import Any, Callable
 
 import torch
 from torch import nn
@@ -78,23 +78,23 @@ class Method:
     averages_workers: bool = False
 
     @classmethod
-    def check(cls, cfg: MethodConfig, world: int) -> None:
+    def check(cls, cfg: Any, world: int) -> None:
         """Reject options that cannot work with `world` workers (raise ConfigError); before any worker starts."""
 
     @classmethod
-    def partition(cls, cfg: MethodConfig, labels: torch.Tensor, world: int, seed: int) -> list[torch.Tensor] | None:
+    def partition(cls, cfg: Any, labels: torch.Tensor, world: int, seed: int) -> list[torch.Tensor] | None:
         """Each rank's training indices, when the method decides them (None: data.partition decides)."""
         return None
 
     @classmethod
-    def services(cls, cfg: MethodConfig):
+    def services(cls, cfg: Any):
         """A context manager for processes the run needs beside its workers (EDL-Dist: Redis, teachers);
         entered by the launcher around the workers, restarts included."""
         return contextlib.nullcontext()
 
     def __init__(self, cfg: MethodConfig, ctx: Context):
         self.cfg, self.ctx = cfg, ctx
-        self.model: nn.Module | None = None
+        self.model: nn.Module = nn.Identity()  # replaced in setup()
 
     def setup(self, model: nn.Module) -> nn.Module:
         self.model = model

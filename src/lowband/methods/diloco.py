@@ -32,7 +32,7 @@ from dataclasses import dataclass
 import torch
 
 from lowband.comm.compress import SPEC_HELP, parse_codec
-from lowband.config import MethodConfig, opt
+from lowband.config import opt
 from lowband.errors import ConfigError, require
 from lowband.methods.base import Method
 from lowband.methods.outer import Fragment, split_fragments
@@ -73,8 +73,8 @@ class DiLoCo(Method):
     min_workers = 2
 
     @classmethod
-    def check(cls, cfg: MethodConfig, world: int) -> None:
-        g = getattr(cfg, "group_size", 1)
+    def check(cls, cfg: DiLoCoConfig, world: int) -> None:
+        g = cfg.group_size
         if world % g or world // g < 2:
             raise ConfigError("method.group_size", g, f"must divide the {world} workers into at least 2 replicas")
 

@@ -51,6 +51,7 @@ class ECDNNConfig(RoundsConfig):
 @METHODS.register("ec_dnn")
 class ECDNN(Method):
     Config = ECDNNConfig
+    cfg: ECDNNConfig
     same_init = False
     min_workers = 2
 
@@ -114,12 +115,14 @@ class ECDNN(Method):
 
     def _relabel_subset(self, round_no: int) -> torch.Tensor:
         shard = self.ctx.shard
+        assert shard is not None, "EC-DNN runs with its shard in the context"
         gen = torch.Generator().manual_seed(self.ctx.cfg.train.seed * 7_919 + round_no * 104_729 + self.ctx.comm.rank)
         count = max(1, round(self.cfg.mu * len(shard)))
         return shard[torch.randperm(len(shard), generator=gen)[:count]].to(self.ctx.device)
 
     def _local(self, ids: torch.Tensor):
         d = self.ctx.data
+        assert d is not None, "EC-DNN runs with its data in the context"
         return d.x_train[ids.cpu()].to(self.ctx.device), d.y_train[ids.cpu()].to(self.ctx.device)
 
     def _test_weights(self, weights: torch.Tensor) -> torch.Tensor:

@@ -76,6 +76,7 @@ class EDLConfig(AllreduceConfig):
 @METHODS.register("edl")
 class EDL(Allreduce):
     Config = EDLConfig
+    cfg: EDLConfig
 
     @classmethod
     def check(cls, cfg: EDLConfig, world: int) -> None:
@@ -124,6 +125,7 @@ class EDL(Allreduce):
         coord = Coordinator(c.coordinator or os.environ.get(ENV, ""), lease_s=c.lease_s)
         student = f"{socket.gethostname()}-{os.getpid()}-rank{self.ctx.comm.rank}"
         d = self.ctx.data
+        assert d is not None, "EDL-Dist runs with its data in the context"
         return DistilReader(coord, student, d.in_shape, d.num_classes, rc, self.ctx.log, student_rate=rate)
 
     # ---- hooks ----------------------------------------------------------------------------------

@@ -26,6 +26,7 @@ class EnsembleConfig(MethodConfig):
 @METHODS.register("ensemble")
 class IndependentEnsemble(Method):
     Config = EnsembleConfig
+    cfg: EnsembleConfig
     same_init = False
     min_workers = 2
 

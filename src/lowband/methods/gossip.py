@@ -74,6 +74,7 @@ class Timers(dict):
 @METHODS.register("dpsgd")
 class DPSGD(Method):
     Config = DPSGDConfig
+    cfg: DPSGDConfig
     averages_workers = True
     min_workers = 2
 
@@ -161,6 +162,7 @@ class DPSGD(Method):
 @METHODS.register("rdpsgd")
 class RDPSGD(DPSGD):
     Config = RDPSGDConfig
+    cfg: RDPSGDConfig
 
     def setup(self, model):
         self.codec = INDEX_CODECS[self.cfg.index]()

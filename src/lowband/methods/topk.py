@@ -47,6 +47,7 @@ class TopKConfig(DPSGDConfig):
 @METHODS.register("topk")
 class TopKGossip(DPSGD):
     Config = TopKConfig
+    cfg: TopKConfig
 
     def setup(self, model):
         self.codec = INDEX_CODECS[self.cfg.index]()
