@@ -38,6 +38,7 @@ def load_suite(name: str | None = None, path: str | None = None) -> dict:
             raise UsageError(f"unknown suite {name!r}; known: {', '.join(suite_names())} (or --config FILE)")
         raw = tomllib.loads(resources.files("lowband").joinpath("suites", f"{name}.toml").read_text())
     else:
+        assert path is not None, "a suite is a name or a path"
         raw = C.read_toml(path)
     methods = raw.get("methods")
     if not isinstance(methods, list) or not methods or not all(isinstance(m, str) for m in methods):

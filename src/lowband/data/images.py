@@ -95,6 +95,7 @@ def imagefolder(cfg: DataConfig) -> TensorData:
             "an existing directory with train/<class>/ and test/<class>/ (or val/) image folders")
     test_dir = next((os.path.join(cfg.root, d) for d in ("test", "val") if os.path.isdir(os.path.join(cfg.root, d))), None)
     require(test_dir is not None, "data.root", cfg.root, "needs a test/ or val/ folder beside train/")
+    assert test_dir is not None
     classes = sorted(d for d in os.listdir(train_dir) if os.path.isdir(os.path.join(train_dir, d)))
     x_tr, y_tr = _read_folder(train_dir, classes, cfg.image_size)
     x_te, y_te = _read_folder(test_dir, classes, cfg.image_size)

@@ -30,7 +30,7 @@ def partition(labels: torch.Tensor, workers: int, mode: str, seed: int, alpha: f
 def _dirichlet(labels: np.ndarray, workers: int, alpha: float, rng, tries: int = 100) -> list[np.ndarray]:
     """Per class, split its samples over workers in proportions drawn from Dir(alpha)."""
     for _ in range(tries):
-        shards = [[] for _ in range(workers)]
+        shards: list[list[np.ndarray]] = [[] for _ in range(workers)]
         for c in np.unique(labels):
             idx = rng.permutation(np.flatnonzero(labels == c))
             cuts = (np.cumsum(rng.dirichlet([alpha] * workers))[:-1] * len(idx)).astype(int)

@@ -129,8 +129,9 @@ def _check_teacher_fits(cfg: C.Config) -> None:
     from lowband.distill.serve import load_teacher
     from lowband.methods.edl import check_fits
 
-    _, _, in_shape, classes = load_teacher(cfg.method.teacher)
-    check_fits(load_dataset(cfg.data), in_shape, classes, cfg.method.teacher)
+    teacher = getattr(cfg.method, "teacher")  # an EDLConfig here
+    _, _, in_shape, classes = load_teacher(teacher)
+    check_fits(load_dataset(cfg.data), in_shape, classes, teacher)
 
 
 def summary_line(run_dir: str) -> str:

@@ -39,6 +39,11 @@ return 0
 """
 
 
+
+def _text(value: bytes | str) -> str:
+    """Redis answers bytes (or str when the client decodes); both become str."""
+    return value.decode() if isinstance(value, bytes) else value
+
 class CoordinatorUnavailable(UsageError):
     def __init__(self, url: str, why: str):
         super().__init__(f"coordinator {redact(url)} is unreachable ({why}); start Redis there, or leave the "
@@ -119,16 +124,16 @@ class Coordinator:
         keys = list(self.r.scan_iter(match=self._okey("*"), count=1000))
         values = self.r.mget(keys) if keys else []
         cut = len(self._okey(""))
-        return {k.decode()[cut:]: v.decode() for k, v in zip(keys, values) if v is not None}
+        return {_text(k)[cut:]: _text(v) for k, v in zip(keys, values) if v is not None}
 
-    def free(self, exclude: set[str] = frozenset()) -> list[TeacherInfo]:
+    def free(self, exclude: frozenset[str] | set[str] = frozenset()) -> list[TeacherInfo]:
         """Live teachers nobody holds, fastest first."""
         held = self.assignments()
         free = [t for t in self.teachers() if t.id not in held and t.id not in exclude]
         return sorted(free, key=lambda t: -t.throughput)
 
-    def claim(self, student: str, n: int = 1, exclude: set[str] = frozenset()) -> list[TeacherInfo]:
-        got = []
+    def claim(self, student: str, n: int = 1, exclude: frozenset[str] | set[str] = frozenset()) -> list[TeacherInfo]:
+        got: list[TeacherInfo] = []
         for t in self.free(exclude):
             if len(got) >= n:
                 break

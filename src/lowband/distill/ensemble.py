@@ -13,6 +13,7 @@ class Ensemble(nn.Module):
         super().__init__()
         self.members = nn.ModuleList(members)
         k = len(members)
+        self.weights: torch.Tensor
         self.register_buffer("weights", torch.full((k,), 1.0 / k) if weights is None else weights.clone().float())
 
     @torch.no_grad()

@@ -111,7 +111,7 @@ class DistilReader:
         # one lock, two conditions: the student waits for `arrived`, the links for `work`, so that
         # a step wakes no sender unless sending resumes (thread wake-ups cost the student's core)
         self.cv = threading.Condition()
-        self.work = threading.Condition(self.cv)
+        self.work = threading.Condition(self.cv)  # type: ignore[arg-type]  # a Condition is a lock too
         self._stopped = threading.Event()
         self.sources: deque = deque()         # (epoch, iterator of (x, y, ids)), in order
         self.fed: set[int] = set()
@@ -120,7 +120,8 @@ class DistilReader:
         self.links: dict[str, TeacherLink] = {}
         self.owned: set[str] = set()          # teachers this student holds a lease on (others are shared)
         self.failed: dict[str, float] = {}
-        self.sending, self.closed, self.starving_since = True, False, None
+        self.sending, self.closed = True, False
+        self.starving_since: float | None = None
         self.seq = itertools.count()
         self.stats = {"batches_sent": 0, "resent": 0, "teacher_failures": 0, "teachers_added": 0,
                       "bytes_sent": 0, "bytes_recv": 0, "starved_s": 0.0}

