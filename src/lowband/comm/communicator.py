@@ -218,6 +218,25 @@ class Communicator:
         ready = max((self.link.reserve(p, _nbytes(t)) for p, t in sends.items()), default=0.0) if self.link else 0.0
         return Pending(self, tag, dist.batch_isend_irecv(ops) if ops else [], ready)
 
+    def exchange_sized_async(self, peers: list[int], parts: list[tuple[str, torch.Tensor]],
+                             tag: str) -> tuple[dict[int, list[torch.Tensor]], list[Pending]]:
+        """Send the same `parts` (tag, 1-d tensor) to every peer when their lengths differ per rank:
+        first the lengths (one int64 each, under `tag`, waited for), then each part under its own tag.
+
+        Returns each peer's received parts, in order, and the exchanges in flight (wait on all)."""
+        device = parts[0][1].device
+        header = torch.tensor([t.numel() for _, t in parts], dtype=torch.int64, device=device)
+        lengths = {j: torch.zeros(len(parts), dtype=torch.int64, device=device) for j in peers}
+        self.exchange({j: header for j in peers}, lengths, tag)
+        received: dict[int, list[torch.Tensor]] = {j: [] for j in peers}
+        works = []
+        for i, (part_tag, t) in enumerate(parts):
+            into = {j: torch.empty(int(n[i]), dtype=t.dtype, device=device) for j, n in lengths.items()}
+            works.append(self.exchange_async({j: t for j in peers}, into, part_tag))
+            for j in peers:
+                received[j].append(into[j])
+        return received, works
+
     def broadcast_bytes(self, data: bytes | None, src: int, tag: str = "control") -> bytes:
         """Broadcast a byte string (e.g. a path) from `src`; plain bytes, never pickle."""
         if self.world == 1:

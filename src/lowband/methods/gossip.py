@@ -1,4 +1,4 @@
-"""D-PSGD and RD-PSGD: decentralized SGD where each node mixes with its neighbours only.
+"""Gossip: decentralized SGD where each node mixes with its neighbours only (D-PSGD, RD-PSGD, TopK).
 
 D-PSGD is Lian et al. 2017, "Can Decentralized Algorithms Outperform Centralized Algorithms?";
 RD-PSGD is the randomized variant of papers/rd-psgd-randomized-decentralized.txt. At step t
@@ -11,6 +11,11 @@ seed shared by all nodes and the step number, so in `seed` mode no index crosses
 D-PSGD exactly. `sync_every = s` mixes only every s-th step. The exchange for a step is posted
 right after the previous optimizer step and waited for after backward, so it overlaps with the
 forward and backward pass. Bytes: "params" (values) and "index" (indices and length headers).
+
+There is one method, `Gossip`; what a step sends is its sparsifier's business
+(methods/sparsifiers.py), which the config picks: `dpsgd` mixes every coordinate (Dense),
+`rdpsgd` a shared random subset (RandomK), `topk` the largest changes with error feedback (TopK,
+methods/topk.py). The registered names differ only in their config.
 """
 
 from __future__ import annotations
@@ -21,15 +26,17 @@ from typing import Literal
 
 import torch
 
-from lowband.comm.codecs import INDEX_CODECS
-from lowband.comm.masks import random_indices
+from lowband.comm.communicator import Pending
 from lowband.comm.topology import mixing_matrix, neighbours
 from lowband.config import MethodConfig, opt
 from lowband.errors import require
 from lowband.methods.base import Method
 from lowband.comm.averaging import averaged_copy
+from lowband.methods.sparsifiers import Dense, Incoming, Message, Mixing, RandomK, Sparsifier, Timers, mask_seed
 from lowband.models.flat import bind_flat_parameters
 from lowband.registry import METHODS
+
+__all__ = ["DPSGD", "DPSGDConfig", "Gossip", "RDPSGD", "RDPSGDConfig", "mask_seed"]
 
 
 @dataclass(kw_only=True)
@@ -40,6 +47,10 @@ class DPSGDConfig(MethodConfig):
 
     def __post_init__(self):
         require(self.sync_every >= 1, "method.sync_every", self.sync_every, "must be an integer >= 1")
+
+    def sparsifier(self, seed: int) -> Sparsifier:
+        """What a mixing step sends: every coordinate."""
+        return Dense()
 
 
 @dataclass(kw_only=True)
@@ -53,26 +64,27 @@ class RDPSGDConfig(DPSGDConfig):
         super().__post_init__()
         require(0 < self.p <= 1, "method.p", self.p, "must be in (0, 1]")
 
+    def sparsifier(self, seed: int) -> Sparsifier:
+        """What a mixing step sends: a random subset shared by all nodes through `seed`."""
+        return RandomK(self.p, self.index, self.sampler, seed)
+
 
 @dataclass
 class Exchange:
-    """One step's exchange in flight: the mixed coordinates, what arrives, and the pending work."""
+    """One step's exchange in flight: the message sent, what arrives from each peer, the work pending."""
 
-    idx: torch.Tensor | None
-    index_in: dict | None
-    received: dict
-    work: object
-
-
-class Timers(dict):
-    """Seconds per phase of the exchange: index, extract, comm, expand (and select for TopK)."""
-
-    def add(self, phase: str, t0: float) -> None:
-        self[phase] = self.get(phase, 0.0) + time.perf_counter() - t0
+    msg: Message
+    incoming: dict[int, Incoming]
+    works: list[Pending]
 
 
-@METHODS.register("dpsgd")
-class DPSGD(Method):
+class Gossip(Method):
+    """Decentralized SGD: each mixing step exchanges a sparsifier's message with the neighbours.
+
+    The config picks the sparsifier (`cfg.sparsifier(seed)`); this class only schedules: post the
+    exchange after the optimizer step, wait for it after the next backward pass, apply it.
+    """
+
     Config = DPSGDConfig
     cfg: DPSGDConfig
     averages_workers = True
@@ -91,59 +103,49 @@ class DPSGD(Method):
         w = mixing_matrix(self.cfg.topology, comm.world)[comm.rank]
         self.w_self, self.w_peer = float(w[comm.rank]), {j: float(w[j]) for j in self.peers}
         self.timers, self.pending = Timers(), None  # the first exchange is posted at the first mixing step
+        self.sparsifier = self.cfg.sparsifier(self.ctx.cfg.train.seed)
+        self.sparsifier.bind(self.x, Mixing(comm.rank, self.peers, self.w_self, self.w_peer), self.timers)
         return model
+
+    @property
+    def copies(self) -> dict[int, torch.Tensor]:
+        """The public copies of itself and its neighbours a sparsifier keeps (TopK), else none."""
+        return getattr(self.sparsifier, "copies", {})
 
     def mixes_at(self, step: int) -> bool:
         return (step + 1) % self.cfg.sync_every == 0
 
-    # ---- what is exchanged ----------------------------------------------------------------------
-    def indices(self, step: int) -> torch.Tensor | None:
-        """Coordinates mixed at `step`; None: all of them."""
-        return None
-
     def _post(self, step: int) -> None:
-        if not self.mixes_at(step):
-            return
-        t0 = time.perf_counter()
-        idx = self.indices(step)
-        self.timers.add("index", t0)
-        t0 = time.perf_counter()
-        values = self.x.clone() if idx is None else self.x[idx]
-        self.timers.add("extract", t0)
-        index_in = self._send_indices(idx)
-        received = {j: torch.empty_like(values) for j in self.peers}
-        work = self.ctx.comm.exchange_async({j: values for j in self.peers}, received, "params")
-        self.pending = Exchange(idx, index_in, received, work)
+        if self.mixes_at(step):
+            self.pending = self._send(self.sparsifier.message(step))
 
-    def _send_indices(self, idx) -> dict | None:
-        return None
+    def _send(self, msg: Message) -> Exchange:
+        """Post `msg` to every neighbour: parts of per-node length after their lengths, then the rest."""
+        comm, sized = self.ctx.comm, msg.sized_parts()
+        t0 = time.perf_counter()
+        got, works = comm.exchange_sized_async(self.peers, sized, "index") if sized else ({j: [] for j in self.peers}, [])
+        self.timers.add("comm", t0)
+        if not msg.sized:  # every node knows the values' length: straight into buffers like ours
+            received = {j: torch.empty_like(msg.values) for j in self.peers}
+            works.append(comm.exchange_async({j: msg.values for j in self.peers}, received, "params"))
+            for j in self.peers:
+                got[j].append(received[j])
+        index = (lambda j: got[j][0]) if msg.index is not None else (lambda j: None)
+        return Exchange(msg, {j: Incoming(got[j][-1], index(j)) for j in self.peers}, works)
 
-    # ---- hooks ----------------------------------------------------------------------------------
     def after_backward(self, step: int) -> None:
         if self.pending is None and self.mixes_at(step):
             self._post(step)  # first step, or just resumed: nothing was posted in advance
         if self.pending is None:
             return
-        idx, index_in, received = self.pending.idx, self.pending.index_in, self.pending.received
         t0 = time.perf_counter()
-        self.pending.work.wait()
+        for work in self.pending.works:
+            work.wait()
         self.timers.add("comm", t0)
-        self._check_indices(idx, index_in)
         t0 = time.perf_counter()
-        with torch.no_grad():
-            target = self.x if idx is None else self.x[idx]
-            mixed = self.w_self * target
-            for j, values in received.items():
-                mixed.add_(values, alpha=self.w_peer[j])
-            if idx is None:
-                self.x.copy_(mixed)
-            else:
-                self.x[idx] = mixed
+        self.sparsifier.apply(self.pending.msg, self.pending.incoming)
         self.timers.add("expand", t0)
         self.pending = None
-
-    def _check_indices(self, idx, index_in) -> None:
-        pass
 
     def after_step(self, step: int) -> None:
         if step + 1 < self.ctx.total_steps:  # nothing to post after the last step
@@ -158,46 +160,21 @@ class DPSGD(Method):
         """The average of all nodes' models, for reporting (tag "eval": not part of the method)."""
         return averaged_copy(self.ctx.comm, self.model, tag="eval")
 
+    def state_dict(self) -> dict:
+        return self.sparsifier.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.sparsifier.load_state_dict(state)
+
+
+@METHODS.register("dpsgd")
+class DPSGD(Gossip):
+    """D-PSGD: gossip with every coordinate (the Dense sparsifier)."""
+
 
 @METHODS.register("rdpsgd")
-class RDPSGD(DPSGD):
+class RDPSGD(Gossip):
+    """RD-PSGD: gossip with a random subset of coordinates (the RandomK sparsifier)."""
+
     Config = RDPSGDConfig
     cfg: RDPSGDConfig
-
-    def setup(self, model):
-        self.codec = INDEX_CODECS[self.cfg.index]()
-        return super().setup(model)
-
-    def indices(self, step: int) -> torch.Tensor | None:
-        if self.cfg.p == 1.0:
-            return None
-        gen = torch.Generator().manual_seed(mask_seed(self.ctx.cfg.train.seed, step))
-        return random_indices(self.x.numel(), self.cfg.p, gen, self.cfg.sampler).to(self.x.device)
-
-    def _send_indices(self, idx) -> dict | None:
-        """gaps/bitmask: exchange payload lengths, then the encoded indices (tag "index")."""
-        if idx is None or not self.codec.sends_indices:
-            return None
-        t0 = time.perf_counter()
-        payload = self.codec.encode(idx.cpu(), self.x.numel())
-        self.timers.add("index", t0)
-        t0 = time.perf_counter()
-        comm = self.ctx.comm
-        lengths = {j: torch.zeros(1, dtype=torch.int64) for j in self.peers}
-        comm.exchange({j: torch.tensor([payload.numel()]) for j in self.peers}, lengths, "index")
-        received = {j: torch.empty(int(n.item()), dtype=torch.uint8) for j, n in lengths.items()}
-        comm.exchange({j: payload for j in self.peers}, received, "index")
-        self.timers.add("comm", t0)
-        return received
-
-    def _check_indices(self, idx, index_in) -> None:
-        if index_in is None:
-            return
-        for j, payload in index_in.items():
-            if not torch.equal(self.codec.decode(payload, self.x.numel()).to(idx.device), idx):
-                raise RuntimeError(f"indices from rank {j} differ from this rank's: the shared mask seed diverged")
-
-
-def mask_seed(seed: int, step: int) -> int:
-    """The seed of step `step`'s mask, the same on every node."""
-    return (seed * 1_000_003 + step * 7_919 + 12_345) % (2**63 - 1)

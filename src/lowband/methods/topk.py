@@ -8,21 +8,19 @@ adds the q they know of to their copies, and x_i <- x_i + gamma * sum_j W_ij (x_
 What TopK leaves out stays in x_i - x_hat_i and is sent later: that is the error feedback. With
 p = 1 and gamma = 1 this is D-PSGD exactly. Strong compression needs a smaller gamma (CHOCO's
 theory ties it to the compression quality): at p = 0.01 gamma = 1 diverges on MNIST-1D, so the
-default is min(1, 5 p).
+default is min(1, 5 p). The algorithm is the TopK sparsifier (methods/sparsifiers.py); this module
+holds its options.
 """
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass
 from typing import Literal
 
-import torch
-
-from lowband.comm.codecs import INDEX_CODECS
 from lowband.config import opt
 from lowband.errors import require
-from lowband.methods.gossip import DPSGD, DPSGDConfig
+from lowband.methods.gossip import DPSGDConfig, Gossip
+from lowband.methods.sparsifiers import Sparsifier, TopK
 from lowband.registry import METHODS
 
 
@@ -43,67 +41,14 @@ class TopKConfig(DPSGDConfig):
     def step_size(self) -> float:
         return min(1.0, 5 * self.p) if self.gamma == "auto" else float(self.gamma)
 
+    def sparsifier(self, seed: int) -> Sparsifier:
+        """What a mixing step sends: the largest changes against the public copies."""
+        return TopK(self.p, self.index, self.step_size)
+
 
 @METHODS.register("topk")
-class TopKGossip(DPSGD):
+class TopKGossip(Gossip):
+    """TopK gossip: the Gossip method with the TopK sparsifier (public copies, error feedback)."""
+
     Config = TopKConfig
     cfg: TopKConfig
-
-    def setup(self, model):
-        self.codec = INDEX_CODECS[self.cfg.index]()
-        model = super().setup(model)  # equal initial models: everyone's public copies start there
-        self.copies = {j: self.x.detach().clone() for j in [self.ctx.comm.rank, *self.peers]}
-        return model
-
-    def _post(self, step: int) -> None:
-        if not self.mixes_at(step):
-            return
-        me, d = self.copies[self.ctx.comm.rank], self.x.numel()
-        t0 = time.perf_counter()
-        delta = self.x.detach() - me
-        k = max(1, round(self.cfg.p * d))
-        idx = torch.topk(delta.abs(), k, sorted=False).indices.sort().values
-        self.timers.add("select", t0)
-        t0 = time.perf_counter()
-        values = delta[idx]
-        payload = self.codec.encode(idx.cpu(), d)
-        self.timers.add("extract", t0)
-        me[idx] += values
-        comm = self.ctx.comm
-        lengths = {j: torch.zeros(2, dtype=torch.int64) for j in self.peers}
-        comm.exchange({j: torch.tensor([payload.numel(), k]) for j in self.peers}, lengths, "index")
-        index_in = {j: torch.empty(int(n[0]), dtype=torch.uint8) for j, n in lengths.items()}
-        received = {j: torch.empty(int(n[1]), dtype=self.x.dtype) for j, n in lengths.items()}
-        sends = {j: payload for j in self.peers}
-        work_idx = comm.exchange_async(sends, index_in, "index")
-        work = comm.exchange_async({j: values for j in self.peers}, received, "params")
-        self.pending = (index_in, received, work_idx, work)
-
-    def after_backward(self, step: int) -> None:
-        if self.pending is None and self.mixes_at(step):
-            self._post(step)
-        if self.pending is None:
-            return
-        index_in, received, work_idx, work = self.pending
-        t0 = time.perf_counter()
-        work_idx.wait()
-        work.wait()
-        self.timers.add("comm", t0)
-        t0 = time.perf_counter()
-        with torch.no_grad():
-            me = self.copies[self.ctx.comm.rank]
-            pull = torch.zeros_like(self.x)
-            for j in self.peers:
-                idx = self.codec.decode(index_in[j], self.x.numel()).to(self.x.device)
-                self.copies[j][idx] += received[j]
-                pull.add_(self.copies[j] - me, alpha=self.w_peer[j])
-            self.x.add_(pull, alpha=self.cfg.step_size)
-        self.timers.add("expand", t0)
-        self.pending = None
-
-    def state_dict(self) -> dict:
-        return {f"copy{j}": t for j, t in self.copies.items()}
-
-    def load_state_dict(self, state: dict) -> None:
-        for j, t in self.copies.items():
-            t.copy_(state[f"copy{j}"])
