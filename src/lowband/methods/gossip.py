@@ -26,17 +26,26 @@ from typing import Literal
 
 import torch
 
+from lowband.comm.averaging import averaged_copy
 from lowband.comm.communicator import Pending
 from lowband.comm.topology import mixing_matrix, neighbours
 from lowband.config import MethodConfig, opt
 from lowband.errors import require
 from lowband.methods.base import Method
-from lowband.comm.averaging import averaged_copy
-from lowband.methods.sparsifiers import Dense, Incoming, Message, Mixing, RandomK, Sparsifier, Timers, mask_seed
+from lowband.methods.sparsifiers import (
+    Dense,
+    Incoming,
+    Message,
+    Mixing,
+    RandomK,
+    Sparsifier,
+    Timers,
+    mask_seed,
+)
 from lowband.models.flat import bind_flat_parameters
 from lowband.registry import METHODS
 
-__all__ = ["DPSGD", "DPSGDConfig", "Gossip", "RDPSGD", "RDPSGDConfig", "mask_seed"]
+__all__ = ["DPSGD", "RDPSGD", "DPSGDConfig", "Gossip", "RDPSGDConfig", "mask_seed"]
 
 
 @dataclass(kw_only=True)

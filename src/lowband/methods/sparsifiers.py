@@ -151,8 +151,7 @@ class RandomK(Sparsifier):
     def message(self, step: int) -> Message:
         t0 = time.perf_counter()
         idx = self.indices(step)
-        sends = idx is not None and self.codec.sends_indices
-        index = self.codec.encode(idx.cpu(), self.x.numel()) if sends else None
+        index = self.codec.encode(idx.cpu(), self.x.numel()) if idx is not None and self.codec.sends_indices else None
         self.timers.add("index", t0)
         t0 = time.perf_counter()
         values = self.x.clone() if idx is None else self.x[idx]
@@ -160,14 +159,17 @@ class RandomK(Sparsifier):
         return Message(values, index, idx=idx)
 
     def apply(self, msg: Message, incoming: dict[int, Incoming]) -> None:
-        for j, got in incoming.items():
-            if got.index is not None and not torch.equal(self._decode(got.index, msg.idx), msg.idx):
-                raise RuntimeError(f"indices from rank {j} differ from this rank's: the shared mask seed diverged")
+        if msg.idx is not None:
+            self._check(msg.idx, incoming)
         mix(self.x, msg.idx, self.mixing, incoming)
 
-    def _decode(self, payload: torch.Tensor, like: torch.Tensor | None) -> torch.Tensor:
-        assert like is not None  # indices travel only when a subset is mixed
-        return self.codec.decode(payload, self.x.numel()).to(like.device)
+    def _check(self, idx: torch.Tensor, incoming: dict[int, Incoming]) -> None:
+        """Neighbours that sent indices must have mixed the same coordinates as this node."""
+        for j, got in incoming.items():
+            if got.index is None:
+                continue
+            if not torch.equal(self.codec.decode(got.index, self.x.numel()).to(idx.device), idx):
+                raise RuntimeError(f"indices from rank {j} differ from this rank's: the shared mask seed diverged")
 
 
 @dataclass
