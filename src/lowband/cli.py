@@ -144,8 +144,8 @@ def resolve(args, method: str | None = None, base: dict | None = None) -> C.Conf
     from lowband.runs import method_configs
 
     raw = base if base is not None else (C.read_toml(args.config) if args.config else {})
-    name = method or getattr(args, "method", None)
-    if name:
+    name = method if method is not None else getattr(args, "method", None)
+    if name is not None:
         raw = C.merge(raw, {"method": {"name": name}})
     for _, key, _ in SHORTCUTS:
         value = getattr(args, key, None)
@@ -187,7 +187,7 @@ def resume_config(args) -> C.Config:
     from lowband import runs
 
     changed = [flag for flag, key, _ in SHORTCUTS if getattr(args, key) is not None and key != "train.epochs"]
-    if changed or args.sets or args.config or args.method or args.target_from:
+    if changed or args.sets or args.config or args.method is not None or args.target_from:
         raise UsageError("--resume continues a run with its own config.toml; only --epochs may change")
     cfg = runs.read_run_config(args.resume)
     if args.__dict__["train.epochs"] is not None:

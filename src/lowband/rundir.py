@@ -20,7 +20,6 @@ import glob
 import json
 import os
 import re
-import tomllib
 from typing import Any, Iterator
 
 CONFIG = "config.toml"
@@ -80,8 +79,9 @@ class RunDir:
         os.replace(tmp, path)
 
     def read_config_dict(self) -> dict[str, Any]:
-        with open(self.config_path, "rb") as f:
-            return tomllib.load(f)
+        from lowband.config import read_toml
+
+        return read_toml(self.config_path, "run directory config")
 
     # ---- models ---------------------------------------------------------------------------------
     def model_path(self, rank: int = 0) -> str:

@@ -60,7 +60,7 @@ def read_run_config(run_dir: str) -> C.Config:
     run = RunDir(run_dir)
     if not run.is_run():
         raise ConfigError("--resume", run_dir, "not a run directory (no config.toml)")
-    return C.from_dict(C.read_toml(run.config_path), method_configs())
+    return C.from_dict(C.read_toml(run.config_path, "--resume"), method_configs())
 
 
 def check_plan(cfg: C.Config) -> None:
