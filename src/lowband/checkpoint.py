@@ -97,6 +97,14 @@ def epochs_saved(run_dir: str, rank: int) -> list[int]:
     return sorted(int(m.group(1)) for m in map(pattern.match, names) if m)
 
 
+def ranks_saved(run_dir: str) -> list[int]:
+    """Every rank that has at least one resumable checkpoint in the run."""
+    folder = os.path.join(run_dir, "checkpoints")
+    pattern = re.compile(r"rank(\d+)-epoch\d+\.pt$")
+    names = os.listdir(folder) if os.path.isdir(folder) else []
+    return sorted({int(m.group(1)) for m in map(pattern.match, names) if m})
+
+
 def latest_common_epoch(run_dir: str, world: int) -> int:
     """The newest epoch for which every rank has a checkpoint (0: none)."""
     common = set(epochs_saved(run_dir, 0))

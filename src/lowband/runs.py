@@ -7,11 +7,13 @@ tells the others).
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import time
 
 import torch
 
+from lowband import checkpoint
 from lowband import config as C
 from lowband import launch
 from lowband.comm import Communicator, launched_by_torchrun
@@ -33,6 +35,18 @@ def world_size(cfg: C.Config) -> int:
         raise ConfigError("train.workers", world, f"method {cfg.method.name} needs at least {method.min_workers} workers")
     method.check(cfg.method, world)
     return world
+
+
+def check_resume_world(run_dir: str, world: int) -> None:
+    """Refuse to resume with a world size other than the one the run recorded and checkpointed."""
+    recorded = world_size(read_run_config(run_dir)) if RunDir(run_dir).is_run() else world
+    if recorded != world:
+        raise UsageError(f"--resume {run_dir}: the run has {recorded} worker(s), this resume would start {world}; "
+                         f"resume with {recorded}")
+    ranks = checkpoint.ranks_saved(run_dir)
+    if ranks and ranks != list(range(world)):
+        raise UsageError(f"--resume {run_dir}: its checkpoints are of ranks {ranks}, this resume would start "
+                         f"{world} worker(s) (ranks 0..{world - 1}); resume with the world size that wrote them")
 
 
 def new_run_dir(out: str, method: str) -> str:
@@ -77,7 +91,9 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
     if launched_by_torchrun():
         return _as_torchrun_worker(cfg, run_dir, out, resume)
     run_dir = run_dir or new_run_dir(out, cfg.method.name)
-    if not resume:
+    if resume:
+        check_resume_world(run_dir, world_size(cfg))
+    else:
         check_plan(cfg)
     netns = None
     if cfg.link.mode == "netns":
@@ -138,6 +154,10 @@ def _as_torchrun_worker(cfg: C.Config, run_dir: str | None, out: str, resume: bo
     if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0 and run_dir is None and not resume:
         raise UsageError("torchrun --max-restarts needs --run-dir DIR, so that restarted workers find the checkpoints")
     resume = resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    if resume and run_dir is not None:
+        check_resume_world(run_dir, world)
+    if not method.fixed_workers:  # the run records the world size torchrun chose
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, workers=world))
     comm = _join(cfg)
     chosen = None
     if comm.rank == 0:
