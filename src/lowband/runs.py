@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import shutil
+import sys
 import time
 
 import torch
@@ -108,7 +110,37 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
         code = launch.run("lowband.runs:train_worker", [run_dir, "1" if resume else "0"], world_size(cfg),
                           run_dir, cfg.train.threads, keep_going=method.independent_models,
                           netns=netns, max_restarts=cfg.train.max_restarts, restart_args=[run_dir, "1"])
+    if method.independent_models and code not in (2, 130):
+        code = salvage(run_dir, world_size(cfg), code)
     return code, run_dir
+
+
+def _last_val_acc(run: RunDir, rank: int) -> float:
+    accs = [r.get("val_acc") for r in run.read("metrics", rank=rank)]
+    return max((a for a in accs[-1:] if isinstance(a, (int, float))), default=-1.0)
+
+
+def salvage(run_dir: str, world: int, code: int) -> int:
+    """After independent models ran: when some rank left no final model, model.safetensors becomes
+    the best surviving one (last validation accuracy) and the lost ranks are named; the exit code."""
+    run = RunDir(run_dir)
+    lost = [r for r in range(world) if not os.path.isfile(run.model_path(r))]
+    if not lost:
+        return code
+    survivors = [r for r in range(world) if r not in lost]
+    if not survivors:
+        print(f"lowband: every worker was lost; no final model in {run_dir}", file=sys.stderr)
+        return code or 1
+    best = max(survivors, key=lambda r: _last_val_acc(run, r))
+    note = ""
+    if 0 in lost:
+        tmp = f"{run.model_path(0)}.tmp-{os.getpid()}"
+        shutil.copyfile(run.model_path(best), tmp)
+        os.replace(tmp, run.model_path(0))
+        note = f"; model.safetensors is now rank {best}'s model, the best surviving one"
+    print(f"lowband: lost worker(s) {', '.join(map(str, lost))} (no final model); "
+          f"{len(survivors)} of {world} finished{note}; results in {run_dir}", file=sys.stderr)
+    return code or 1
 
 
 def train_worker(run_dir: str, resume: str = "0") -> None:

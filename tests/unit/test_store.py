@@ -135,3 +135,21 @@ def test_a_checkpoint_of_another_architecture_is_a_usage_error():
     with pytest.raises(UsageError, match="another architecture"):
         check_architecture(state(1.0), {"w": torch.zeros(5, 3), "b": torch.zeros(3)}, "store/model1 step 3")
     check_architecture(state(1.0), state(2.0), "same")
+
+
+def test_a_directory_under_a_checkpoint_name_is_skipped_and_warned_once(tmp_path, caplog):
+    store = CheckpointStore(str(tmp_path))
+    store.publish(0, 10, {"w": torch.ones(2)})
+    os.makedirs(tmp_path / "model0" / "step0000000020.safetensors")
+    for _ in range(5):
+        step, state = store.load_newest(0)
+        assert step == 10 and torch.equal(state["w"], torch.ones(2))
+    assert sum("skipping damaged checkpoint" in r.message for r in caplog.records) == 1
+
+
+def test_non_finite_weights_with_a_valid_checksum_are_refused(tmp_path):
+    store = CheckpointStore(str(tmp_path))
+    store.publish(0, 10, {"w": torch.ones(2)})
+    store.publish(0, 20, {"w": torch.tensor([1.0, float("nan")])})
+    step, _ = store.load_newest(0)
+    assert step == 10
