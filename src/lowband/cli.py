@@ -131,6 +131,12 @@ def _distill_parsers(sub) -> None:
     t.add_argument("--ttl", type=float, default=5.0, help="registration lifetime in s; heartbeats every ttl/3")
     t.add_argument("--max-batch", type=int, default=4096, help="largest batch accepted (default 4096)")
     t.add_argument("--max-rate", type=float, default=0.0, help="cap samples/s (0: none)")
+    t.add_argument("--idle-timeout", type=float, default=300.0, metavar="S",
+                   help="close a connection that sends nothing for S seconds (default 300)")
+    t.add_argument("--read-timeout", type=float, default=30.0, metavar="S",
+                   help="close a connection whose hello or one frame takes longer than S seconds (default 30)")
+    t.add_argument("--max-connections", type=int, default=64, metavar="N",
+                   help="refuse connections past N open at once (default 64)")
     c = sub.add_parser("coordinator", help="check a Redis coordinator and list its teachers, or run an embedded one",
                        epilog=DISTILL_EXAMPLES, formatter_class=fmt)
     c.add_argument("--redis-url", metavar="URL", help="an existing Redis (default: start an embedded one here)")
