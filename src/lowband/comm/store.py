@@ -75,8 +75,14 @@ class CheckpointStore:
         self.fs.mv(tmp, final)
         if self.comm is not None:
             self.comm.count(self.tag, sent=len(data))
-        for old in self.versions(model)[:-KEEP]:
-            self._remove(f"{folder}/step{old:010d}.safetensors")
+        self._prune(model, step)
+
+    def _prune(self, model: int, published: int) -> None:
+        """Keep the KEEP newest checkpoints up to the one just published; a file claiming a later step
+        is not this writer's (garbage, or a stale writer's) and neither counts nor is removed here."""
+        mine = [v for v in self.versions(model) if v <= published]
+        for old in mine[:-KEEP]:
+            self._remove(f"{self._dir(model)}/step{old:010d}.safetensors")
 
     def versions(self, model: int) -> list[int]:
         try:
