@@ -145,6 +145,12 @@ def _distill_parsers(sub) -> None:
     t.add_argument("--ttl", type=float, default=5.0, help="registration lifetime in s; heartbeats every ttl/3")
     t.add_argument("--max-batch", type=int, default=4096, help="largest batch accepted (default 4096)")
     t.add_argument("--max-rate", type=float, default=0.0, help="cap samples/s (0: none)")
+    t.add_argument("--idle-timeout", type=float, default=300.0, metavar="S",
+                   help="close a connection that sends nothing for S seconds (default 300)")
+    t.add_argument("--read-timeout", type=float, default=30.0, metavar="S",
+                   help="close a connection whose hello or one frame takes longer than S seconds (default 30)")
+    t.add_argument("--max-connections", type=int, default=64, metavar="N",
+                   help="refuse connections past N open at once (default 64)")
     c = sub.add_parser("coordinator", help="check a Redis coordinator and list its teachers, or run an embedded one",
                        epilog=DISTILL_EXAMPLES, formatter_class=fmt)
     c.add_argument("--redis-url", metavar="URL", help="an existing Redis (default: start an embedded one here)")
@@ -158,8 +164,8 @@ def resolve(args, method: str | None = None, base: dict | None = None) -> C.Conf
     from lowband.runs import method_configs
 
     raw = base if base is not None else (C.read_toml(args.config) if args.config else {})
-    name = method or getattr(args, "method", None)
-    if name:
+    name = method if method is not None else getattr(args, "method", None)
+    if name is not None:
         raw = C.merge(raw, {"method": {"name": name}})
     return C.from_dict(C.merge(raw, overrides(args)), method_configs())
 
@@ -207,7 +213,7 @@ def resume_config(args) -> C.Config:
     from lowband import runs
 
     changed = [flag for flag, key, _ in SHORTCUTS if getattr(args, key) is not None and key != "train.epochs"]
-    if changed or args.sets or args.config or args.method or args.target_from:
+    if changed or args.sets or args.config or args.method is not None or args.target_from:
         raise UsageError("--resume continues a run with its own config.toml; only --epochs may change")
     cfg = runs.read_run_config(args.resume)
     if args.__dict__["train.epochs"] is not None:

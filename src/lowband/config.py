@@ -8,6 +8,7 @@ holds the method's name and its own options; each method defines that table's da
 from __future__ import annotations
 
 import dataclasses
+import math
 import tomllib
 import types
 import typing
@@ -17,6 +18,12 @@ from typing import Any, Literal
 import tomli_w
 
 from lowband.errors import ConfigError, UsageError, require
+
+
+MAX_SEED = 2**32 - 1  # numpy's seeds
+MAX_WORKERS = 1024  # worker processes on one machine: each needs memory, a port and a process
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+MAX_LR = 1e3
 
 
 def opt(default, help: str):
@@ -52,7 +59,10 @@ class TrainConfig:
         require(self.checkpoint_every >= 0, "train.checkpoint_every", self.checkpoint_every,
                 "must be >= 0 (0: only at the end)")
         require(self.max_restarts >= 0, "train.max_restarts", self.max_restarts, "must be >= 0")
-        require(self.timeout_s > 0, "train.timeout_s", self.timeout_s, "must be > 0")
+        require(0 < self.timeout_s <= MAX_TIMEOUT_S, "train.timeout_s", self.timeout_s,
+                f"must be in (0, {MAX_TIMEOUT_S:g}] seconds")
+        require(0 <= self.seed <= MAX_SEED, "train.seed", self.seed, f"must be in 0..{MAX_SEED}")
+        require(self.workers <= MAX_WORKERS, "train.workers", self.workers, f"must be <= {MAX_WORKERS}")
 
 
 @dataclass(kw_only=True)
@@ -75,7 +85,7 @@ class DataConfig:
         require(self.alpha > 0, "data.alpha", self.alpha, "must be > 0")
         require(self.image_size >= 8, "data.image_size", self.image_size, "must be >= 8")
         require(0 < self.val_fraction <= 0.5, "data.val_fraction", self.val_fraction, "must be in (0, 0.5]")
-        require(self.val_seed >= 0, "data.val_seed", self.val_seed, "must be >= 0")
+        require(0 <= self.val_seed <= MAX_SEED, "data.val_seed", self.val_seed, f"must be in 0..{MAX_SEED}")
 
 
 @dataclass(kw_only=True)
@@ -104,9 +114,9 @@ class OptimConfig:
         "linear", "linear: multiply lr by the method's data-parallel width (K for allreduce; Goyal et al.)")
 
     def __post_init__(self):
-        require(self.lr > 0, "optim.lr", self.lr, "must be > 0")
+        require(0 < self.lr <= MAX_LR, "optim.lr", self.lr, f"must be in (0, {MAX_LR:g}]")
         require(0 <= self.momentum < 1, "optim.momentum", self.momentum, "must be in [0, 1)")
-        require(self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, "must be >= 0")
+        require(0 <= self.weight_decay <= 1, "optim.weight_decay", self.weight_decay, "must be in [0, 1]")
         require(0 < self.gamma <= 1, "optim.gamma", self.gamma, "must be in (0, 1]")
         ok = self.warmup_epochs == "auto" or (not isinstance(self.warmup_epochs, str) and self.warmup_epochs >= 0)
         require(ok, "optim.warmup_epochs", self.warmup_epochs, "must be 'auto' or a number >= 0")
@@ -160,7 +170,7 @@ def _type_name(tp) -> str:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         return " or ".join(_type_name(a) for a in typing.get_args(tp))
-    return {int: "an integer", float: "a number", bool: "true or false", str: "a string",
+    return {int: "an integer", float: "a finite number", bool: "true or false", str: "a string",
             list: "a list", dict: "a table"}.get(tp, getattr(tp, "__name__", str(tp)))
 
 
@@ -177,6 +187,7 @@ def _coerce(tp, value, field_name: str):
                 pass
         raise ConfigError(field_name, value, "must be " + _type_name(tp))
     if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        require(math.isfinite(value), field_name, value, "must be a finite number")
         return float(value)
     ok = isinstance(value, tp) and not (tp is int and isinstance(value, bool))
     require(ok, field_name, value, "must be " + _type_name(tp))
@@ -209,12 +220,16 @@ def parse_set(item: str) -> tuple[list[str], Any]:
     return path, value
 
 
-def merge(base: dict, extra: dict) -> dict:
-    """Deep-merge `extra` into a copy of `base`."""
+def merge(base: dict, extra: dict, prefix: str = "") -> dict:
+    """Deep-merge `extra` into a copy of `base`; a table never silently replaces a value or vice versa."""
     out = dict(base)
     for key, value in extra.items():
+        where = f"{prefix}{key}"
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge(out[key], value)
+            out[key] = merge(out[key], value, where + ".")
+        elif key in out and isinstance(value, dict) != isinstance(out[key], dict):
+            shown, wanted = (out[key], "a table") if isinstance(value, dict) else (value, "a value, not a table")
+            raise ConfigError(where, shown, f"must be {wanted}")
         else:
             out[key] = value
     return out
@@ -227,14 +242,21 @@ def nest(path: list[str], value) -> dict:
     return value
 
 
-def read_toml(path: str) -> dict:
+def read_toml(path: str, field: str = "--config") -> dict:
+    """A TOML file as a dict; any failure to read or parse it is a ConfigError naming `field`."""
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)
     except FileNotFoundError:
-        raise ConfigError("--config", path, "file not found") from None
+        raise ConfigError(field, path, "file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(field, path, "is a directory, expected a TOML file") from None
+    except OSError as e:
+        raise ConfigError(field, path, f"cannot be read ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(field, path, "is not UTF-8 text (a TOML file must be)") from None
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError("--config", path, f"not valid TOML ({e})") from None
+        raise ConfigError(field, path, f"not valid TOML ({e})") from None
 
 
 def from_dict(raw: dict, method_configs: dict[str, type]) -> Config:
@@ -246,6 +268,7 @@ def from_dict(raw: dict, method_configs: dict[str, type]) -> Config:
         raise ConfigError(key, raw[key], "unknown table; known: method, " + ", ".join(SECTIONS))
     method_raw = dict(raw.pop("method", {}))
     name = method_raw.get("name", MethodConfig.name)
+    require(isinstance(name, str), "method.name", name, "must be a string naming a method")
     require(name in method_configs, "method.name", name, "known methods: " + ", ".join(sorted(method_configs)))
     sections = {key: build(cls, raw.get(key, {}), key) for key, cls in SECTIONS.items()}
     return Config(method=build(method_configs[name], method_raw, "method"), **sections)
@@ -254,7 +277,8 @@ def from_dict(raw: dict, method_configs: dict[str, type]) -> Config:
 def from_dict_any_method(raw: dict) -> Config:
     """A run's Config with its [method] table cut to the name: for readers that need only the data,
     model and training sections (a teacher server), so they need not know every method."""
-    name = raw.get("method", {}).get("name", MethodConfig.name)
+    method = raw.get("method", {})
+    name = method.get("name", MethodConfig.name) if isinstance(method, dict) else MethodConfig.name
     return from_dict({**raw, "method": {"name": name}}, {name: MethodConfig})
 
 

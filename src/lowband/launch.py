@@ -55,7 +55,7 @@ def run(entry: str, args: list[str], world: int, rendezvous_dir: str, threads: i
     make them resume from the latest checkpoint), at most this many times, as torchrun does.
     A usage error (exit 2) or an interrupt is never retried.
     keep_going: a failed worker does not stop the others (for methods whose workers train
-    separate models); the run succeeds if at least one worker finished.
+    separate models); once all have ended the first failure's code is returned all the same.
     netns: a LinkSpec; every worker then runs in its own namespace behind a shaped link.
     """
     if netns is not None:
@@ -110,7 +110,8 @@ def supervise(procs: list[subprocess.Popen], poll_s: float = 0.05, keep_going: b
                     print(f"lowband: worker {rank} (pid {procs[rank].pid}) {_describe(code)}; "
                           f"the others carry on without it", file=sys.stderr)
             if all(c is not None for c in codes):
-                return 0
+                rank, code = failed[0]  # the others finished; the run still lost a worker
+                return 128 + -code if code < 0 else code
             time.sleep(poll_s)
             continue
         if failed:

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import statistics
@@ -32,12 +31,11 @@ class _TqdmHandler(logging.Handler):
         tqdm.write(self.format(record), file=sys.stderr if record.levelno >= logging.WARNING else sys.stdout)
 
 
-def read_metrics(run_dir: str, filename: str = "metrics.jsonl") -> list[dict]:
-    path = os.path.join(run_dir, filename)
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+def read_metrics(run_dir: str, filename: str = "metrics.jsonl", check=None) -> list[dict]:
+    """A run's epoch records; damaged lines are skipped with a warning naming file and line."""
+    from lowband.rundir import read_jsonl
+
+    return list(read_jsonl(os.path.join(run_dir, filename), check))
 
 
 class MetricsSink:

@@ -251,7 +251,10 @@ class Trainer:
         checkpoint.prune(self.run.path, self.rank)
 
     def _resume(self) -> None:
-        epoch = common_epoch(self.run.path, self.scope.global_ranks)
+        epoch, passed = checkpoint.resumable_epoch(self.run.path, self.scope.global_ranks)
+        if passed and self.scope.rank == 0:
+            self.log.warning(f"resuming from epoch {epoch}, the newest intact epoch every rank has: "
+                             f"{'; '.join(passed)}")
         agreed = self.scope.all_gather(torch.tensor([epoch], device=self.device), tag="control")
         if len({int(t.item()) for t in agreed}) != 1:
             raise TrainingError(f"ranks see different checkpoints ({[int(t) for t in agreed]}); is the run dir shared?")
@@ -278,14 +281,6 @@ class Trainer:
                 f"{c.data.name} {len(d.y_train)} train / {val} validation / {len(d.y_test)} test, partition "
                 f"{c.data.partition}; {c.model.name} {params:,} parameters; {self.plan.steps} steps/epoch x "
                 f"{c.train.epochs} epochs, batch {c.train.batch_size}/worker; run dir {self.run.path}")
-
-
-def common_epoch(run_dir: str, ranks: list[int]) -> int:
-    """The newest epoch every rank in `ranks` has a checkpoint of (0: none)."""
-    common = set(checkpoint.epochs_saved(run_dir, ranks[0]))
-    for rank in ranks[1:]:
-        common &= set(checkpoint.epochs_saved(run_dir, rank))
-    return max(common, default=0)
 
 
 def wants_augment(cfg: Config, data) -> bool:
