@@ -32,7 +32,20 @@ def world_size(cfg: C.Config) -> int:
     if world < method.min_workers:
         raise ConfigError("train.workers", world, f"method {cfg.method.name} needs at least {method.min_workers} workers")
     method.check(cfg.method, world)
+    check_sites(cfg, world)
     return world
+
+
+def check_sites(cfg: C.Config, world: int) -> list[int]:
+    """The run's site map (lowband.comm.sites); a configured one has every method group inside one site."""
+    from lowband.comm.sites import check_groups, configured
+
+    site_of = cfg.link.site_map(world)
+    method = METHODS.get(cfg.method.name)
+    if configured(cfg.link.sites, cfg.link.site_of):
+        check_groups(site_of, method.groups(cfg.method, world), "method.group_size",
+                     getattr(cfg.method, "group_size", None))
+    return site_of
 
 
 def new_run_dir(out: str, method: str) -> str:
@@ -135,6 +148,7 @@ def _as_torchrun_worker(cfg: C.Config, run_dir: str | None, out: str, resume: bo
     if world < method.min_workers:
         raise UsageError(f"method {cfg.method.name} needs at least {method.min_workers} workers; torchrun started {world}")
     method.check(cfg.method, world)
+    check_sites(cfg, world)
     if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0 and run_dir is None and not resume:
         raise UsageError("torchrun --max-restarts needs --run-dir DIR, so that restarted workers find the checkpoints")
     resume = resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
