@@ -62,7 +62,7 @@ def load_run(row: dict, folder: str, prefix: str) -> dict:
     run_dir = row["run_dir"] if os.path.isabs(row["run_dir"]) else os.path.join(folder, os.path.basename(row["run_dir"]))
     config = read_config(run_dir)
     return {"label": prefix + row["label"], "method": row["method"], "workers": row["workers"],
-            "seed": int(row.get("seed") or 0), "status": row.get("status") or "ok", "run_dir": run_dir,
+            "seed": int(row.get("seed") or 0), "sites": int(row.get("sites") or 0), "status": row.get("status") or "ok", "run_dir": run_dir,
             "records": read_metrics(run_dir), "link": projection.run_link(config),
             "link_mode": config.get("link", {}).get("mode", "model")}
 

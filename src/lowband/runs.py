@@ -119,7 +119,8 @@ def _join(cfg: C.Config) -> Communicator:
 
     torch.set_num_threads(cfg.train.threads)
     link = cfg.link.spec if cfg.link.mode == "model" else None  # netns: the network itself is slow
-    return Communicator.from_env(resolve_device(cfg.train.device), cfg.train.backend, cfg.train.timeout_s, link)
+    return Communicator.from_env(resolve_device(cfg.train.device), cfg.train.backend, cfg.train.timeout_s, link,
+                                 sites=cfg.link.site_map)
 
 
 def _run(cfg: C.Config, run_dir: str, resume: bool, comm: Communicator) -> None:
