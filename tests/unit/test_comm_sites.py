@@ -99,3 +99,14 @@ def test_records_carry_inter_bytes_per_tag_and_per_worker():
     rec = EpochReporter.record(EpochReporter.__new__(EpochReporter), 1, ranks, None, {})
     assert rec["bytes_inter_per_worker"] == 300 and rec["bytes"]["grad"]["inter"] == 300
     assert rec["bytes_total"]["grad"]["inter"] == 1200
+
+
+def test_checkpoint_writes_cross_sites_when_the_ranks_span_several(tmp_path):
+    from lowband.comm.store import CheckpointStore
+
+    state = {"w": torch.zeros(10)}
+    for site_of, crosses in (([0, 0, 1, 1], True), ([0, 0, 0, 0], False)):
+        comm = world(site_of)[0]
+        CheckpointStore(str(tmp_path / str(crosses)), comm).publish(0, 1, state)
+        s = comm.stats["ckpt"]
+        assert s.sent > 40 and s.inter == (s.sent if crosses else 0)

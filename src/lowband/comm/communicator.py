@@ -131,6 +131,10 @@ class Communicator:
         """True when bytes from this rank to `rank` cross a site boundary."""
         return self.site(rank) != self.site(self.rank)
 
+    def spans_sites(self) -> bool:
+        """True when this communicator's ranks sit in more than one site."""
+        return len({self.site(r) for r in range(self.world)}) > 1
+
     def _next(self) -> int:
         """The next rank on the ring: where a collective's bytes go (see the byte model above)."""
         return (self.rank + 1) % self.world
