@@ -142,6 +142,12 @@ class LinkConfig:
 
         return site_map(self.sites, self.site_of, world)
 
+    @property
+    def intra_spec(self):
+        from lowband.comm.links import parse_link
+
+        return parse_link(self.intra)
+
     def site_count(self, world: int) -> int:
         """How many sites the config names (0: no site map, every worker its own site)."""
         return len(set(self.site_map(world))) if self.sites or self.site_of else 0

@@ -42,6 +42,9 @@ def check_sites(cfg: C.Config, world: int) -> list[int]:
 
     site_of = cfg.link.site_map(world)
     method = METHODS.get(cfg.method.name)
+    if cfg.link.mode == "netns" and (configured(cfg.link.sites, cfg.link.site_of) or cfg.link.intra_spec.limited):
+        raise ConfigError("link.mode", "netns", "shapes every worker's link alike; sites and link.intra need "
+                                                "--link-mode model")
     if configured(cfg.link.sites, cfg.link.site_of):
         check_groups(site_of, method.groups(cfg.method, world), "method.group_size",
                      getattr(cfg.method, "group_size", None))
@@ -118,9 +121,10 @@ def _join(cfg: C.Config) -> Communicator:
     from lowband.trainer import resolve_device
 
     torch.set_num_threads(cfg.train.threads)
-    link = cfg.link.spec if cfg.link.mode == "model" else None  # netns: the network itself is slow
-    return Communicator.from_env(resolve_device(cfg.train.device), cfg.train.backend, cfg.train.timeout_s, link,
-                                 sites=cfg.link.site_map)
+    model = cfg.link.mode == "model"  # netns: the network itself is slow
+    return Communicator.from_env(resolve_device(cfg.train.device), cfg.train.backend, cfg.train.timeout_s,
+                                 cfg.link.spec if model else None, sites=cfg.link.site_map,
+                                 intra=cfg.link.intra_spec if model else None)
 
 
 def _run(cfg: C.Config, run_dir: str, resume: bool, comm: Communicator) -> None:

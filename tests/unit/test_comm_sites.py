@@ -110,3 +110,34 @@ def test_checkpoint_writes_cross_sites_when_the_ranks_span_several(tmp_path):
         CheckpointStore(str(tmp_path / str(crosses)), comm).publish(0, 1, state)
         s = comm.stats["ckpt"]
         assert s.sent > 40 and s.inter == (s.sent if crosses else 0)
+
+
+def test_the_modelled_link_delays_by_the_class_of_link_crossed():
+    from lowband.comm.links import UNLIMITED, LinkModel, LinkSpec
+
+    import time
+
+    model = LinkModel(LinkSpec(8e6), LinkSpec(8e3))  # 1 MB/s between sites, 1 kB/s inside
+    now = time.monotonic()
+    assert model.reserve("a", 1000) - now == pytest.approx(0.001, abs=0.05)
+    assert model.reserve("a", 1000, inter=False) - now == pytest.approx(1.0, abs=0.05)  # its own queue
+    assert LinkModel(LinkSpec(8e6)).reserve("a", 1000, inter=False) == 0.0  # intra unlimited: no wait
+    comms = world()
+    for c in comms:
+        c.link = LinkModel(LinkSpec(8e9), UNLIMITED)
+    comms[0].send(tensor(), 1, "a")  # inside site 0: unlimited, no queue
+    comms[1].send(tensor(), 2, "a")  # across: the inter-site queue to rank 2
+    comms[1].allreduce(tensor(), "grad")  # next rank 2: the inter-site ring link
+    comms[0].exchange({1: tensor(), 3: tensor()}, {}, "x")  # only the peer in the other site queues
+    assert dict(comms[0].link.free_at).keys() == {3}
+    assert dict(comms[1].link.free_at).keys() == {2, "ring"}
+
+
+def test_netns_mode_refuses_sites(tmp_path):
+    from lowband import config
+    from lowband.errors import ConfigError
+    from lowband.runs import check_sites, method_configs
+
+    cfg = config.from_dict({"link": {"mode": "netns", "sites": 2}, "train": {"workers": 4}}, method_configs())
+    with pytest.raises(ConfigError, match="--link-mode model"):
+        check_sites(cfg, 4)

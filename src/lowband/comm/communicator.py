@@ -34,7 +34,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from lowband.comm.links import LinkModel, LinkSpec
+from lowband.comm.links import UNLIMITED, LinkModel, LinkSpec
 
 
 @dataclass
@@ -76,15 +76,17 @@ class Communicator:
 
     @classmethod
     def from_env(cls, device: torch.device, backend: str = "auto", timeout_s: float = 300.0,
-                 link: LinkSpec | None = None, sites=None) -> Communicator:
+                 link: LinkSpec | None = None, sites=None, intra: LinkSpec | None = None) -> Communicator:
         """Join the process group described by the environment (our launcher's or torchrun's);
-        `sites(world)`: the site of each rank (None: every rank its own site)."""
+        `sites(world)`: the site of each rank (None: every rank its own site); `link` the modelled link
+        between sites and `intra` the one inside a site (None: unlimited)."""
         rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
         if world == 1:
             return cls(0, 1, device)
         comm = cls._join(rank, world, device, backend, timeout_s)
         comm.site_of = sites(world) if sites is not None else None
-        comm.link = LinkModel(link) if link is not None and link.limited else None
+        link, intra = link or UNLIMITED, intra or UNLIMITED
+        comm.link = LinkModel(link, intra) if link.limited or intra.limited else None
         return comm
 
     @classmethod
@@ -187,7 +189,7 @@ class Communicator:
         self._sync()
         key, inter = ("ring" if to is None else to), self.crosses(self._next() if to is None else to)
         if self.link is not None and sent:
-            self.link.wait_until(self.link.reserve(key, sent))
+            self.link.wait_until(self.link.reserve(key, sent, inter))
         self.count(tag, sent, recv, time.perf_counter() - t0, inter=sent if inter else 0.0)
         return out
 
@@ -251,7 +253,8 @@ class Communicator:
         self.count(tag, sum(_nbytes(t) for t in sends.values()), sum(_nbytes(t) for t in recvs.values()),
                    wire=max((_nbytes(t) for t in sends.values()), default=0),  # one link per peer, in parallel
                    inter=sum(_nbytes(t) for p, t in sends.items() if self.crosses(p)))
-        ready = max((self.link.reserve(p, _nbytes(t)) for p, t in sends.items()), default=0.0) if self.link else 0.0
+        ready = max((self.link.reserve(p, _nbytes(t), self.crosses(p)) for p, t in sends.items()),
+                    default=0.0) if self.link else 0.0
         return Pending(self, tag, dist.batch_isend_irecv(ops) if ops else [], ready)
 
     def broadcast_bytes(self, data: bytes | None, src: int, tag: str = "control") -> bytes:
@@ -351,11 +354,12 @@ def _counted_allreduce_hook(state, bucket):
     comm, tag = state
     buf = bucket.buffer()
     size = 2 * (comm.world - 1) / comm.world * _nbytes(buf)
-    comm.count(tag, size, size, inter=size if comm.crosses(comm._next()) else 0.0)
+    inter = comm.crosses(comm._next())
+    comm.count(tag, size, size, inter=size if inter else 0.0)
     buf.div_(comm.world)
     comm._launched_at = time.perf_counter()
     fut = dist.all_reduce(buf, group=comm.group, async_op=True).get_future()
     if comm.link is None:
         return fut.then(lambda f: f.value()[0])
-    ready = comm.link.reserve("ring", size)  # a modelled link delays completion, not the backward pass
+    ready = comm.link.reserve("ring", size, inter)  # a modelled link delays completion, not the backward pass
     return fut.then(lambda f: (LinkModel.wait_until(ready), f.value()[0])[1])
