@@ -141,3 +141,14 @@ def test_netns_mode_refuses_sites(tmp_path):
     cfg = config.from_dict({"link": {"mode": "netns", "sites": 2}, "train": {"workers": 4}}, method_configs())
     with pytest.raises(ConfigError, match="--link-mode model"):
         check_sites(cfg, 4)
+
+
+def test_checkpoint_writes_wait_on_the_link_they_cross(tmp_path):
+    from lowband.comm.links import UNLIMITED, LinkModel, LinkSpec
+    from lowband.comm.store import CheckpointStore
+
+    for site_of, queued in (([0, 0, 1, 1], {"store"}), ([0, 0, 0, 0], set())):
+        comm = world(site_of)[0]
+        comm.link = LinkModel(LinkSpec(8e9), UNLIMITED)
+        CheckpointStore(str(tmp_path / str(len(queued))), comm).publish(0, 1, {"w": torch.zeros(10)})
+        assert dict(comm.link.free_at).keys() == queued

@@ -167,6 +167,15 @@ class Communicator:
         s.seconds += seconds
         s.calls += 1
 
+    def stored(self, tag: str, nbytes: int) -> None:
+        """Count a write to shared storage: inter-site bytes when the ranks span several sites (readers
+        in another site fetch it across), and held for its transfer time by a modelled link."""
+        inter = self.spans_sites()
+        t0 = time.perf_counter()
+        if self.link is not None and nbytes:
+            self.link.wait_until(self.link.reserve("store", nbytes, inter))
+        self.count(tag, nbytes, 0, time.perf_counter() - t0, inter=nbytes if inter else 0.0)
+
     def add_time(self, tag: str, seconds: float) -> None:
         self.stats[tag].seconds += seconds
 
