@@ -204,8 +204,18 @@ def link_of(runs: list[dict]) -> str:
         if os.path.exists(path):
             with open(path, "rb") as f:
                 link = tomllib.load(f).get("link", {})
-            seen.add(f"{parse_link(link.get('rate', '')).describe()} ({link.get('mode', 'model')})")
+            seen.add(f"{parse_link(link.get('rate', '')).describe()} ({link.get('mode', 'model')})"
+                     + _sites_of(run, link))
     return "; ".join(sorted(seen)) or "unknown"
+
+
+def _sites_of(run: dict, link: dict) -> str:
+    """', between 2 sites, unlimited inside' for a run with sites (lowband.comm.sites), else ''."""
+    from lowband.comm.links import parse_link
+
+    if run.get("sites", 0) <= 1:
+        return ""
+    return f" between {run['sites']} sites, {parse_link(link.get('intra', '')).describe()} inside"
 
 
 
