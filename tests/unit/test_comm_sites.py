@@ -6,6 +6,8 @@ worked out by hand from the byte model (lowband.comm.communicator) with a 400-by
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -115,8 +117,6 @@ def test_checkpoint_writes_cross_sites_when_the_ranks_span_several(tmp_path):
 def test_the_modelled_link_delays_by_the_class_of_link_crossed():
     from lowband.comm.links import UNLIMITED, LinkModel, LinkSpec
 
-    import time
-
     model = LinkModel(LinkSpec(8e6), LinkSpec(8e3))  # 1 MB/s between sites, 1 kB/s inside
     now = time.monotonic()
     assert model.reserve("a", 1000) - now == pytest.approx(0.001, abs=0.05)
@@ -133,7 +133,7 @@ def test_the_modelled_link_delays_by_the_class_of_link_crossed():
     assert dict(comms[1].link.free_at).keys() == {2, "ring"}
 
 
-def test_netns_mode_refuses_sites(tmp_path):
+def test_netns_mode_refuses_sites():
     from lowband import config
     from lowband.errors import ConfigError
     from lowband.runs import check_sites, method_configs
