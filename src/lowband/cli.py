@@ -48,6 +48,7 @@ SHORTCUTS = [("--dataset", "data.name", str), ("--model", "model.name", str), ("
              ("--epochs", "train.epochs", int), ("--batch-size", "train.batch_size", int), ("--lr", "optim.lr", float),
              ("--seed", "train.seed", int), ("--partition", "data.partition", str),
              ("--samples", "data.num_samples", int), ("--link", "link.rate", str), ("--link-mode", "link.mode", str),
+             ("--sites", "link.sites", int),
              ("--max-restarts", "train.max_restarts", int)]
 
 

@@ -23,7 +23,8 @@ from lowband.plan import fill, parse_spec, spec_config  # noqa: F401 (fill, pars
 from lowband.rundir import RunDir
 
 COLUMNS = ["label", "method", "seed", "workers", "val_acc", "val_acc_L", "final_acc", "final_acc_L", "best_val_acc",
-           "epochs", "samples", "bytes_sent_per_worker", "train_s", "samples_per_s", "speedup", "tuned", "status", "run_dir"]
+           "epochs", "samples", "bytes_sent_per_worker", "sites",
+           "bytes_inter_per_worker", "train_s", "samples_per_s", "speedup", "tuned", "status", "run_dir"]
 
 
 def suite_names() -> list[str]:
@@ -209,6 +210,8 @@ def summarize(label: str, cfg: C.Config, run_dir: str, code: int) -> dict:
         "best_val_acc": max((r["val_acc"] for r in done if r.get("val_acc") is not None), default=None),
         "epochs": last.get("epoch", 0), "samples": last.get("samples"),
         "bytes_sent_per_worker": last.get("bytes_sent_per_worker", 0.0),
+        "sites": cfg.link.site_count(runs.world_size(cfg)),
+        "bytes_inter_per_worker": last.get("bytes_inter_per_worker", last.get("bytes_sent_per_worker", 0.0)),
         "train_s": last.get("time", {}).get("train_s", 0.0), "speedup": None,
         "samples_per_s": median([r["samples_per_s"] for r in records if r.get("samples_per_s")]),
         "status": "ok" if code == 0 else f"failed ({code})", "run_dir": run_dir, "records": records,

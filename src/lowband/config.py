@@ -127,16 +127,40 @@ class OptimConfig:
 
 @dataclass(kw_only=True)
 class LinkConfig:
-    rate: str = opt("unlimited", "RATE[,LATENCY] of every worker's link, e.g. 10mbit,20ms (units bit/kbit/mbit/gbit)")
+    rate: str = opt("unlimited", "RATE[,LATENCY] of the link between sites (every worker its own site unless "
+                                 "sites or site_of say otherwise), e.g. 10mbit,20ms (units bit/kbit/mbit/gbit)")
     mode: Literal["model", "netns"] = opt("model", "model: delays in the communicator; netns: real tc-shaped links (root)")
+    sites: int = opt(0, "S: the workers form S equal sites of consecutive ranks (0: every worker its own site)")
+    site_of: list = opt([], "each rank's site, for uneven sites, e.g. [0, 0, 0, 1] (overrides sites)")
+    intra: str = opt("unlimited", "RATE[,LATENCY] of the link inside a site (model mode)")
 
     def __post_init__(self):
         from lowband.comm.links import parse_link
 
-        try:
-            parse_link(self.rate)
-        except UsageError as e:
-            raise ConfigError("link.rate", self.rate, str(e).split(" does not parse: ")[-1]) from None
+        for name in ("rate", "intra"):
+            try:
+                parse_link(getattr(self, name))
+            except UsageError as e:
+                raise ConfigError(f"link.{name}", getattr(self, name), str(e).split(" does not parse: ")[-1]) from None
+        require(self.sites >= 0, "link.sites", self.sites, "must be >= 0 (0: every worker its own site)")
+        require(all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in self.site_of),
+                "link.site_of", self.site_of, "must list integers >= 0, one site per rank")
+
+    def site_map(self, world: int) -> list[int]:
+        """Each rank's site (lowband.comm.sites); raises ConfigError for a map that does not fit `world`."""
+        from lowband.comm.sites import site_map
+
+        return site_map(self.sites, self.site_of, world)
+
+    @property
+    def intra_spec(self):
+        from lowband.comm.links import parse_link
+
+        return parse_link(self.intra)
+
+    def site_count(self, world: int) -> int:
+        """How many sites the config names (0: no site map, every worker its own site)."""
+        return len(set(self.site_map(world))) if self.sites or self.site_of else 0
 
     @property
     def spec(self):

@@ -81,7 +81,7 @@ def load_run(row: dict, folder: str, prefix: str) -> dict:
     config = read_config(run_dir)
     link = config.get("link", {}) if isinstance(config.get("link", {}), dict) else {}
     return {"label": prefix + row["label"], "method": row["method"], "workers": row["workers"],
-            "seed": _int(row.get("seed")), "status": row.get("status") or "ok", "run_dir": run_dir,
+            "seed": _int(row.get("seed")), "sites": _int(row.get("sites")), "status": row.get("status") or "ok", "run_dir": run_dir,
             "records": read_metrics(run_dir, check=record_problem), "link": projection.run_link({"link": link}),
             "link_mode": link.get("mode", "model")}
 
@@ -259,8 +259,17 @@ def link_of(runs: list[dict]) -> str:
     for run in runs:
         link = read_config(run["run_dir"]).get("link")
         if isinstance(link, dict):
-            seen.add(f"{parse_link(link.get('rate', '')).describe()} ({link.get('mode', 'model')})")
+            seen.add(f"{parse_link(link.get('rate', '')).describe()} ({link.get('mode', 'model')})" + _sites_of(run, link))
     return "; ".join(sorted(seen)) or "unknown"
+
+
+def _sites_of(run: dict, link: dict) -> str:
+    """', between 2 sites, unlimited inside' for a run with sites (lowband.comm.sites), else ''."""
+    from lowband.comm.links import parse_link
+
+    if run.get("sites", 0) <= 1:
+        return ""
+    return f" between {run['sites']} sites, {parse_link(link.get('intra', '')).describe()} inside"
 
 
 

@@ -36,6 +36,7 @@ def world_size(cfg: C.Config) -> int:
     if world < method.min_workers:
         raise ConfigError("train.workers", world, f"method {cfg.method.name} needs at least {method.min_workers} workers")
     method.check(cfg.method, world)
+    check_sites(cfg, world)
     return world
 
 
@@ -49,6 +50,21 @@ def check_resume_world(run_dir: str, world: int) -> None:
     if ranks and ranks != list(range(world)):
         raise UsageError(f"--resume {run_dir}: its checkpoints are of ranks {ranks}, this resume would start "
                          f"{world} worker(s) (ranks 0..{world - 1}); resume with the world size that wrote them")
+
+
+def check_sites(cfg: C.Config, world: int) -> list[int]:
+    """The run's site map (lowband.comm.sites); a configured one has every method group inside one site."""
+    from lowband.comm.sites import check_groups, configured
+
+    site_of = cfg.link.site_map(world)
+    method = METHODS.get(cfg.method.name)
+    if cfg.link.mode == "netns" and (configured(cfg.link.sites, cfg.link.site_of) or cfg.link.intra_spec.limited):
+        raise ConfigError("link.mode", "netns", "shapes every worker's link alike; sites and link.intra need "
+                                                "--link-mode model")
+    if configured(cfg.link.sites, cfg.link.site_of):
+        check_groups(site_of, method.groups(cfg.method, world), "method.group_size",
+                     getattr(cfg.method, "group_size", None))
+    return site_of
 
 
 def new_run_dir(out: str, method: str) -> str:
@@ -153,8 +169,10 @@ def _join(cfg: C.Config) -> Communicator:
     from lowband.trainer import resolve_device
 
     torch.set_num_threads(cfg.train.threads)
-    link = cfg.link.spec if cfg.link.mode == "model" else None  # netns: the network itself is slow
-    return Communicator.from_env(resolve_device(cfg.train.device), cfg.train.backend, cfg.train.timeout_s, link)
+    model = cfg.link.mode == "model"  # netns: the network itself is slow
+    return Communicator.from_env(resolve_device(cfg.train.device), cfg.train.backend, cfg.train.timeout_s,
+                                 cfg.link.spec if model else None, sites=cfg.link.site_map,
+                                 intra=cfg.link.intra_spec if model else None)
 
 
 def _run(cfg: C.Config, run_dir: str, resume: bool, comm: Communicator) -> None:
@@ -183,6 +201,7 @@ def _as_torchrun_worker(cfg: C.Config, run_dir: str | None, out: str, resume: bo
     if world < method.min_workers:
         raise UsageError(f"method {cfg.method.name} needs at least {method.min_workers} workers; torchrun started {world}")
     method.check(cfg.method, world)
+    check_sites(cfg, world)
     if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0 and run_dir is None and not resume:
         raise UsageError("torchrun --max-restarts needs --run-dir DIR, so that restarted workers find the checkpoints")
     resume = resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0

@@ -280,7 +280,14 @@ class Trainer:
         return (f"{c.method.name}: {self.world} worker(s), backend {self.comm.backend}, device {self.device}; "
                 f"{c.data.name} {len(d.y_train)} train / {val} validation / {len(d.y_test)} test, partition "
                 f"{c.data.partition}; {c.model.name} {params:,} parameters; {self.plan.steps} steps/epoch x "
-                f"{c.train.epochs} epochs, batch {c.train.batch_size}/worker; run dir {self.run.path}")
+                f"{c.train.epochs} epochs, batch {c.train.batch_size}/worker; run dir {self.run.path}"
+                + self._sites_banner())
+
+    def _sites_banner(self) -> str:
+        from lowband.comm.sites import configured, describe
+
+        link = self.cfg.link
+        return f"; {describe(link.site_map(self.world))}" if configured(link.sites, link.site_of) else ""
 
 
 def wants_augment(cfg: Config, data) -> bool:

@@ -82,3 +82,17 @@ def test_a_peer_checkpoint_of_another_architecture_is_a_clear_error(tmp_path):
     errors = [line for line in p.stderr.splitlines() if line.startswith("lowband: error:")]
     assert len(errors) == 1 and "another architecture" in errors[0] and "model1 step 99999" in errors[0]
     assert "Traceback" not in p.stderr
+
+
+def test_in_group_allreduce_stays_inside_a_site_and_checkpoints_cross(tmp_path):
+    run = str(tmp_path / "run")
+    args = ["train", "--method", "codistill", "--workers", "4", "--sites", "2", "--epochs", "1", "--run-dir", run,
+            *small(tmp_path), "--set", "method.group_size=2", "--set", "method.interval=5"]
+    done = subprocess.run([sys.executable, "-m", "lowband", *args], cwd=ROOT, capture_output=True, text=True,
+                          timeout=180)
+    assert done.returncode == 0, done.stderr
+    assert "sites (ranks): 0-1 | 2-3" in done.stderr + done.stdout + open(os.path.join(run, "train.log")).read()
+    last = read_metrics(run)[-1]
+    assert last["bytes"]["grad"]["sent"] > 0 and last["bytes"]["grad"]["inter"] == 0
+    assert last["bytes"]["ckpt"]["inter"] == last["bytes"]["ckpt"]["sent"] > 0
+    assert last["bytes_inter_per_worker"] == last["bytes"]["ckpt"]["inter"]

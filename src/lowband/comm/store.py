@@ -6,7 +6,9 @@ itself is atomic). Its safetensors metadata holds the step, the model id, an arc
 signature (names, shapes and dtypes) and the SHA-256 of the tensor bytes, which the reader
 checks: a truncated or corrupt checkpoint is skipped with a warning and an older one is used.
 Bytes written and read are counted under the tag "ckpt" (they cross a process boundary through
-the storage). Safetensors holds tensors only: nothing in a checkpoint can run code.
+the storage); a write also counts as inter-site bytes when the ranks span more than one site, since
+readers in another site than the writer fetch it across the slow link (lowband.comm.sites); a
+modelled link then holds the writer for the write's transfer time on the inter-site link. Safetensors holds tensors only: nothing in a checkpoint can run code.
 """
 
 from __future__ import annotations
@@ -82,7 +84,7 @@ class CheckpointStore:
         self.fs.pipe_file(tmp, data)
         self.fs.mv(tmp, final)
         if self.comm is not None:
-            self.comm.count(self.tag, sent=len(data))
+            self.comm.stored(self.tag, len(data))
         self._prune(model, step)
 
     def _prune(self, model: int, published: int) -> None:

@@ -161,7 +161,8 @@ class EDL(Allreduce):
         s = self.reader.stats
         sent, recv = s["bytes_sent"], s["bytes_recv"]
         seen = self._bytes_seen
-        self.ctx.comm.count("soft-labels", sent=sent - seen[0], recv=recv - seen[1])
+        # teachers are processes of their own, outside the students' sites: every request crosses
+        self.ctx.comm.count("soft-labels", sent=sent - seen[0], recv=recv - seen[1], inter=sent - seen[0])
         self._bytes_seen = (sent, recv)
 
     def loss(self, batch, outputs, loss):
