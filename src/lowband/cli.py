@@ -58,6 +58,9 @@ def _common(p: argparse.ArgumentParser, with_method: bool = True) -> None:
     for flag, key, typ in SHORTCUTS:
         p.add_argument(flag, type=typ, dest=key, default=None, metavar=key.split(".")[1].upper(),
                        help=f"same as --set {key}=...")
+    p.add_argument("--logger", dest="loggers", action="append", default=None, metavar="NAME",
+                   help="mirror every epoch's figures to tensorboard (RUN_DIR/tensorboard) or wandb (offline unless "
+                        "WANDB_MODE is set); repeatable; same as --set train.loggers=[...]")
 
 
 def parser() -> argparse.ArgumentParser:
@@ -153,6 +156,8 @@ def resolve(args, method: str | None = None, base: dict | None = None) -> C.Conf
             raw = C.merge(raw, C.nest(key.split("."), value))
     if getattr(args, "target_from", None):
         raw = C.merge(raw, {"train": {"target_accuracy": final_accuracy(args.target_from)}})
+    if getattr(args, "loggers", None):
+        raw = C.merge(raw, {"train": {"loggers": list(args.loggers)}})
     for item in args.sets:
         path, value = C.parse_set(item)
         raw = C.merge(raw, C.nest(path, value))
@@ -188,10 +193,12 @@ def resume_config(args) -> C.Config:
 
     changed = [flag for flag, key, _ in SHORTCUTS if getattr(args, key) is not None and key != "train.epochs"]
     if changed or args.sets or args.config or args.method or args.target_from:
-        raise UsageError("--resume continues a run with its own config.toml; only --epochs may change")
+        raise UsageError("--resume continues a run with its own config.toml; only --epochs and --logger may change")
     cfg = runs.read_run_config(args.resume)
-    if args.__dict__["train.epochs"] is not None:
-        cfg.train = C.build(C.TrainConfig, {**C.to_dict(cfg)["train"], "epochs": args.__dict__["train.epochs"]}, "train")
+    changes = {"epochs": args.__dict__["train.epochs"], "loggers": args.loggers}
+    changes = {k: v for k, v in changes.items() if v is not None}
+    if changes:
+        cfg.train = C.build(C.TrainConfig, {**C.to_dict(cfg)["train"], **changes}, "train")
         runs.write_config(cfg, args.resume)
     return cfg
 

@@ -42,6 +42,8 @@ class TrainConfig:
     threads: int = opt(1, "torch threads per worker process")
     target_accuracy: float = opt(0.0, "report the first epoch whose validation accuracy reaches this (0: none)")
     stop_at_target: bool = opt(False, "stop training at the first epoch that reaches target_accuracy")
+    loggers: list = opt([], "experiment loggers mirroring every epoch's figures: tensorboard, wandb "
+                            "(offline unless WANDB_MODE is set) or package.module:factory")
 
     def __post_init__(self):
         require(0 <= self.target_accuracy <= 1, "train.target_accuracy", self.target_accuracy, "must be in [0, 1]")
@@ -53,6 +55,9 @@ class TrainConfig:
                 "must be >= 0 (0: only at the end)")
         require(self.max_restarts >= 0, "train.max_restarts", self.max_restarts, "must be >= 0")
         require(self.timeout_s > 0, "train.timeout_s", self.timeout_s, "must be > 0")
+        for name in self.loggers:
+            require(isinstance(name, str) and (name in ("tensorboard", "wandb") or ":" in name), "train.loggers",
+                    name, "unknown logger; known: tensorboard, wandb (or package.module:factory)")
 
 
 @dataclass(kw_only=True)

@@ -43,10 +43,11 @@ def read_metrics(run_dir: str, filename: str = "metrics.jsonl") -> list[dict]:
 class MetricsSink:
     """Writes epoch records to a run's `metrics` stream (when active) and drives the progress display."""
 
-    def __init__(self, stream, active: bool, total_epochs: int, log: logging.Logger):
+    def __init__(self, stream, active: bool, total_epochs: int, log: logging.Logger, loggers: list = ()):
         self.stream = stream
         self.active, self.total_epochs, self.log = active, total_epochs, log
         self.tty = active and sys.stderr.isatty()
+        self.loggers = list(loggers)  # experiment loggers (lowband.loggers), fed every record
 
     def steps(self, iterable, epoch: int, total: int):
         if not self.tty:
@@ -59,6 +60,18 @@ class MetricsSink:
             return
         self.stream.write(record)
         self.log.info(format_record(record, self.total_epochs))
+        if self.loggers:
+            from lowband.loggers import scalars
+
+            figures = scalars(record)
+            for logger in self.loggers:
+                logger.log(figures, record["epoch"])
+
+    def close(self) -> None:
+        """Close every experiment logger (flushes their files)."""
+        for logger in self.loggers:
+            logger.close()
+        self.loggers = []
 
 
 def format_record(r: dict, total_epochs: int) -> str:

@@ -13,7 +13,7 @@ import time
 import torch
 
 from lowband import config as C
-from lowband import launch
+from lowband import launch, loggers
 from lowband.comm import Communicator, launched_by_torchrun
 from lowband.errors import ConfigError, UsageError
 from lowband.catalog import load_all
@@ -77,6 +77,7 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
     if launched_by_torchrun():
         return _as_torchrun_worker(cfg, run_dir, out, resume)
     run_dir = run_dir or new_run_dir(out, cfg.method.name)
+    loggers.check(cfg.train.loggers)
     if not resume:
         check_plan(cfg)
     netns = None
@@ -135,6 +136,7 @@ def _as_torchrun_worker(cfg: C.Config, run_dir: str | None, out: str, resume: bo
     if world < method.min_workers:
         raise UsageError(f"method {cfg.method.name} needs at least {method.min_workers} workers; torchrun started {world}")
     method.check(cfg.method, world)
+    loggers.check(cfg.train.loggers)
     if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0 and run_dir is None and not resume:
         raise UsageError("torchrun --max-restarts needs --run-dir DIR, so that restarted workers find the checkpoints")
     resume = resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
