@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 import os
 
-INSTANCES: list["FakeLogger"] = []
+INSTANCES: list[FakeLogger] = []
 
 
 class FakeLogger:

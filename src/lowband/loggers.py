@@ -16,7 +16,8 @@ from __future__ import annotations
 import importlib
 import importlib.util
 import os
-from typing import Any, Callable, Protocol
+from collections.abc import Callable
+from typing import Any, Protocol
 
 from lowband.errors import ConfigError
 
