@@ -1,3 +1,26 @@
-"""lowband: training neural networks on workers that cannot afford to talk every step."""
+"""lowband: training neural networks on workers that cannot afford to talk every step.
+
+From Python (see lowband.api):
+
+    import lowband
+    run = lowband.train(method="local_sgd", workers=2, epochs=1, **{"method.tau": 4})
+    model = lowband.load_model(run.run_dir)
+"""
+
+from lowband.errors import ConfigError, LowbandError, RunFailed, UsageError
 
 __version__ = "0.1.0"
+
+__all__ = ["train", "compare", "load_model", "Run", "Comparison", "LowbandError", "ConfigError", "UsageError",
+           "RunFailed", "__version__"]
+
+_API = {"train", "compare", "load_model", "Run", "Comparison"}
+
+
+def __getattr__(name: str):
+    """The API is imported on first use, so `import lowband` (and the CLI) stays cheap."""
+    if name in _API:
+        from lowband import api
+
+        return getattr(api, name)
+    raise AttributeError(f"module 'lowband' has no attribute {name!r}")

@@ -18,12 +18,12 @@ from lowband.errors import UsageError
 from lowband.models import build_model
 
 
-def load_final_model(run_dir: str, in_shape, num_classes: int) -> torch.nn.Module:
-    """A run's model.safetensors as a module (an ensemble run's as its members and weights)."""
+def load_final_model(run_dir: str, in_shape, num_classes: int, name: str = "model.safetensors") -> torch.nn.Module:
+    """A run's model.safetensors (or `name`) as a module (an ensemble run's as its members and weights)."""
     cfg = runs.read_run_config(run_dir)
-    path = os.path.join(run_dir, "model.safetensors")
+    path = os.path.join(run_dir, name)
     if not os.path.isfile(path):
-        raise UsageError(f"{run_dir} has no model.safetensors (did the run finish?)")
+        raise UsageError(f"{run_dir} has no {name} (did the run finish?)")
     state = load_file(path)
     if "weights" in state and any(k.startswith("members.") for k in state):
         members = [build_model(cfg.model, in_shape, num_classes) for _ in range(len(state["weights"]))]

@@ -22,3 +22,31 @@ def test_a_logger_plugin_gets_every_epoch_of_a_real_run(tmp_path):
         assert x["scalars"]["loss/train"] == rec["train_loss"]
     assert (run / "fake_logger.rank0.closed").exists()
     assert not (run / "fake_logger.rank1.jsonl").exists()  # one model, one reporter: rank 0's
+
+
+def api_small(tmp_path) -> dict:
+    import os
+
+    return {"samples": 600, "batch_size": 16, "data.cache_dir": os.environ["LOWBAND_TEST_CACHE"],
+            "train.timeout_s": 60.0}
+
+
+def test_python_api_trains_and_loads_the_model_it_scored(tmp_path):
+    import torch
+
+    import lowband
+    from lowband.data import load_dataset
+
+    run = lowband.train(method="local_sgd", workers=2, epochs=1, run_dir=str(tmp_path / "r"), quiet=True,
+                        **{"method.tau": 4}, **api_small(tmp_path))
+    assert run.method == "local_sgd" and run.epochs == 1 and run.run_dir == str(tmp_path / "r")
+    last = read_metrics(run.run_dir)[-1]
+    assert (run.val_acc, run.test_acc, run.bytes_sent_per_worker) == (
+        last["val_acc"], last["test_acc"], last["bytes_sent_per_worker"])
+    assert run.bytes_sent_per_worker > 0
+    model = lowband.load_model(run.run_dir)
+    assert isinstance(model, torch.nn.Module) and not model.training
+    data = load_dataset(run.config.data)
+    with torch.no_grad():
+        acc = (model(data.x_test).argmax(1) == data.y_test).double().mean().item()
+    assert acc == run.test_acc  # the loaded model is the one the record scored
