@@ -11,8 +11,8 @@ from lowband.errors import ConfigError, LowbandError, RunFailed, UsageError
 
 __version__ = "0.1.0"
 
-__all__ = ["train", "compare", "load_model", "Run", "Comparison", "LowbandError", "ConfigError", "UsageError",
-           "RunFailed", "__version__"]
+__all__ = ["Comparison", "ConfigError", "LowbandError", "Run", "RunFailed", "UsageError", "__version__", "compare",
+           "load_model", "train"]
 
 _API = {"train", "compare", "load_model", "Run", "Comparison"}
 
@@ -22,5 +22,9 @@ def __getattr__(name: str):
     if name in _API:
         from lowband import api
 
+        if name == "compare":  # the submodule lowband.compare, made callable (see its end)
+            import lowband.compare as module
+
+            return module
         return getattr(api, name)
     raise AttributeError(f"module 'lowband' has no attribute {name!r}")

@@ -27,7 +27,7 @@ SHORTCUTS = {"workers": "train.workers", "epochs": "train.epochs", "batch_size":
              "partition": "data.partition", "samples": "data.num_samples", "link": "link.rate",
              "loggers": "train.loggers"}
 
-__all__ = ["train", "compare", "load_model", "Run", "Comparison"]
+__all__ = ["Comparison", "Run", "compare", "load_model", "train"]
 
 
 @dataclass

@@ -8,6 +8,8 @@ summary.csv has one row per run; the console table is lowband.table's, the same 
 from __future__ import annotations
 
 import csv
+import sys
+import types
 import os
 import time
 from importlib import resources
@@ -168,3 +170,16 @@ def print_summary(rows: list[dict], folder: str, target: float | None = None) ->
     print("\n" + format_table(rows, target))
     print(f"\nruns, summary.csv and report.md/report.html (plots: accuracy against epoch, bytes and time; "
           f"projected time to target against link rate; accuracy against bytes) in {folder}")
+
+
+class _CallableModule(types.ModuleType):
+    """`lowband.compare` is this module once imported (Python sets a package's submodules as its
+    attributes); calling it is the Python API's `lowband.compare(...)` (lowband.api.compare)."""
+
+    def __call__(self, *args, **kwargs):
+        from lowband.api import compare as api_compare
+
+        return api_compare(*args, **kwargs)
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -1,5 +1,7 @@
 """The Python API's settings: the same layering and validation as the command line, raised as lowband errors."""
 
+import importlib
+
 import pytest
 
 import lowband
@@ -39,5 +41,9 @@ def test_compare_needs_a_list():
 
 def test_the_api_is_loaded_on_first_use():
     assert lowband.train is api.train and lowband.load_model is api.load_model
+    importlib.import_module("lowband.compare")  # the submodule of the same name stays callable
+
+    with pytest.raises(lowband.ConfigError, match="methods"):
+        lowband.compare([])
     with pytest.raises(AttributeError):
         lowband.nothing_here  # noqa: B018
