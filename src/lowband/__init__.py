@@ -7,6 +7,8 @@ From Python (see lowband.api):
     model = lowband.load_model(run.run_dir)
 """
 
+import importlib
+
 from lowband.errors import ConfigError, LowbandError, RunFailed, UsageError
 
 __version__ = "0.1.0"
@@ -20,11 +22,9 @@ _API = {"train", "compare", "load_model", "Run", "Comparison"}
 def __getattr__(name: str):
     """The API is imported on first use, so `import lowband` (and the CLI) stays cheap."""
     if name in _API:
-        from lowband import api
-
+        # imported by name at first use, after this package has finished importing: the API sits on top
+        # of every layer, and the package itself imports nothing but lowband.errors
         if name == "compare":  # the submodule lowband.compare, made callable (see its end)
-            import lowband.compare as module
-
-            return module
-        return getattr(api, name)
+            return importlib.import_module("lowband.compare")
+        return getattr(importlib.import_module("lowband.api"), name)
     raise AttributeError(f"module 'lowband' has no attribute {name!r}")
