@@ -177,9 +177,9 @@ class _CallableModule(types.ModuleType):
     attributes); calling it is the Python API's `lowband.compare(...)` (lowband.api.compare)."""
 
     def __call__(self, *args, **kwargs):
-        from lowband.api import compare as api_compare
+        from importlib import import_module
 
-        return api_compare(*args, **kwargs)
+        return import_module("lowband.api").compare(*args, **kwargs)  # the API sits above this module
 
 
 sys.modules[__name__].__class__ = _CallableModule
