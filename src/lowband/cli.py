@@ -58,6 +58,8 @@ def _common(p: argparse.ArgumentParser, with_method: bool = True) -> None:
     for flag, key, typ in SHORTCUTS:
         p.add_argument(flag, type=typ, dest=key, default=None, metavar=key.split(".")[1].upper(),
                        help=f"same as --set {key}=...")
+    p.add_argument("--quiet", "-q", action="store_true",
+                   help="no per-epoch lines or progress bar on the console (train.log still has them)")
     p.add_argument("--logger", dest="loggers", action="append", default=None, metavar="NAME",
                    help="mirror every epoch's figures to tensorboard (RUN_DIR/tensorboard) or wandb (offline unless "
                         "WANDB_MODE is set); repeatable; same as --set train.loggers=[...]")
@@ -295,6 +297,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         p.print_help()
         return 2
+    if getattr(args, "quiet", False):
+        os.environ["LOWBAND_QUIET"] = "1"  # the workers inherit it
     try:
         if args.command != "coordinator":  # it needs no model or method: start in a fraction of a second
             load_all()

@@ -89,8 +89,8 @@ def compare(base: C.Config, specs: list[str], out: str, prepare: list[str] = (),
         if code:
             return code, folder, []
     rows = []
-    for spec, cfg in configs:
-        print(f"\n=== {spec} ===", flush=True)
+    for i, (spec, cfg) in enumerate(configs, 1):
+        print(f"\nrun {i}/{len(configs)}: {spec} seed {cfg.train.seed}", flush=True)
         code, run_dir = runs.start(cfg, os.path.join(folder, spec.replace(":", "_").replace("=", "-")))
         if code == 130:
             return 130, folder, rows

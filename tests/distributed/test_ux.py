@@ -22,6 +22,15 @@ def test_a_logger_plugin_gets_every_epoch_of_a_real_run(tmp_path):
         assert x["scalars"]["loss/train"] == rec["train_loss"]
     assert (run / "fake_logger.rank0.closed").exists()
     assert not (run / "fake_logger.rank1.jsonl").exists()  # one model, one reporter: rank 0's
+    lines = [line for line in p.stdout.splitlines() if line.startswith("epoch ")]
+    assert len(lines) == 2 and lines[1].startswith("epoch   2/2") and "ETA 0s" in lines[1]
+
+
+def test_quiet_prints_no_epoch_lines(tmp_path):
+    run = tmp_path / "run"
+    p = cli("train", "--method", "single", "--epochs", "1", "--run-dir", str(run), "--quiet", *small(tmp_path))
+    assert p.returncode == 0, p.stderr
+    assert "epoch " not in p.stdout and "epoch   1/1" in (run / "train.log").read_text()
 
 
 def api_small(tmp_path) -> dict:

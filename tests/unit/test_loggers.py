@@ -80,3 +80,36 @@ def test_a_missing_package_stops_the_command_with_one_line_and_no_run_dir(name, 
 def test_an_unknown_logger_is_a_config_error_at_resolve():
     with pytest.raises(ConfigError, match="train.loggers"):
         cli.resolve(cli.parser().parse_args(["config", "--logger", "mlflow"]))
+
+
+def test_each_epoch_line_tells_the_whole_run(tmp_path, monkeypatch, caplog):
+    from lowband import metrics
+
+    clock = iter([100.0, 110.0, 130.0])  # start; epochs 3 and 4 end 10 s and 30 s later
+    monkeypatch.setattr(metrics.time, "monotonic", lambda: next(clock))
+    sink = MetricsSink(Stream(str(tmp_path / "m.jsonl")), True, 6, logging.getLogger("test-progress"))
+    with caplog.at_level(logging.INFO, logger="test-progress"):
+        sink.write(RECORD)  # a resumed run: its first epoch here is 3
+        sink.write({**RECORD, "epoch": 4})
+    first, second = caplog.messages
+    assert first.startswith("epoch   3/6") and "val acc 0.8000" in first and "sent/worker 1.50 kB" in first
+    assert first.endswith("elapsed 10s  ETA 30s")  # 3 epochs left at 10 s each
+    assert second.endswith("elapsed 30s  ETA 30s")  # 2 left at 15 s each
+
+
+@pytest.mark.parametrize("seconds, text", [(4.4, "4s"), (185, "3m05s"), (3720, "1h02m")])
+def test_clock(seconds, text):
+    from lowband.metrics import clock
+
+    assert clock(seconds) == text
+
+
+def test_quiet_keeps_epoch_lines_off_the_console_only(tmp_path, monkeypatch):
+    from lowband.metrics import setup_logging
+
+    monkeypatch.setenv("LOWBAND_QUIET", "1")
+    log = setup_logging(str(tmp_path), 0)
+    console, logfile = log.handlers
+    assert console.level == logging.WARNING and logfile.level == logging.NOTSET
+    for h in log.handlers:
+        h.close()
