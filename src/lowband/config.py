@@ -62,7 +62,8 @@ class TrainConfig:
 
 @dataclass(kw_only=True)
 class DataConfig:
-    name: str = opt("mnist1d", "data set: mnist1d, mnist5k, digits, cifar10, cifar100, imagefolder")
+    name: str = opt("mnist1d", "data set: mnist1d, mnist5k, digits, cifar10, cifar100, imagefolder, "
+                                     "package.module:factory or PATH.npz (your own; see lowband.data.custom)")
     root: str = opt("", "directory holding cifar10/cifar100/imagefolder data")
     num_samples: int = opt(5000, "mnist1d: samples generated (80% train, 20% test)")
     partition: Literal["iid", "dirichlet", "same"] = opt(

@@ -59,3 +59,18 @@ def test_python_api_trains_and_loads_the_model_it_scored(tmp_path):
     with torch.no_grad():
         acc = (model(data.x_test).argmax(1) == data.y_test).double().mean().item()
     assert acc == run.test_acc  # the loaded model is the one the record scored
+
+
+def test_a_run_on_your_own_data(tmp_path):
+    import numpy as np
+
+    from tests import mydata
+
+    path = tmp_path / "blobs.npz"
+    np.savez(path, **mydata.as_dict())
+    run = tmp_path / "run"
+    p = cli("train", "--method", "allreduce", "--workers", "2", "--epochs", "2", "--dataset", str(path),
+            "--model", "mlp", "--batch-size", "16", "--run-dir", str(run), "--set", "train.timeout_s=60")
+    assert p.returncode == 0, p.stderr
+    last = read_metrics(str(run))[-1]
+    assert last["test_acc"] > 0.9  # two classes three standard deviations apart
