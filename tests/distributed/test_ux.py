@@ -74,3 +74,23 @@ def test_a_run_on_your_own_data(tmp_path):
     assert p.returncode == 0, p.stderr
     last = read_metrics(str(run))[-1]
     assert last["test_acc"] > 0.9  # two classes three standard deviations apart
+
+
+def test_tensorboard_events_read_back_with_tensorboards_own_reader(tmp_path):
+    import pytest
+
+    pytest.importorskip("tensorboard", reason="the optional tensorboard package is not installed")
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    run = tmp_path / "run"
+    p = cli("train", "--method", "allreduce", "--workers", "2", "--epochs", "2", "--run-dir", str(run),
+            "--logger", "tensorboard", *small(tmp_path))
+    assert p.returncode == 0, p.stderr
+    events = EventAccumulator(str(run / "tensorboard"))
+    events.Reload()
+    records = read_metrics(str(run))
+    val = events.Scalars("accuracy/val_acc")
+    assert [e.step for e in val] == [r["epoch"] for r in records]
+    assert [e.value for e in val] == pytest.approx([r["val_acc"] for r in records])
+    assert [e.value for e in events.Scalars("bytes/grad/sent")] == pytest.approx(
+        [r["bytes"]["grad"]["sent"] for r in records])
