@@ -25,12 +25,12 @@ def run_config(run_dir: str):
     return runs.read_run_config(run_dir)
 
 
-def load_final_model(run_dir: str, in_shape, num_classes: int) -> torch.nn.Module:
-    """A run's model.safetensors as a module (an ensemble run's as its members and weights)."""
+def load_final_model(run_dir: str, in_shape, num_classes: int, name: str = "model.safetensors") -> torch.nn.Module:
+    """A run's model.safetensors (or `name`) as a module (an ensemble run's as its members and weights)."""
     cfg = run_config(run_dir)
-    path = os.path.join(run_dir, "model.safetensors")
+    path = os.path.join(run_dir, name)
     if not os.path.isfile(path):
-        raise UsageError(f"{run_dir} has no model.safetensors (did the run finish?)")
+        raise UsageError(f"{run_dir} has no {name} (did the run finish?)")
     try:
         state = load_file(path)
     except Exception as e:  # noqa: BLE001 - any damage to the file is the same answer

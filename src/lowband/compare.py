@@ -8,6 +8,8 @@ summary.csv has one row per run; the console table is lowband.table's, the same 
 from __future__ import annotations
 
 import csv
+import sys
+import types
 import os
 import time
 from importlib import resources
@@ -89,8 +91,9 @@ def compare(plan: P.Plan, folder: str) -> tuple[int, str, list[dict]]:
         if code:
             return code, folder, []
     results = []
-    for run in P.tuning_runs(plan):
-        code, run_dir = execute(folder, run)
+    tuning, total = P.tuning_runs(plan), len(P.tuning_runs(plan)) + len(P.full_runs(plan, {}))
+    for i, run in enumerate(tuning, 1):
+        code, run_dir = execute(folder, run, f"run {i}/{total}")
         if code == 130:
             return 130, folder, []
         results.append((run, final_val_acc(run_dir) if code == 0 else None))
@@ -98,8 +101,8 @@ def compare(plan: P.Plan, folder: str) -> tuple[int, str, list[dict]]:
     if plan.tune is not None:
         write_tuning(results, chosen, os.path.join(folder, "tuning.csv"))
     rows: list[dict] = []
-    for run in P.full_runs(plan, chosen):
-        code, run_dir = execute(folder, run)
+    for i, run in enumerate(P.full_runs(plan, chosen), len(tuning) + 1):
+        code, run_dir = execute(folder, run, f"run {i}/{total}")
         if code == 130:
             return 130, folder, rows
         rows.append(summarize(run.label, C.from_dict(run.config, runs.method_configs()), run_dir, code)
@@ -128,10 +131,12 @@ def describe_budget(plan: P.Plan) -> str:
     return f"budget {plan.budget} (as many as Allreduce's in train.epochs); epochs: " + ", ".join(epochs)
 
 
-def execute(folder: str, run: P.Run) -> tuple[int, str]:
-    """Run `run` unless done.jsonl records it finished; an interrupted run continues from its checkpoint."""
+def execute(folder: str, run: P.Run, position: str = "") -> tuple[int, str]:
+    """Run `run` unless done.jsonl records it finished; an interrupted run continues from its checkpoint.
+    `position` ('run 3/12') heads its banner."""
     run_dir = os.path.join(folder, run.dir)
-    title = run.label + (f", {run.key.split('/')[-1]}" if run.kind == "tune" else f", seed {run.seed}")
+    title = (f"{position}: " if position else "") + run.label + \
+        (f", {run.key.split('/')[-1]}" if run.kind == "tune" else f", seed {run.seed}")
     done = P.finished(folder).get(run.key)
     if done is not None and done["code"] == 0 and RunDir(run_dir).has_records():
         print(f"\n=== {title}: finished already ===", flush=True)
@@ -251,3 +256,16 @@ def print_summary(rows: list[dict], folder: str, target: float | None = None) ->
         print("\nTuned (best validation accuracy of the sweep, tuning.csv): " + "; ".join(tuned))
     print(f"\nruns, summary.csv and report.md/report.html (plots: accuracy against epoch, bytes and time; "
           f"projected time to target against link rate; accuracy against bytes) in {folder}")
+
+
+class _CallableModule(types.ModuleType):
+    """`lowband.compare` is this module once imported (Python sets a package's submodules as its
+    attributes); calling it is the Python API's `lowband.compare(...)` (lowband.api.compare)."""
+
+    def __call__(self, *args, **kwargs):
+        from importlib import import_module
+
+        return import_module("lowband.api").compare(*args, **kwargs)  # the API sits above this module
+
+
+sys.modules[__name__].__class__ = _CallableModule

@@ -49,6 +49,8 @@ class TrainConfig:
     threads: int = opt(1, "torch threads per worker process")
     target_accuracy: float = opt(0.0, "report the first epoch whose validation accuracy reaches this (0: none)")
     stop_at_target: bool = opt(False, "stop training at the first epoch that reaches target_accuracy")
+    loggers: list = opt([], "experiment loggers mirroring every epoch's figures: tensorboard, wandb "
+                            "(offline unless WANDB_MODE is set) or package.module:factory")
 
     def __post_init__(self):
         require(0 <= self.target_accuracy <= 1, "train.target_accuracy", self.target_accuracy, "must be in [0, 1]")
@@ -63,11 +65,15 @@ class TrainConfig:
                 f"must be in (0, {MAX_TIMEOUT_S:g}] seconds")
         require(0 <= self.seed <= MAX_SEED, "train.seed", self.seed, f"must be in 0..{MAX_SEED}")
         require(self.workers <= MAX_WORKERS, "train.workers", self.workers, f"must be <= {MAX_WORKERS}")
+        for name in self.loggers:
+            require(isinstance(name, str) and (name in ("tensorboard", "wandb") or ":" in name), "train.loggers",
+                    name, "unknown logger; known: tensorboard, wandb (or package.module:factory)")
 
 
 @dataclass(kw_only=True)
 class DataConfig:
-    name: str = opt("mnist1d", "data set: mnist1d, mnist5k, digits, cifar10, cifar100, imagefolder")
+    name: str = opt("mnist1d", "data set: mnist1d, mnist5k, digits, cifar10, cifar100, imagefolder, "
+                                     "package.module:factory or PATH.npz (your own; see lowband.data.custom)")
     root: str = opt("", "directory holding cifar10/cifar100/imagefolder data")
     num_samples: int = opt(5000, "mnist1d: samples generated (80% train, 20% test)")
     partition: Literal["iid", "dirichlet", "same"] = opt(

@@ -20,6 +20,7 @@ import math
 from dataclasses import asdict, dataclass, field
 
 from lowband.comm import BOOKKEEPING_TAGS, Communicator
+from lowband.loggers import build as build_loggers
 from lowband.metrics import MetricsSink
 from lowband.rundir import RunDir
 
@@ -71,10 +72,14 @@ def _per_tag(ranks: list[RankFigures], reduce) -> dict[str, dict[str, float]]:
 class EpochReporter:
     """Gathers `RankFigures` over `scope` and writes the scope's records to `run`'s metrics stream."""
 
-    def __init__(self, scope: Communicator, run: RunDir, log: logging.Logger, total_epochs: int):
+    def __init__(self, scope: Communicator, run: RunDir, log: logging.Logger, total_epochs: int,
+                 loggers: list[str] = (), config: dict | None = None):
+        """`loggers`: train.loggers; the scope's leader builds them (lowband.loggers) and feeds them every
+        record it writes; `config`: the resolved config as a dict, which they record as hyper-parameters."""
         self.scope, self.log = scope, log
         self.leader = scope.rank == 0
-        self.sink = MetricsSink(run.stream("metrics"), self.leader, total_epochs, log)
+        built = build_loggers(list(loggers), run.path, run.rank, config or {}) if self.leader and loggers else []
+        self.sink = MetricsSink(run.stream("metrics"), self.leader, total_epochs, log, built)
 
     def gather(self, mine: RankFigures) -> list[RankFigures]:
         """Every scope rank's figures, in scope rank order; stops training on a diverged loss."""
@@ -114,3 +119,6 @@ class EpochReporter:
 
     def write(self, record: dict) -> None:
         self.sink.write(record)
+
+    def close(self) -> None:
+        self.sink.close()

@@ -17,7 +17,7 @@ import torch
 
 from lowband import checkpoint
 from lowband import config as C
-from lowband import launch
+from lowband import launch, loggers
 from lowband.comm import Communicator, launched_by_torchrun
 from lowband.errors import ConfigError, UsageError
 from lowband.catalog import load_all
@@ -109,6 +109,7 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
     if launched_by_torchrun():
         return _as_torchrun_worker(cfg, run_dir, out, resume)
     run_dir = run_dir or new_run_dir(out, cfg.method.name)
+    loggers.check(cfg.train.loggers)
     if resume:
         check_resume_world(run_dir, world_size(cfg))
     else:
@@ -202,6 +203,7 @@ def _as_torchrun_worker(cfg: C.Config, run_dir: str | None, out: str, resume: bo
         raise UsageError(f"method {cfg.method.name} needs at least {method.min_workers} workers; torchrun started {world}")
     method.check(cfg.method, world)
     check_sites(cfg, world)
+    loggers.check(cfg.train.loggers)
     if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0 and run_dir is None and not resume:
         raise UsageError("torchrun --max-restarts needs --run-dir DIR, so that restarted workers find the checkpoints")
     resume = resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0

@@ -16,7 +16,7 @@ import torch.nn.functional as F
 
 from lowband import checkpoint
 from lowband.comm import BOOKKEEPING_TAGS, Communicator
-from lowband.config import Config
+from lowband.config import Config, to_dict
 from lowband.data import Batches, TensorData, load_dataset, partition, steps_per_epoch
 from lowband.methods.base import Context, Method
 from lowband.metrics import setup_logging
@@ -111,7 +111,8 @@ class Trainer:
         self.warmup = self.method.default_warmup_epochs() if warm == "auto" else float(warm)
         # ranks that train one model together report together; separate models report alone
         self.scope = comm.alone() if method_cls.independent_models else comm
-        self.reporter = EpochReporter(self.scope, self.run, self.log, cfg.train.epochs)
+        self.reporter = EpochReporter(self.scope, self.run, self.log, cfg.train.epochs, cfg.train.loggers,
+                                      to_dict(cfg))
         self.reached_target: int | None = None
         self.final_global: torch.nn.Module | None = None  # the global model of the latest evaluated epoch
         self.best_local_rank = 0
@@ -171,7 +172,10 @@ class Trainer:
             group["lr"] = lr
 
     def close(self) -> None:
-        self.method.close()
+        try:
+            self.method.close()
+        finally:
+            self.reporter.close()
 
     # ---- evaluation and records ----------------------------------------------------------------
     def _comm_seconds(self) -> float:

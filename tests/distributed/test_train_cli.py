@@ -89,7 +89,7 @@ def test_resume_refuses_to_change_the_config(tmp_path):
     run = tmp_path / "r"
     assert cli("train", "--method", "single", "--epochs", "1", "--run-dir", str(run), *small(tmp_path)).returncode == 0
     p = cli("train", "--resume", str(run), "--lr", "0.5")
-    assert p.returncode == 2 and "only --epochs may change" in p.stderr
+    assert p.returncode == 2 and "only --epochs and --logger may change" in p.stderr
 
 
 def test_compare_prints_one_table_and_writes_summary(tmp_path):
