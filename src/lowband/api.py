@@ -137,14 +137,18 @@ def compare(methods: list[str], config=None, *, out: str = "runs", quiet: bool =
     is then the comparison directory).
     """
     from lowband import compare as cmp
+    from lowband import plan as P
     from lowband.catalog import load_all
+    from lowband.runs import method_configs, world_size
 
     load_all()
     if isinstance(methods, str) or not methods:
         raise ConfigError("methods", methods, "must be a non-empty list of method specs, e.g. ['allreduce']")
-    base = resolve(config, cmp.parse_spec(methods[0])[0], overrides)
+    base = C.to_dict(resolve(config, cmp.parse_spec(methods[0])[0], overrides))
+    folder = cmp.new_folder(out)
+    plan = P.make_plan(list(methods), base, {}, folder, method_configs(), check=world_size, layout=cmp.layout)
     with _quiet(quiet):
-        code, folder, rows = cmp.compare(base, list(methods), out)
+        code, folder, rows = cmp.compare(plan, folder)
     if code != 0:
         raise RunFailed(code, folder)
     return Comparison(folder, [Run.from_dir(r["run_dir"]) for r in rows], cmp.format_table(rows))

@@ -364,9 +364,8 @@ def cmd_coordinator(args) -> int:
 
 
 def cmd_list(args) -> int:
-    from lowband.registry import DATASETS, METHODS, MODELS
-
     from lowband.compare import load_suite, suite_names
+    from lowband.registry import DATASETS, METHODS, MODELS
 
     print("methods (set options with --set method.KEY=VALUE):")
     for name in METHODS.names():

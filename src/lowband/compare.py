@@ -8,10 +8,10 @@ summary.csv has one row per run; the console table is lowband.table's, the same 
 from __future__ import annotations
 
 import csv
-import sys
-import types
 import os
+import sys
 import time
+import types
 from importlib import resources
 
 import tomllib

@@ -9,16 +9,15 @@ from __future__ import annotations
 
 import dataclasses
 import math
-import tomllib
 import types
 import typing
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 import tomli_w
+import tomllib
 
 from lowband.errors import ConfigError, UsageError, require
-
 
 MAX_SEED = 2**32 - 1  # numpy's seeds
 MAX_WORKERS = 1024  # worker processes on one machine: each needs memory, a port and a process

@@ -81,7 +81,8 @@ def load_run(row: dict, folder: str, prefix: str) -> dict:
     config = read_config(run_dir)
     link = config.get("link", {}) if isinstance(config.get("link", {}), dict) else {}
     return {"label": prefix + row["label"], "method": row["method"], "workers": row["workers"],
-            "seed": _int(row.get("seed")), "sites": _int(row.get("sites")), "status": row.get("status") or "ok", "run_dir": run_dir,
+            "seed": _int(row.get("seed")), "sites": _int(row.get("sites")), "status": row.get("status") or "ok",
+            "run_dir": run_dir,
             "records": read_metrics(run_dir, check=record_problem), "link": projection.run_link({"link": link}),
             "link_mode": link.get("mode", "model")}
 

@@ -15,12 +15,11 @@ import time
 
 import torch
 
-from lowband import checkpoint
+from lowband import checkpoint, launch, loggers
 from lowband import config as C
-from lowband import launch, loggers
+from lowband.catalog import load_all
 from lowband.comm import Communicator, launched_by_torchrun
 from lowband.errors import ConfigError, UsageError
-from lowband.catalog import load_all
 from lowband.registry import METHODS
 from lowband.rundir import RunDir
 

@@ -197,7 +197,8 @@ def text(table: list[dict]) -> str:
     titles, cols = head(table), columns(table)
     body = [cells(r, len(titles), cols) for r in table]
     widths = [max(len(line[i]) for line in [titles] + body) for i in range(len(titles))]
-    line = lambda cs: "  ".join(c.ljust(w) for c, w in zip(cs, widths)).rstrip()
+    def line(cs):
+        return "  ".join(c.ljust(w) for c, w in zip(cs, widths)).rstrip()
     return "\n".join([line(titles), line(["-" * w for w in widths])] + [line(b) for b in body])
 
 

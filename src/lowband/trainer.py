@@ -15,13 +15,13 @@ import torch
 import torch.nn.functional as F
 
 from lowband import checkpoint
+from lowband.catalog import load_all
 from lowband.comm import BOOKKEEPING_TAGS, Communicator
 from lowband.config import Config, to_dict
 from lowband.data import Batches, TensorData, load_dataset, partition, steps_per_epoch
 from lowband.methods.base import Context, Method
 from lowband.metrics import setup_logging
 from lowband.models import build_model
-from lowband.catalog import load_all
 from lowband.registry import METHODS
 from lowband.reporter import EpochReporter, RankFigures, TrainingError, tag_bytes
 from lowband.rundir import RunDir

@@ -10,11 +10,11 @@ import sys
 import pytest
 import torch
 
-from lowband import checkpoint, launch
+from lowband import checkpoint
 from lowband.metrics import read_metrics
 from tests.conftest import ROOT, small
-from tests.faults.test_processes import wait_for
 from tests.distributed.helpers import run_workers
+from tests.faults.test_processes import wait_for
 
 STEPS, N = 7, 3
 

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import math
-import tomllib
 
 import pytest
+import tomllib
 import torch
 from safetensors.torch import load_file
 

@@ -61,6 +61,16 @@ def test_python_api_trains_and_loads_the_model_it_scored(tmp_path):
     assert acc == run.test_acc  # the loaded model is the one the record scored
 
 
+def test_python_api_compares_methods_and_returns_their_runs(tmp_path):
+    import lowband
+
+    result = lowband.compare(["single", "local_sgd:tau=4"], workers=2, epochs=1, out=str(tmp_path), quiet=True,
+                             **api_small(tmp_path))
+    assert [r.method for r in result.runs] == ["single", "local_sgd"]
+    assert all(0 <= r.val_acc <= 1 for r in result.runs)
+    assert "local_sgd:tau=4" in result.table and result.runs[1].bytes_sent_per_worker > 0
+
+
 def test_a_run_on_your_own_data(tmp_path):
     import numpy as np
 

@@ -23,7 +23,6 @@ Without a site map every rank is its own site, so every byte sent is an inter-si
 from __future__ import annotations
 
 import hashlib
-
 import os
 import time
 import warnings

@@ -8,7 +8,8 @@ checks: a truncated or corrupt checkpoint is skipped with a warning and an older
 Bytes written and read are counted under the tag "ckpt" (they cross a process boundary through
 the storage); a write also counts as inter-site bytes when the ranks span more than one site, since
 readers in another site than the writer fetch it across the slow link (lowband.comm.sites); a
-modelled link then holds the writer for the write's transfer time on the inter-site link. Safetensors holds tensors only: nothing in a checkpoint can run code.
+modelled link then holds the writer for the write's transfer time on the inter-site link.
+Safetensors holds tensors only: nothing in a checkpoint can run code.
 """
 
 from __future__ import annotations
@@ -69,7 +70,8 @@ class CheckpointStore:
             self.fs.pipe_file(probe, b"ok")
             self.fs.rm_file(probe)
         except Exception as e:  # unreachable, read-only, unknown protocol, missing driver
-            raise ConfigError("method.store", url, f"must be a writable directory or fsspec URL ({type(e).__name__}: {e})") from None
+            raise ConfigError("method.store", url,
+                              f"must be a writable directory or fsspec URL ({type(e).__name__}: {e})") from None
 
     def _dir(self, model: int) -> str:
         return f"{self.root}/model{model}"

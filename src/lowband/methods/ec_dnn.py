@@ -21,9 +21,9 @@ from typing import Literal
 
 import torch
 
-from lowband.config import opt
 from lowband.comm.averaging import gather_models
 from lowband.comm.compress import parse_codec
+from lowband.config import opt
 from lowband.distill.ensemble import Ensemble
 from lowband.distill.losses import diversity_penalty, ensemble_weights, soft_cross_entropy
 from lowband.errors import require

@@ -21,13 +21,13 @@ from typing import Literal
 
 import torch
 
+from lowband.comm.averaging import averaged_copy
 from lowband.comm.codecs import INDEX_CODECS
 from lowband.comm.masks import random_indices
 from lowband.comm.topology import mixing_matrix, neighbours
 from lowband.config import MethodConfig, opt
 from lowband.errors import require
 from lowband.methods.base import Method
-from lowband.comm.averaging import averaged_copy
 from lowband.models.flat import bind_flat_parameters
 from lowband.registry import METHODS
 
