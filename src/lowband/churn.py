@@ -37,7 +37,7 @@ def load_final_model(run_dir: str, in_shape, num_classes: int, name: str = "mode
         raise UsageError(f"{path} is unreadable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
     if "weights" in state and any(k.startswith("members.") for k in state):
         members = [build_model(cfg.model, in_shape, num_classes) for _ in range(len(state["weights"]))]
-        model = Ensemble(members)
+        model: torch.nn.Module = Ensemble(members)
     else:
         model = build_model(cfg.model, in_shape, num_classes)
     try:

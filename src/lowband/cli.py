@@ -387,7 +387,7 @@ def describe_method(name: str, method) -> str:
     for f in fields(method.Config):
         if f.name == "name":
             continue
-        default = f.default if f.default is not MISSING else f.default_factory()
+        default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
         lines.append(f"    {f.name} = {default!r}".ljust(34) + f"  {f.metadata.get('help', '')}")
     return "\n".join(lines)
 

@@ -54,7 +54,8 @@ def build(names: list[str], run_dir: str, rank: int, config: dict) -> list[Logge
 def _factory(name: str) -> Callable[..., Logger]:
     if ":" in name:
         return _import_factory(name)
-    return {"tensorboard": TensorBoardLogger, "wandb": WandbLogger}[name]
+    known: dict[str, Callable[..., Logger]] = {"tensorboard": TensorBoardLogger, "wandb": WandbLogger}
+    return known[name]
 
 
 def _import_factory(spec: str) -> Callable[..., Logger]:
@@ -68,9 +69,9 @@ def _import_factory(spec: str) -> Callable[..., Logger]:
     return factory
 
 
-def scalars(record: dict) -> dict[str, float]:
+def scalars(record: dict) -> dict[str, float | None]:
     """One epoch record as flat scalars: losses, accuracies, lr, bytes per tag, seconds, method extras."""
-    out: dict[str, float] = {"loss/train": record.get("train_loss")}
+    out: dict[str, float | None] = {"loss/train": record.get("train_loss")}
     for key in ("val_acc", "test_acc", "val_acc_L", "test_acc_L"):
         out[f"accuracy/{key}"] = record.get(key)
     out["lr"] = record.get("lr")

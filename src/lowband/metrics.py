@@ -7,6 +7,7 @@ import os
 import statistics
 import sys
 import time
+from collections.abc import Sequence
 
 from tqdm import tqdm
 
@@ -49,11 +50,12 @@ def read_metrics(run_dir: str, filename: str = "metrics.jsonl", check=None) -> l
 class MetricsSink:
     """Writes epoch records to a run's `metrics` stream (when active) and drives the progress display."""
 
-    def __init__(self, stream, active: bool, total_epochs: int, log: logging.Logger, loggers: list = ()):
+    def __init__(self, stream, active: bool, total_epochs: int, log: logging.Logger, loggers: Sequence = ()):
         self.stream = stream
         self.active, self.total_epochs, self.log = active, total_epochs, log
         self.tty = active and sys.stderr.isatty() and not quiet()
-        self.started, self.first_epoch = time.monotonic(), None  # wall clock of this process, for the ETA
+        self.started = time.monotonic()  # wall clock of this process, for the ETA
+        self.first_epoch: int | None = None
         self.loggers = list(loggers)  # experiment loggers (lowband.loggers), fed every record
 
     def steps(self, iterable, epoch: int, total: int):

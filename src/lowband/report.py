@@ -172,8 +172,8 @@ def projected(runs: list[dict], epoch: int | None, link: LinkSpec) -> float | No
     """Mean over seeds of the projected training seconds through `epoch` on `link` (None: never)."""
     if epoch is None:
         return None
-    secs = [projection.seconds_through(r["records"], epoch, link, r["link"]) for r in runs]
-    secs = [s for s in secs if s is not None]
+    found = [projection.seconds_through(r["records"], epoch, link, r["link"]) for r in runs]
+    secs = [s for s in found if s is not None]
     return sum(secs) / len(secs) if secs else None
 
 
@@ -204,15 +204,19 @@ def link_sentences(rows: list[dict], groups: dict[str, list[dict]], goals: dict[
         if not secs:
             out.append(f"At {name} no method reaches the target.")
             continue
-        best = min(secs, key=secs.get)
+        best = min(secs, key=lambda label: secs[label] or 0.0)
         versus = f"; {ref} {secs[ref]:.1f} s" if ref is not None and ref != best else ""
         out.append(f"At {name} the fastest {goal} is {best} ({secs[best]:.1f} s{versus}), the fewest bytes "
-                   f"{by_bytes['label']} ({human_bytes(_bytes_at_goal(by_bytes, groups, goals))} per worker).")
+                   f"{by_bytes['label'] if by_bytes else '-'} "
+                   f"({human_bytes(_bytes_at_goal(by_bytes, groups, goals))} per worker).")
     return out
 
 
-def _bytes_at_goal(row: dict, groups: dict[str, list[dict]], goals: dict[str, int | None]) -> float:
-    value = table.at_epoch(groups[row["label"]], goals[row["label"]], lambda r: r.get("bytes_sent_per_worker", 0.0))
+def _bytes_at_goal(row: dict | None, groups: dict[str, list[dict]], goals: dict[str, int | None]) -> float:
+    goal = None if row is None else goals[row["label"]]
+    if row is None or goal is None:
+        return 0.0
+    value = table.at_epoch(groups[row["label"]], goal, lambda r: r.get("bytes_sent_per_worker", 0.0))
     return value or 0.0
 
 

@@ -26,7 +26,7 @@ FIGSIZE = (9, 4.4)
 
 def style(i: int) -> dict:
     """Colour, marker and line style of the i-th label: no two labels share all three."""
-    colours = plt.get_cmap("tab10").colors
+    colours = plt.get_cmap("tab10").colors  # type: ignore[attr-defined]  # a ListedColormap
     return {"color": colours[i % 10], "marker": MARKERS[i % len(MARKERS)], "linestyle": LINES[(i // 10) % len(LINES)]}
 
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from lowband.comm import BOOKKEEPING_TAGS, Communicator
@@ -73,7 +74,7 @@ class EpochReporter:
     """Gathers `RankFigures` over `scope` and writes the scope's records to `run`'s metrics stream."""
 
     def __init__(self, scope: Communicator, run: RunDir, log: logging.Logger, total_epochs: int,
-                 loggers: list[str] = (), config: dict | None = None):
+                 loggers: Sequence[str] = (), config: dict | None = None):
         """`loggers`: train.loggers; the scope's leader builds them (lowband.loggers) and feeds them every
         record it writes; `config`: the resolved config as a dict, which they record as hyper-parameters."""
         self.scope, self.log = scope, log

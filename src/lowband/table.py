@@ -18,6 +18,7 @@ bytes per worker that crossed a site boundary beside all bytes sent.
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lowband.metrics import human_bytes
@@ -34,11 +35,11 @@ class Stat:
     n: int
 
     @staticmethod
-    def of(values: list[float]) -> Stat | None:
-        values = [float(v) for v in values if v is not None]
-        if not values:
+    def of(values: Sequence[float | None]) -> Stat | None:
+        known = [float(v) for v in values if v is not None]
+        if not known:
             return None
-        return Stat(statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None, len(values))
+        return Stat(statistics.fmean(known), statistics.stdev(known) if len(known) > 1 else None, len(known))
 
     def show(self, fmt) -> str:
         return fmt(self.mean) + ("" if self.sd is None else f" ± {fmt(self.sd)}")
@@ -92,6 +93,7 @@ def reference(runs: list[dict], target: float | None) -> tuple[float | None, str
     if ref is None:
         return None, "none (no Allreduce run and no target given)"
     stat = final(ref, "val_acc")
+    assert stat is not None  # ref was chosen for having one
     seeds = f" over {stat.n} seeds" if stat.n > 1 else ""
     return stat.mean, f"mean final validation accuracy of {ref[0]['label']}{seeds}"
 
@@ -105,7 +107,7 @@ def row(label: str, runs: list[dict], target: float | None) -> dict:
         "label": label, "method": runs[0]["method"], "workers": runs[0]["workers"], "seeds": len(runs),
         "status": "ok" if len(ok) == len(runs) else f"{len(runs) - len(ok)} of {len(runs)} failed",
         "val_acc": val, "test_acc": final(runs, "test_acc"), "val_acc_L": final(runs, "val_acc_L"),
-        "gap": gap, "within_noise": gap is not None and val.sd is not None and abs(gap) < val.sd,
+        "gap": gap, "within_noise": val is not None and gap is not None and val.sd is not None and abs(gap) < val.sd,
         "samples": Stat.of([r.get("samples") for r in last]),
         "bytes": Stat.of([r.get("bytes_sent_per_worker", 0.0) for r in last]),
         "sites": max(int(r.get("sites") or 0) for r in runs),

@@ -183,14 +183,14 @@ class Trainer:
 
     def _accuracies(self, model: torch.nn.Module) -> dict:
         d, bs = self.plan.data, self.cfg.train.eval_batch_size
-        return {"test_acc": accuracy(model, d.x_test, d.y_test, bs, self.device),
-                "val_acc": accuracy(model, d.x_val, d.y_val, bs, self.device) if d.x_val is not None else None}
+        val = accuracy(model, d.x_val, d.y_val, bs, self.device) if d.x_val is not None and d.y_val is not None else None
+        return {"test_acc": accuracy(model, d.x_test, d.y_test, bs, self.device), "val_acc": val}
 
     def _evaluate(self, model: torch.nn.Module) -> float:
         """Validation accuracy of a model a method asks about (rounds, ensembles); timed as evaluation."""
         t0 = time.perf_counter()
         d = self.plan.data
-        x, y = (d.x_val, d.y_val) if d.x_val is not None else (d.x_test, d.y_test)
+        x, y = (d.x_val, d.y_val) if d.x_val is not None and d.y_val is not None else (d.x_test, d.y_test)
         acc = accuracy(model, x, y, self.cfg.train.eval_batch_size, self.device)
         self.method_eval_s += time.perf_counter() - t0
         return acc

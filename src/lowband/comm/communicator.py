@@ -108,6 +108,7 @@ class Communicator:
             group = dist.new_group(ranks) if self.world > 1 else None
             if self.rank in ranks:
                 mine = (ranks, group)
+        assert mine is not None, f"rank {self.rank} is in none of the groups {groups}"
         ranks, group = mine
         sub = Communicator(ranks.index(self.rank), len(ranks), self.device, group if len(ranks) > 1 else None,
                            [self.global_ranks[r] for r in ranks], self.site_of)
@@ -269,6 +270,7 @@ class Communicator:
         """Broadcast a byte string (e.g. a path) from `src`; plain bytes, never pickle."""
         if self.world == 1:
             return data or b""
+        data = data or b""
         length = torch.tensor([len(data) if self.rank == src else 0], dtype=torch.int64, device=self.device)
         self.broadcast(length, src, tag)
         buf = torch.zeros(int(length.item()), dtype=torch.uint8, device=self.device)
@@ -320,7 +322,7 @@ class Communicator:
 
         The whole state goes out only when needed: ranks seeded alike already hold the same
         initial weights, which an 8-byte fingerprint per rank shows (counted under `tag`)."""
-        tensors = [] if buffers_only else list(module.parameters())
+        tensors: list[torch.Tensor] = [] if buffers_only else list(module.parameters())
         tensors += [b for b in module.buffers() if b.is_floating_point()]
         if self.world == 1 or (not buffers_only and self._same_everywhere(tensors, tag)):
             return

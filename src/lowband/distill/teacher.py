@@ -47,7 +47,8 @@ class TeacherServer:
         self.limits = limits or wire.Limits(max_payload=max_batch * item + 1024)
         self.sock = socket.create_server((host, port))
         self.host, self.port = host, self.sock.getsockname()[1]
-        self._lock, self._conns, self._closed = threading.Lock(), set(), False
+        self._lock, self._closed = threading.Lock(), False
+        self._conns: set = set()
         self.served, self.rejected, self.samples = 0, 0, 0
         self._busy_until = 0.0
         self.idle_timeout_s, self.read_timeout_s, self.max_connections = idle_timeout_s, read_timeout_s, max_connections

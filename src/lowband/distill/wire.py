@@ -16,6 +16,7 @@ import math
 import socket
 import struct
 import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -49,7 +50,7 @@ class Frame:
     tensors: list[torch.Tensor] = field(default_factory=list)
 
 
-def encode(kind: str, id: int = 0, tensors: list[torch.Tensor] = (), meta: dict | None = None) -> bytes:
+def encode(kind: str, id: int = 0, tensors: Sequence[torch.Tensor] = (), meta: dict | None = None) -> bytes:
     """The bytes of one frame."""
     parts, specs = [], []
     for t in tensors:
@@ -171,11 +172,11 @@ def recv(sock: socket.socket, limits: Limits = Limits(), idle_s: float | None = 
     if first is None:
         return None
     deadline = None if frame_s is None else time.monotonic() + frame_s
-    prefix = first + _read(sock, PREFIX.size - 1, deadline=deadline)
+    prefix = first + _need(sock, PREFIX.size - 1, deadline)
     n = header_length(prefix, limits)
-    frame, layout = parse_header(_read(sock, n, deadline=deadline), limits)
+    frame, layout = parse_header(bytes(_need(sock, n, deadline)), limits)
     size = sum(s for *_, s in layout)
-    payload = _read(sock, size, deadline=deadline)
+    payload = _need(sock, size, deadline)
     return build(frame, layout, payload), PREFIX.size + n + size
 
 
@@ -190,6 +191,13 @@ def hang_up(sock: socket.socket, close: bool = True) -> None:
 
 
 CHUNK = 1 << 20  # a buffer grows with what arrives, so a peer that announces much and stalls holds little
+
+
+def _need(sock: socket.socket, n: int, deadline: float | None) -> bytearray:
+    """Exactly n bytes (a peer closing inside a frame is an error, raised by _read)."""
+    data = _read(sock, n, deadline=deadline)
+    assert data is not None, "_read returns None only with allow_eof"
+    return data
 
 
 def _read(sock: socket.socket, n: int, allow_eof: bool = False, deadline: float | None = None) -> bytearray | None:

@@ -68,6 +68,7 @@ class TappedModel(torch.nn.Module):
 @METHODS.register("codistill")
 class Codistill(Method):
     Config = CodistillConfig
+    cfg: CodistillConfig
     min_workers = 2
     same_init = False
     independent_models = True
@@ -178,7 +179,7 @@ class Codistill(Method):
 
     # ---- reporting -------------------------------------------------------------------------------
     def end_epoch(self, epoch: int) -> dict:
-        out = {k: self.sums[k] / self.sums[k + "#"] for k in self.sums if not k.endswith("#")}
+        out: dict = {k: self.sums[k] / self.sums[k + "#"] for k in self.sums if not k.endswith("#")}
         out["teacher_steps"] = {str(k): v for k, v in sorted(self.teacher_step.items())}
         self.sums = {}
         return out
