@@ -136,12 +136,12 @@ def execute(folder: str, run: P.Run, position: str = "") -> tuple[int, str]:
     `position` ('run 3/12') heads its banner."""
     run_dir = os.path.join(folder, run.dir)
     title = (f"{position}: " if position else "") + run.label + \
-        (f", {run.key.split('/')[-1]}" if run.kind == "tune" else f", seed {run.seed}")
+        (f" {run.key.split('/')[-1]}" if run.kind == "tune" else f" seed {run.seed}")
     done = P.finished(folder).get(run.key)
     if done is not None and done["code"] == 0 and RunDir(run_dir).has_records():
-        print(f"\n=== {title}: finished already ===", flush=True)
+        print(f"\n{title}: finished already", flush=True)
         return 0, run_dir
-    print(f"\n=== {title} ===", flush=True)
+    print(f"\n{title}", flush=True)
     cfg = C.from_dict(run.config, runs.method_configs())
     code, run_dir = runs.start(cfg, run_dir, resume=RunDir(run_dir).is_run())
     if code != 130:

@@ -41,10 +41,16 @@ class _TqdmHandler(logging.Handler):
 
 
 def read_metrics(run_dir: str, filename: str = "metrics.jsonl", check=None) -> list[dict]:
-    """A run's epoch records; damaged lines are skipped with a warning naming file and line."""
+    """A run's epoch records; damaged lines (and records whose epoch is not a whole number) are
+    skipped with a warning naming file and line. `check` adds a reason of its own."""
     from lowband.rundir import read_jsonl
 
-    return list(read_jsonl(os.path.join(run_dir, filename), check))
+    def whole_epoch(record: dict) -> str | None:
+        if not isinstance(record.get("epoch", 0), int):
+            return f"epoch {record['epoch']!r} is not an integer"
+        return check(record) if check else None
+
+    return list(read_jsonl(os.path.join(run_dir, filename), whole_epoch))
 
 
 class MetricsSink:

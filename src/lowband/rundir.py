@@ -148,8 +148,9 @@ def _parse_line(raw: bytes) -> tuple[dict, str | None]:
         return {}, f"not JSON ({e})"
     if not isinstance(record, dict):
         return {}, f"a JSON {type(record).__name__}, not an object"
-    if not isinstance(record.get("epoch", 0), int):
-        return {}, f"epoch {record['epoch']!r} is not an integer"
+    epoch = record.get("epoch", 0)
+    if isinstance(epoch, bool) or not isinstance(epoch, (int, float)):  # rounds carry fractional epochs
+        return {}, f"epoch {epoch!r} is not an integer (nor a fractional epoch)"
     return record, None
 
 
