@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast bench clean
+.PHONY: demo test test-fast lint bench clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -16,8 +16,13 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/lowband compare --suite quick
 
-test: $(STAMP)
+test: $(STAMP) lint
 	$(BIN)/python -m pytest tests
+
+# ruff (lint + import order) and mypy (types, src/), both configured in pyproject.toml, gate `make test`
+lint: $(STAMP)
+	$(BIN)/python -m ruff check src tests benchmarks
+	$(BIN)/python -m mypy
 
 # the inner loop: the unit layer without its slow tests (about 25 s)
 test-fast: $(STAMP)

@@ -13,7 +13,6 @@ import os
 import tempfile
 
 from common import run_compare
-
 from lowband.metrics import read_metrics
 
 

@@ -15,7 +15,6 @@ import os
 import tempfile
 
 from common import run_compare
-
 from lowband.compare import time_to
 from lowband.metrics import read_metrics
 

@@ -15,7 +15,6 @@ import os
 import tempfile
 
 from common import run_compare
-
 from lowband.comm.links import parse_link
 from lowband.metrics import read_metrics
 from lowband.projection import seconds_through

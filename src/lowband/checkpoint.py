@@ -1,12 +1,15 @@
 """Checkpoints that a crash cannot leave half-written, loaded without unpickling code.
 
 Resumable state goes to checkpoints/rank{R}-epoch{E}.pt (torch.save, read back with
-weights_only=True); the final model to model.safetensors. Every write goes to a temporary name
-in the same directory and is renamed into place, so a reader sees the old file or the new one.
+weights_only=True), each with a sidecar rank{R}-epoch{E}.pt.sha256 holding the file's SHA-256;
+resume uses the newest epoch whose files every rank has and whose checksums match (`resumable_epoch`).
+The final model goes to model.safetensors. Every write goes to a temporary name in the same
+directory and is renamed into place, so a reader sees the old file or the new one.
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
 import re
 
@@ -31,8 +34,44 @@ def _atomic(path: str, write) -> None:
             os.remove(tmp)
 
 
+SIDECAR = ".sha256"
+
+
+def file_digest(path: str) -> str:
+    """SHA-256 (hex) of a file's bytes."""
+    h = hashlib.sha256()
+    with open(path, "rb") as f:
+        for block in iter(lambda: f.read(1 << 20), b""):
+            h.update(block)
+    return h.hexdigest()
+
+
+def _write_text(path: str, text: str) -> None:
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            f.write(text)
+    _atomic(path, write)
+
+
 def save_state(state: dict, path: str) -> None:
+    """Write resumable state, then its checksum sidecar (a file without one is never resumed from)."""
     _atomic(path, lambda tmp: torch.save(state, tmp))
+    _write_text(path + SIDECAR, file_digest(path) + "\n")
+
+
+def damage(path: str) -> str | None:
+    """Why the checkpoint at `path` cannot be trusted (None: it is intact)."""
+    name = os.path.basename(path)
+    if not os.path.isfile(path):
+        return f"{name} is missing or not a regular file"
+    try:
+        with open(path + SIDECAR) as f:
+            expected = f.read().strip()
+    except (OSError, UnicodeDecodeError):
+        return f"{name} has no readable checksum file"
+    if file_digest(path) != expected:
+        return f"{name} does not match its checksum (damaged or truncated)"
+    return None
 
 
 def load_state(path: str) -> dict:
@@ -58,6 +97,14 @@ def epochs_saved(run_dir: str, rank: int) -> list[int]:
     return sorted(int(m.group(1)) for m in map(pattern.match, names) if m)
 
 
+def ranks_saved(run_dir: str) -> list[int]:
+    """Every rank that has at least one resumable checkpoint in the run."""
+    folder = os.path.join(run_dir, "checkpoints")
+    pattern = re.compile(r"rank(\d+)-epoch\d+\.pt$")
+    names = os.listdir(folder) if os.path.isdir(folder) else []
+    return sorted({int(m.group(1)) for m in map(pattern.match, names) if m})
+
+
 def latest_common_epoch(run_dir: str, world: int) -> int:
     """The newest epoch for which every rank has a checkpoint (0: none)."""
     common = set(epochs_saved(run_dir, 0))
@@ -66,6 +113,24 @@ def latest_common_epoch(run_dir: str, world: int) -> int:
     return max(common, default=0)
 
 
+def resumable_epoch(run_dir: str, ranks: list[int]) -> tuple[int, list[str]]:
+    """The newest epoch that every rank in `ranks` has an intact checkpoint of (0: none), and why
+    each newer epoch that every rank saved was passed over."""
+    common = set(epochs_saved(run_dir, ranks[0]))
+    for rank in ranks[1:]:
+        common &= set(epochs_saved(run_dir, rank))
+    passed: list[str] = []
+    for epoch in sorted(common, reverse=True):
+        problems = [p for p in (damage(rank_path(run_dir, r, epoch)) for r in ranks) if p]
+        if not problems:
+            return epoch, passed
+        passed += problems
+    return 0, passed
+
+
 def prune(run_dir: str, rank: int, keep: int = KEEP) -> None:
     for epoch in epochs_saved(run_dir, rank)[:-keep]:
-        os.remove(rank_path(run_dir, rank, epoch))
+        path = rank_path(run_dir, rank, epoch)
+        os.remove(path)
+        if os.path.exists(path + SIDECAR):
+            os.remove(path + SIDECAR)

@@ -18,19 +18,33 @@ from lowband.errors import UsageError
 from lowband.models import build_model
 
 
-def load_final_model(run_dir: str, in_shape, num_classes: int) -> torch.nn.Module:
-    """A run's model.safetensors as a module (an ensemble run's as its members and weights)."""
-    cfg = runs.read_run_config(run_dir)
-    path = os.path.join(run_dir, "model.safetensors")
+def run_config(run_dir: str):
+    """The Config of a run directory given to churn (one line when it is not one)."""
+    if not os.path.isfile(os.path.join(run_dir, "config.toml")):
+        raise UsageError(f"churn: {run_dir} is not a run directory (no config.toml)")
+    return runs.read_run_config(run_dir)
+
+
+def load_final_model(run_dir: str, in_shape, num_classes: int, name: str = "model.safetensors") -> torch.nn.Module:
+    """A run's model.safetensors (or `name`) as a module (an ensemble run's as its members and weights)."""
+    cfg = run_config(run_dir)
+    path = os.path.join(run_dir, name)
     if not os.path.isfile(path):
-        raise UsageError(f"{run_dir} has no model.safetensors (did the run finish?)")
-    state = load_file(path)
+        raise UsageError(f"{run_dir} has no {name} (did the run finish?)")
+    try:
+        state = load_file(path)
+    except Exception as e:  # noqa: BLE001 - any damage to the file is the same answer
+        raise UsageError(f"{path} is unreadable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
     if "weights" in state and any(k.startswith("members.") for k in state):
         members = [build_model(cfg.model, in_shape, num_classes) for _ in range(len(state["weights"]))]
-        model = Ensemble(members)
+        model: torch.nn.Module = Ensemble(members)
     else:
         model = build_model(cfg.model, in_shape, num_classes)
-    model.load_state_dict(state)
+    try:
+        model.load_state_dict(state)
+    except RuntimeError as e:
+        raise UsageError(f"{path} does not fit the model in {run_dir}/config.toml "
+                         f"({cfg.model.name}; was the config changed?): {str(e).splitlines()[0]}") from None
     return model.eval()
 
 
@@ -40,7 +54,7 @@ def predictions(model: torch.nn.Module, x: torch.Tensor, batch: int = 1000) -> t
 
 
 def churn(run_a: str, run_b: str) -> dict:
-    cfg_a, cfg_b = runs.read_run_config(run_a), runs.read_run_config(run_b)
+    cfg_a, cfg_b = run_config(run_a), run_config(run_b)
     if (cfg_a.data.name, cfg_a.data.num_samples, cfg_a.data.root) != (cfg_b.data.name, cfg_b.data.num_samples, cfg_b.data.root):
         raise UsageError(f"{run_a} and {run_b} were trained on different data sets; churn compares the same test set")
     data = load_dataset(cfg_a.data)

@@ -6,6 +6,7 @@ import argparse
 import os
 import sys
 
+from lowband import __version__
 from lowband import config as C
 from lowband.errors import UsageError
 
@@ -28,6 +29,33 @@ examples:
   lowband distill --teacher runs/teacher --student-model cnn1d --local-teachers 2   (EDL-Dist, one command)
 """
 
+def _examples(*lines: str) -> str:
+    return "examples:\n" + "\n".join("  " + line for line in lines) + "\n"
+
+
+TRAIN_EXAMPLES = _examples(
+    "lowband train --method allreduce --workers 4 --epochs 30",
+    "lowband train --method local_sgd --set method.tau=16 --logger tensorboard",
+    "lowband train --dataset mypkg.data:load --model mypkg.nets:small   (your own data and model)",
+    "lowband train --resume runs/allreduce-20261121-101500 --epochs 40")
+COMPARE_EXAMPLES = _examples(
+    "lowband compare --suite quick                       (every method side by side on MNIST-1D)",
+    "lowband compare --methods allreduce,local_sgd:tau=16 --workers 4 --epochs 30",
+    "lowband compare --suite quick --link 10mbit,20ms    (modelled slow links)") + (
+    "a suite file is a TOML with methods = [...] and [config.*] tables; see `lowband list` for the built-in ones\n")
+CONFIG_EXAMPLES = _examples(
+    "lowband config --method allreduce                   (every option, its default and what it means)",
+    "lowband config --method ec_dnn --set method.ensemble=margin > my.toml",
+    "lowband train --config my.toml")
+LIST_EXAMPLES = _examples("lowband list", "lowband list | grep -A4 '^local_sgd'")
+REPORT_EXAMPLES = _examples(
+    "lowband report runs/compare-20261121-101500",
+    "lowband report runs/compare-A runs/compare-B --labels base,tuned --out runs/both",
+    "lowband report runs/compare-A --target 0.9 --latency 20ms")
+CHURN_EXAMPLES = _examples(
+    "lowband churn runs/codistill-a runs/codistill-b     (same config, two seeds: how reproducible)",
+    "lowband churn runs/allreduce-x runs/local_sgd-y")
+
 DISTILL_EXAMPLES = """\
 examples:
   lowband train --method single --model cnn1d --set model.channels=96 --run-dir runs/teacher
@@ -48,6 +76,7 @@ SHORTCUTS = [("--dataset", "data.name", str), ("--model", "model.name", str), ("
              ("--epochs", "train.epochs", int), ("--batch-size", "train.batch_size", int), ("--lr", "optim.lr", float),
              ("--seed", "train.seed", int), ("--partition", "data.partition", str),
              ("--samples", "data.num_samples", int), ("--link", "link.rate", str), ("--link-mode", "link.mode", str),
+             ("--sites", "link.sites", int),
              ("--max-restarts", "train.max_restarts", int)]
 
 
@@ -60,14 +89,20 @@ def _common(p: argparse.ArgumentParser, with_method: bool = True) -> None:
     for flag, key, typ in SHORTCUTS:
         p.add_argument(flag, type=typ, dest=key, default=None, metavar=key.split(".")[1].upper(),
                        help=f"same as --set {key}=...")
+    p.add_argument("--quiet", "-q", action="store_true",
+                   help="no per-epoch lines or progress bar on the console (train.log still has them)")
+    p.add_argument("--logger", dest="loggers", action="append", default=None, metavar="NAME",
+                   help="mirror every epoch's figures to tensorboard (RUN_DIR/tensorboard) or wandb (offline unless "
+                        "WANDB_MODE is set); repeatable; same as --set train.loggers=[...]")
 
 
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="lowband", description="Train neural networks on workers that talk rarely, "
                                 "and compare what each method costs in bytes and time.",
                                 epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--version", action="version", version=f"lowband {__version__}")
     sub = p.add_subparsers(dest="command", metavar="COMMAND")
-    t = sub.add_parser("train", help="train one method with K worker processes", epilog=EXAMPLES,
+    t = sub.add_parser("train", help="train one method with K worker processes", epilog=TRAIN_EXAMPLES,
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     _common(t)
     t.add_argument("--run-dir", help="directory for this run (default OUT/METHOD-TIMESTAMP)")
@@ -76,8 +111,7 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--target-from", metavar="RUN_DIR",
                    help="set train.target_accuracy to that run's final test accuracy (e.g. an allreduce run)")
     c = sub.add_parser("compare", help="train several methods on the same data and seeds; table and report",
-                       epilog="a suite file is a TOML with methods = [...] and [config.*] tables; see "
-                              "`lowband list` for the built-in ones", formatter_class=argparse.RawDescriptionHelpFormatter)
+                       epilog=COMPARE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("--suite", help="a built-in suite: " + ", ".join(["quick", "afsd", "ecdnn", "rdpsgd", "edl"]))
     c.add_argument("--methods", help="comma-separated methods, each NAME or NAME:KEY=VALUE[:...] "
                                      "(default: the quick suite's)")
@@ -96,11 +130,15 @@ def parser() -> argparse.ArgumentParser:
                         "Allreduce's in train.epochs (each method's epochs scaled, rounded)")
     c.add_argument("--resume", metavar="COMPARE_DIR", help="continue a comparison: skip its finished runs "
                    "(plan.json, done.jsonl), continue an interrupted one from its checkpoint")
-    g = sub.add_parser("config", help="print the resolved configuration with every option explained")
+    fmt = argparse.RawDescriptionHelpFormatter
+    g = sub.add_parser("config", help="print the resolved configuration with every option explained",
+                       epilog=CONFIG_EXAMPLES, formatter_class=fmt)
     _common(g)
-    sub.add_parser("list", help="list the known methods, models and data sets")
-    r = sub.add_parser("report", help="rebuild the report of finished comparisons (several are overlaid)")
-    r.add_argument("folders", nargs="+", metavar="COMPARE_DIR")
+    sub.add_parser("list", help="list the methods (with their options), models, data sets and suites",
+                   epilog=LIST_EXAMPLES, formatter_class=fmt)
+    r = sub.add_parser("report", help="rebuild the report of finished comparisons (several are overlaid)",
+                       epilog=REPORT_EXAMPLES, formatter_class=fmt)
+    r.add_argument("folders", nargs="+", metavar="COMPARE_DIR", help="a directory `lowband compare` wrote")
     r.add_argument("--out", help="where to write (default: the first directory)")
     r.add_argument("--target", type=float,
                    help="target validation accuracy (default: the Allreduce runs' mean final validation accuracy)")
@@ -108,9 +146,10 @@ def parser() -> argparse.ArgumentParser:
                                     "overlaid, e.g. base,tuned (default: the directory names)")
     r.add_argument("--latency", default="0ms", help="latency per message in the link projection, e.g. 20ms")
     _distill_parsers(sub)
-    h = sub.add_parser("churn", help="share of test examples on which two runs' final models disagree")
-    h.add_argument("run_a", metavar="RUN_A")
-    h.add_argument("run_b", metavar="RUN_B")
+    h = sub.add_parser("churn", help="share of test examples on which two runs' final models disagree",
+                       epilog=CHURN_EXAMPLES, formatter_class=fmt)
+    h.add_argument("run_a", metavar="RUN_A", help="a finished run directory")
+    h.add_argument("run_b", metavar="RUN_B", help="another, trained on the same data set")
     return p
 
 
@@ -145,6 +184,12 @@ def _distill_parsers(sub) -> None:
     t.add_argument("--ttl", type=float, default=5.0, help="registration lifetime in s; heartbeats every ttl/3")
     t.add_argument("--max-batch", type=int, default=4096, help="largest batch accepted (default 4096)")
     t.add_argument("--max-rate", type=float, default=0.0, help="cap samples/s (0: none)")
+    t.add_argument("--idle-timeout", type=float, default=300.0, metavar="S",
+                   help="close a connection that sends nothing for S seconds (default 300)")
+    t.add_argument("--read-timeout", type=float, default=30.0, metavar="S",
+                   help="close a connection whose hello or one frame takes longer than S seconds (default 30)")
+    t.add_argument("--max-connections", type=int, default=64, metavar="N",
+                   help="refuse connections past N open at once (default 64)")
     c = sub.add_parser("coordinator", help="check a Redis coordinator and list its teachers, or run an embedded one",
                        epilog=DISTILL_EXAMPLES, formatter_class=fmt)
     c.add_argument("--redis-url", metavar="URL", help="an existing Redis (default: start an embedded one here)")
@@ -158,8 +203,8 @@ def resolve(args, method: str | None = None, base: dict | None = None) -> C.Conf
     from lowband.runs import method_configs
 
     raw = base if base is not None else (C.read_toml(args.config) if args.config else {})
-    name = method or getattr(args, "method", None)
-    if name:
+    name = method if method is not None else getattr(args, "method", None)
+    if name is not None:
         raw = C.merge(raw, {"method": {"name": name}})
     return C.from_dict(C.merge(raw, overrides(args)), method_configs())
 
@@ -173,6 +218,8 @@ def overrides(args) -> dict:
             raw = C.merge(raw, C.nest(key.split("."), value))
     if getattr(args, "target_from", None):
         raw = C.merge(raw, {"train": {"target_accuracy": final_accuracy(args.target_from)}})
+    if getattr(args, "loggers", None):
+        raw = C.merge(raw, {"train": {"loggers": list(args.loggers)}})
     for item in args.sets:
         path, value = C.parse_set(item)
         raw = C.merge(raw, C.nest(path, value))
@@ -207,11 +254,13 @@ def resume_config(args) -> C.Config:
     from lowband import runs
 
     changed = [flag for flag, key, _ in SHORTCUTS if getattr(args, key) is not None and key != "train.epochs"]
-    if changed or args.sets or args.config or args.method or args.target_from:
-        raise UsageError("--resume continues a run with its own config.toml; only --epochs may change")
+    if changed or args.sets or args.config or args.method is not None or args.target_from:
+        raise UsageError("--resume continues a run with its own config.toml; only --epochs and --logger may change")
     cfg = runs.read_run_config(args.resume)
-    if args.__dict__["train.epochs"] is not None:
-        cfg.train = C.build(C.TrainConfig, {**C.to_dict(cfg)["train"], "epochs": args.__dict__["train.epochs"]}, "train")
+    changes = {"epochs": args.__dict__["train.epochs"], "loggers": args.loggers}
+    changes = {k: v for k, v in changes.items() if v is not None}
+    if changes:
+        cfg.train = C.build(C.TrainConfig, {**C.to_dict(cfg)["train"], **changes}, "train")
         runs.write_config(cfg, args.resume)
     return cfg
 
@@ -315,16 +364,32 @@ def cmd_coordinator(args) -> int:
 
 
 def cmd_list(args) -> int:
+    from lowband.compare import load_suite, suite_names
     from lowband.registry import DATASETS, METHODS, MODELS
 
-    from lowband.compare import load_suite, suite_names
-
-    for reg in (METHODS, MODELS, DATASETS):
+    print("methods (set options with --set method.KEY=VALUE):")
+    for name in METHODS.names():
+        print(describe_method(name, METHODS.get(name)))
+    for reg in (MODELS, DATASETS):
         print(f"{reg.kind}s: {', '.join(reg.names())}")
     print("suites:")
     for name in suite_names():
         print(f"  {name:<8} {load_suite(name)['description']}")
     return 0
+
+
+def describe_method(name: str, method) -> str:
+    """A method's name, the first line of its docstring, and each option with its default and help."""
+    from dataclasses import MISSING, fields
+
+    doc = (method.__doc__ or sys.modules[method.__module__].__doc__ or "").strip().splitlines()
+    lines = [f"{name}" + (f"  {doc[0]}" if doc else "")]
+    for f in fields(method.Config):
+        if f.name == "name":
+            continue
+        default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
+        lines.append(f"    {f.name} = {default!r}".ljust(34) + f"  {f.metadata.get('help', '')}")
+    return "\n".join(lines)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -335,6 +400,8 @@ def main(argv: list[str] | None = None) -> int:
     if not args.command:
         p.print_help()
         return 2
+    if getattr(args, "quiet", False):
+        os.environ["LOWBAND_QUIET"] = "1"  # the workers inherit it
     try:
         if args.command != "coordinator":  # it needs no model or method: start in a fraction of a second
             load_all()

@@ -9,7 +9,9 @@ from __future__ import annotations
 
 import csv
 import os
+import sys
 import time
+import types
 from importlib import resources
 
 import tomllib
@@ -23,7 +25,8 @@ from lowband.plan import fill, parse_spec, spec_config  # noqa: F401 (fill, pars
 from lowband.rundir import RunDir
 
 COLUMNS = ["label", "method", "seed", "workers", "val_acc", "val_acc_L", "final_acc", "final_acc_L", "best_val_acc",
-           "epochs", "samples", "bytes_sent_per_worker", "train_s", "samples_per_s", "speedup", "tuned", "status", "run_dir"]
+           "epochs", "samples", "bytes_sent_per_worker", "sites",
+           "bytes_inter_per_worker", "train_s", "samples_per_s", "speedup", "tuned", "status", "run_dir"]
 
 
 def suite_names() -> list[str]:
@@ -88,8 +91,9 @@ def compare(plan: P.Plan, folder: str) -> tuple[int, str, list[dict]]:
         if code:
             return code, folder, []
     results = []
-    for run in P.tuning_runs(plan):
-        code, run_dir = execute(folder, run)
+    tuning, total = P.tuning_runs(plan), len(P.tuning_runs(plan)) + len(P.full_runs(plan, {}))
+    for i, run in enumerate(tuning, 1):
+        code, run_dir = execute(folder, run, f"run {i}/{total}")
         if code == 130:
             return 130, folder, []
         results.append((run, final_val_acc(run_dir) if code == 0 else None))
@@ -97,8 +101,8 @@ def compare(plan: P.Plan, folder: str) -> tuple[int, str, list[dict]]:
     if plan.tune is not None:
         write_tuning(results, chosen, os.path.join(folder, "tuning.csv"))
     rows: list[dict] = []
-    for run in P.full_runs(plan, chosen):
-        code, run_dir = execute(folder, run)
+    for i, run in enumerate(P.full_runs(plan, chosen), len(tuning) + 1):
+        code, run_dir = execute(folder, run, f"run {i}/{total}")
         if code == 130:
             return 130, folder, rows
         rows.append(summarize(run.label, C.from_dict(run.config, runs.method_configs()), run_dir, code)
@@ -127,15 +131,17 @@ def describe_budget(plan: P.Plan) -> str:
     return f"budget {plan.budget} (as many as Allreduce's in train.epochs); epochs: " + ", ".join(epochs)
 
 
-def execute(folder: str, run: P.Run) -> tuple[int, str]:
-    """Run `run` unless done.jsonl records it finished; an interrupted run continues from its checkpoint."""
+def execute(folder: str, run: P.Run, position: str = "") -> tuple[int, str]:
+    """Run `run` unless done.jsonl records it finished; an interrupted run continues from its checkpoint.
+    `position` ('run 3/12') heads its banner."""
     run_dir = os.path.join(folder, run.dir)
-    title = run.label + (f", {run.key.split('/')[-1]}" if run.kind == "tune" else f", seed {run.seed}")
+    title = (f"{position}: " if position else "") + run.label + \
+        (f" {run.key.split('/')[-1]}" if run.kind == "tune" else f" seed {run.seed}")
     done = P.finished(folder).get(run.key)
     if done is not None and done["code"] == 0 and RunDir(run_dir).has_records():
-        print(f"\n=== {title}: finished already ===", flush=True)
+        print(f"\n{title}: finished already", flush=True)
         return 0, run_dir
-    print(f"\n=== {title} ===", flush=True)
+    print(f"\n{title}", flush=True)
     cfg = C.from_dict(run.config, runs.method_configs())
     code, run_dir = runs.start(cfg, run_dir, resume=RunDir(run_dir).is_run())
     if code != 130:
@@ -209,6 +215,8 @@ def summarize(label: str, cfg: C.Config, run_dir: str, code: int) -> dict:
         "best_val_acc": max((r["val_acc"] for r in done if r.get("val_acc") is not None), default=None),
         "epochs": last.get("epoch", 0), "samples": last.get("samples"),
         "bytes_sent_per_worker": last.get("bytes_sent_per_worker", 0.0),
+        "sites": cfg.link.site_count(runs.world_size(cfg)),
+        "bytes_inter_per_worker": last.get("bytes_inter_per_worker", last.get("bytes_sent_per_worker", 0.0)),
         "train_s": last.get("time", {}).get("train_s", 0.0), "speedup": None,
         "samples_per_s": median([r["samples_per_s"] for r in records if r.get("samples_per_s")]),
         "status": "ok" if code == 0 else f"failed ({code})", "run_dir": run_dir, "records": records,
@@ -248,3 +256,16 @@ def print_summary(rows: list[dict], folder: str, target: float | None = None) ->
         print("\nTuned (best validation accuracy of the sweep, tuning.csv): " + "; ".join(tuned))
     print(f"\nruns, summary.csv and report.md/report.html (plots: accuracy against epoch, bytes and time; "
           f"projected time to target against link rate; accuracy against bytes) in {folder}")
+
+
+class _CallableModule(types.ModuleType):
+    """`lowband.compare` is this module once imported (Python sets a package's submodules as its
+    attributes); calling it is the Python API's `lowband.compare(...)` (lowband.api.compare)."""
+
+    def __call__(self, *args, **kwargs):
+        from importlib import import_module
+
+        return import_module("lowband.api").compare(*args, **kwargs)  # the API sits above this module
+
+
+sys.modules[__name__].__class__ = _CallableModule

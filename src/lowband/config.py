@@ -8,15 +8,21 @@ holds the method's name and its own options; each method defines that table's da
 from __future__ import annotations
 
 import dataclasses
-import tomllib
+import math
 import types
 import typing
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 import tomli_w
+import tomllib
 
 from lowband.errors import ConfigError, UsageError, require
+
+MAX_SEED = 2**32 - 1  # numpy's seeds
+MAX_WORKERS = 1024  # worker processes on one machine: each needs memory, a port and a process
+MAX_TIMEOUT_S = 7 * 24 * 3600.0
+MAX_LR = 1e3
 
 
 def opt(default, help: str):
@@ -42,6 +48,8 @@ class TrainConfig:
     threads: int = opt(1, "torch threads per worker process")
     target_accuracy: float = opt(0.0, "report the first epoch whose validation accuracy reaches this (0: none)")
     stop_at_target: bool = opt(False, "stop training at the first epoch that reaches target_accuracy")
+    loggers: list = opt([], "experiment loggers mirroring every epoch's figures: tensorboard, wandb "
+                            "(offline unless WANDB_MODE is set) or package.module:factory")
 
     def __post_init__(self):
         require(0 <= self.target_accuracy <= 1, "train.target_accuracy", self.target_accuracy, "must be in [0, 1]")
@@ -52,12 +60,19 @@ class TrainConfig:
         require(self.checkpoint_every >= 0, "train.checkpoint_every", self.checkpoint_every,
                 "must be >= 0 (0: only at the end)")
         require(self.max_restarts >= 0, "train.max_restarts", self.max_restarts, "must be >= 0")
-        require(self.timeout_s > 0, "train.timeout_s", self.timeout_s, "must be > 0")
+        require(0 < self.timeout_s <= MAX_TIMEOUT_S, "train.timeout_s", self.timeout_s,
+                f"must be in (0, {MAX_TIMEOUT_S:g}] seconds")
+        require(0 <= self.seed <= MAX_SEED, "train.seed", self.seed, f"must be in 0..{MAX_SEED}")
+        require(self.workers <= MAX_WORKERS, "train.workers", self.workers, f"must be <= {MAX_WORKERS}")
+        for name in self.loggers:
+            require(isinstance(name, str) and (name in ("tensorboard", "wandb") or ":" in name), "train.loggers",
+                    name, "unknown logger; known: tensorboard, wandb (or package.module:factory)")
 
 
 @dataclass(kw_only=True)
 class DataConfig:
-    name: str = opt("mnist1d", "data set: mnist1d, mnist5k, digits, cifar10, cifar100, imagefolder")
+    name: str = opt("mnist1d", "data set: mnist1d, mnist5k, digits, cifar10, cifar100, imagefolder, "
+                                     "package.module:factory or PATH.npz (your own; see lowband.data.custom)")
     root: str = opt("", "directory holding cifar10/cifar100/imagefolder data")
     num_samples: int = opt(5000, "mnist1d: samples generated (80% train, 20% test)")
     partition: Literal["iid", "dirichlet", "same"] = opt(
@@ -75,7 +90,7 @@ class DataConfig:
         require(self.alpha > 0, "data.alpha", self.alpha, "must be > 0")
         require(self.image_size >= 8, "data.image_size", self.image_size, "must be >= 8")
         require(0 < self.val_fraction <= 0.5, "data.val_fraction", self.val_fraction, "must be in (0, 0.5]")
-        require(self.val_seed >= 0, "data.val_seed", self.val_seed, "must be >= 0")
+        require(0 <= self.val_seed <= MAX_SEED, "data.val_seed", self.val_seed, f"must be in 0..{MAX_SEED}")
 
 
 @dataclass(kw_only=True)
@@ -104,9 +119,9 @@ class OptimConfig:
         "linear", "linear: multiply lr by the method's data-parallel width (K for allreduce; Goyal et al.)")
 
     def __post_init__(self):
-        require(self.lr > 0, "optim.lr", self.lr, "must be > 0")
+        require(0 < self.lr <= MAX_LR, "optim.lr", self.lr, f"must be in (0, {MAX_LR:g}]")
         require(0 <= self.momentum < 1, "optim.momentum", self.momentum, "must be in [0, 1)")
-        require(self.weight_decay >= 0, "optim.weight_decay", self.weight_decay, "must be >= 0")
+        require(0 <= self.weight_decay <= 1, "optim.weight_decay", self.weight_decay, "must be in [0, 1]")
         require(0 < self.gamma <= 1, "optim.gamma", self.gamma, "must be in (0, 1]")
         ok = self.warmup_epochs == "auto" or (not isinstance(self.warmup_epochs, str) and self.warmup_epochs >= 0)
         require(ok, "optim.warmup_epochs", self.warmup_epochs, "must be 'auto' or a number >= 0")
@@ -117,16 +132,40 @@ class OptimConfig:
 
 @dataclass(kw_only=True)
 class LinkConfig:
-    rate: str = opt("unlimited", "RATE[,LATENCY] of every worker's link, e.g. 10mbit,20ms (units bit/kbit/mbit/gbit)")
+    rate: str = opt("unlimited", "RATE[,LATENCY] of the link between sites (every worker its own site unless "
+                                 "sites or site_of say otherwise), e.g. 10mbit,20ms (units bit/kbit/mbit/gbit)")
     mode: Literal["model", "netns"] = opt("model", "model: delays in the communicator; netns: real tc-shaped links (root)")
+    sites: int = opt(0, "S: the workers form S equal sites of consecutive ranks (0: every worker its own site)")
+    site_of: list = opt([], "each rank's site, for uneven sites, e.g. [0, 0, 0, 1] (overrides sites)")
+    intra: str = opt("unlimited", "RATE[,LATENCY] of the link inside a site (model mode)")
 
     def __post_init__(self):
         from lowband.comm.links import parse_link
 
-        try:
-            parse_link(self.rate)
-        except UsageError as e:
-            raise ConfigError("link.rate", self.rate, str(e).split(" does not parse: ")[-1]) from None
+        for name in ("rate", "intra"):
+            try:
+                parse_link(getattr(self, name))
+            except UsageError as e:
+                raise ConfigError(f"link.{name}", getattr(self, name), str(e).split(" does not parse: ")[-1]) from None
+        require(self.sites >= 0, "link.sites", self.sites, "must be >= 0 (0: every worker its own site)")
+        require(all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in self.site_of),
+                "link.site_of", self.site_of, "must list integers >= 0, one site per rank")
+
+    def site_map(self, world: int) -> list[int]:
+        """Each rank's site (lowband.comm.sites); raises ConfigError for a map that does not fit `world`."""
+        from lowband.comm.sites import site_map
+
+        return site_map(self.sites, self.site_of, world)
+
+    @property
+    def intra_spec(self):
+        from lowband.comm.links import parse_link
+
+        return parse_link(self.intra)
+
+    def site_count(self, world: int) -> int:
+        """How many sites the config names (0: no site map, every worker its own site)."""
+        return len(set(self.site_map(world))) if self.sites or self.site_of else 0
 
     @property
     def spec(self):
@@ -160,7 +199,7 @@ def _type_name(tp) -> str:
         return "one of " + ", ".join(repr(a) for a in typing.get_args(tp))
     if typing.get_origin(tp) in (typing.Union, types.UnionType):
         return " or ".join(_type_name(a) for a in typing.get_args(tp))
-    return {int: "an integer", float: "a number", bool: "true or false", str: "a string",
+    return {int: "an integer", float: "a finite number", bool: "true or false", str: "a string",
             list: "a list", dict: "a table"}.get(tp, getattr(tp, "__name__", str(tp)))
 
 
@@ -177,6 +216,7 @@ def _coerce(tp, value, field_name: str):
                 pass
         raise ConfigError(field_name, value, "must be " + _type_name(tp))
     if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
+        require(math.isfinite(value), field_name, value, "must be a finite number")
         return float(value)
     ok = isinstance(value, tp) and not (tp is int and isinstance(value, bool))
     require(ok, field_name, value, "must be " + _type_name(tp))
@@ -209,12 +249,16 @@ def parse_set(item: str) -> tuple[list[str], Any]:
     return path, value
 
 
-def merge(base: dict, extra: dict) -> dict:
-    """Deep-merge `extra` into a copy of `base`."""
+def merge(base: dict, extra: dict, prefix: str = "") -> dict:
+    """Deep-merge `extra` into a copy of `base`; a table never silently replaces a value or vice versa."""
     out = dict(base)
     for key, value in extra.items():
+        where = f"{prefix}{key}"
         if isinstance(value, dict) and isinstance(out.get(key), dict):
-            out[key] = merge(out[key], value)
+            out[key] = merge(out[key], value, where + ".")
+        elif key in out and isinstance(value, dict) != isinstance(out[key], dict):
+            shown, wanted = (out[key], "a table") if isinstance(value, dict) else (value, "a value, not a table")
+            raise ConfigError(where, shown, f"must be {wanted}")
         else:
             out[key] = value
     return out
@@ -227,14 +271,21 @@ def nest(path: list[str], value) -> dict:
     return value
 
 
-def read_toml(path: str) -> dict:
+def read_toml(path: str, field: str = "--config") -> dict:
+    """A TOML file as a dict; any failure to read or parse it is a ConfigError naming `field`."""
     try:
         with open(path, "rb") as f:
             return tomllib.load(f)
     except FileNotFoundError:
-        raise ConfigError("--config", path, "file not found") from None
+        raise ConfigError(field, path, "file not found") from None
+    except IsADirectoryError:
+        raise ConfigError(field, path, "is a directory, expected a TOML file") from None
+    except OSError as e:
+        raise ConfigError(field, path, f"cannot be read ({e.strerror or e})") from None
+    except UnicodeDecodeError:
+        raise ConfigError(field, path, "is not UTF-8 text (a TOML file must be)") from None
     except tomllib.TOMLDecodeError as e:
-        raise ConfigError("--config", path, f"not valid TOML ({e})") from None
+        raise ConfigError(field, path, f"not valid TOML ({e})") from None
 
 
 def from_dict(raw: dict, method_configs: dict[str, type]) -> Config:
@@ -246,6 +297,7 @@ def from_dict(raw: dict, method_configs: dict[str, type]) -> Config:
         raise ConfigError(key, raw[key], "unknown table; known: method, " + ", ".join(SECTIONS))
     method_raw = dict(raw.pop("method", {}))
     name = method_raw.get("name", MethodConfig.name)
+    require(isinstance(name, str), "method.name", name, "must be a string naming a method")
     require(name in method_configs, "method.name", name, "known methods: " + ", ".join(sorted(method_configs)))
     sections = {key: build(cls, raw.get(key, {}), key) for key, cls in SECTIONS.items()}
     return Config(method=build(method_configs[name], method_raw, "method"), **sections)
@@ -254,7 +306,8 @@ def from_dict(raw: dict, method_configs: dict[str, type]) -> Config:
 def from_dict_any_method(raw: dict) -> Config:
     """A run's Config with its [method] table cut to the name: for readers that need only the data,
     model and training sections (a teacher server), so they need not know every method."""
-    name = raw.get("method", {}).get("name", MethodConfig.name)
+    method = raw.get("method", {})
+    name = method.get("name", MethodConfig.name) if isinstance(method, dict) else MethodConfig.name
     return from_dict({**raw, "method": {"name": name}}, {name: MethodConfig})
 
 

@@ -1,7 +1,17 @@
-"""Errors a user can fix. The command line prints them as one line and exits with code 2."""
+"""Errors a user can fix. The command line prints them as one line and exits with code 2.
+
+Every error lowband raises on purpose is a `LowbandError`, so Python callers (lowband.train, ...)
+can catch them all with one clause.
+"""
 
 
-class UsageError(Exception):
+class LowbandError(Exception):
+    """Base of lowband's own errors."""
+
+    exit_code = 1
+
+
+class UsageError(LowbandError):
     """Bad input: the message names the field, the value and what is allowed."""
 
     exit_code = 2
@@ -21,7 +31,15 @@ def require(ok: bool, field: str, value, allowed: str) -> None:
         raise ConfigError(field, value, allowed)
 
 
-class Unavailable(Exception):
+class RunFailed(LowbandError):
+    """A run's workers failed (lowband.train, lowband.compare); `code` is their exit code, `run_dir` the run."""
+
+    def __init__(self, code: int, run_dir: str):
+        self.code, self.run_dir = code, run_dir
+        super().__init__(f"the run in {run_dir} failed (exit code {code}); its train.log says why")
+
+
+class Unavailable(LowbandError):
     """A service the run needs (teachers, a coordinator) stayed away past its timeout; exit code 3."""
 
     exit_code = 3

@@ -55,7 +55,7 @@ def run(entry: str, args: list[str], world: int, rendezvous_dir: str, threads: i
     make them resume from the latest checkpoint), at most this many times, as torchrun does.
     A usage error (exit 2) or an interrupt is never retried.
     keep_going: a failed worker does not stop the others (for methods whose workers train
-    separate models); the run succeeds if at least one worker finished.
+    separate models); once all have ended the first failure's code is returned all the same.
     netns: a LinkSpec; every worker then runs in its own namespace behind a shaped link.
     """
     if netns is not None:
@@ -107,10 +107,11 @@ def supervise(procs: list[subprocess.Popen], poll_s: float = 0.05, keep_going: b
             for rank, code in failed:
                 if rank not in reported:
                     reported.add(rank)
-                    print(f"lowband: worker {rank} (pid {procs[rank].pid}) {_describe(code)}; "
+                    print(f"lowband: worker {rank} (pid {procs[rank].pid}) {_describe(code or 0)}; "
                           f"the others carry on without it", file=sys.stderr)
             if all(c is not None for c in codes):
-                return 0
+                rank, code = failed[0]  # the others finished; the run still lost a worker
+                return _exit_code(code)
             time.sleep(poll_s)
             continue
         if failed:
@@ -118,9 +119,9 @@ def supervise(procs: list[subprocess.Popen], poll_s: float = 0.05, keep_going: b
             others = sum(c is None for c in codes)
             stop(procs)
             if code != 2:  # exit 2 is a usage error the worker has already explained
-                print(f"lowband: worker {rank} (pid {procs[rank].pid}) {_describe(code)}; "
+                print(f"lowband: worker {rank} (pid {procs[rank].pid}) {_describe(code or 0)}; "
                       f"stopped the other {others} running worker(s)", file=sys.stderr)
-            return 128 + -code if code < 0 else code
+            return _exit_code(code)
         if all(c == 0 for c in codes):
             return 0
         time.sleep(poll_s)
@@ -138,6 +139,12 @@ def stop(procs: list[subprocess.Popen], grace_s: float = GRACE_S) -> None:
         except subprocess.TimeoutExpired:
             p.kill()
             p.wait()
+
+
+def _exit_code(code: int | None) -> int:
+    """A worker's exit status as the launcher's: 128 + N for a worker killed by signal N."""
+    assert code is not None, "a worker still running has no exit code"
+    return 128 - code if code < 0 else code
 
 
 def _describe(code: int) -> str:

@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import statistics
 import sys
+import time
+from collections.abc import Sequence
 
 from tqdm import tqdm
 
@@ -18,6 +19,8 @@ def setup_logging(run_dir: str, rank: int) -> logging.Logger:
     log.propagate = False
     log.setLevel(logging.INFO if rank == 0 else logging.WARNING)
     console = _TqdmHandler()
+    if quiet():
+        console.setLevel(logging.WARNING)  # --quiet: train.log keeps the epoch lines
     console.setFormatter(logging.Formatter("%(message)s" if rank == 0 else f"[rank {rank}] %(message)s"))
     log.addHandler(console)
     if rank == 0:
@@ -27,26 +30,39 @@ def setup_logging(run_dir: str, rank: int) -> logging.Logger:
     return log
 
 
+def quiet() -> bool:
+    """--quiet (LOWBAND_QUIET=1, inherited by the workers): no epoch lines or bar on the console."""
+    return os.environ.get("LOWBAND_QUIET") == "1"
+
+
 class _TqdmHandler(logging.Handler):
     def emit(self, record):
         tqdm.write(self.format(record), file=sys.stderr if record.levelno >= logging.WARNING else sys.stdout)
 
 
-def read_metrics(run_dir: str, filename: str = "metrics.jsonl") -> list[dict]:
-    path = os.path.join(run_dir, filename)
-    if not os.path.exists(path):
-        return []
-    with open(path) as f:
-        return [json.loads(line) for line in f if line.strip()]
+def read_metrics(run_dir: str, filename: str = "metrics.jsonl", check=None) -> list[dict]:
+    """A run's epoch records; damaged lines (and records whose epoch is not a whole number) are
+    skipped with a warning naming file and line. `check` adds a reason of its own."""
+    from lowband.rundir import read_jsonl
+
+    def whole_epoch(record: dict) -> str | None:
+        if not isinstance(record.get("epoch", 0), int):
+            return f"epoch {record['epoch']!r} is not an integer"
+        return check(record) if check else None
+
+    return list(read_jsonl(os.path.join(run_dir, filename), whole_epoch))
 
 
 class MetricsSink:
     """Writes epoch records to a run's `metrics` stream (when active) and drives the progress display."""
 
-    def __init__(self, stream, active: bool, total_epochs: int, log: logging.Logger):
+    def __init__(self, stream, active: bool, total_epochs: int, log: logging.Logger, loggers: Sequence = ()):
         self.stream = stream
         self.active, self.total_epochs, self.log = active, total_epochs, log
-        self.tty = active and sys.stderr.isatty()
+        self.tty = active and sys.stderr.isatty() and not quiet()
+        self.started = time.monotonic()  # wall clock of this process, for the ETA
+        self.first_epoch: int | None = None
+        self.loggers = list(loggers)  # experiment loggers (lowband.loggers), fed every record
 
     def steps(self, iterable, epoch: int, total: int):
         if not self.tty:
@@ -58,7 +74,28 @@ class MetricsSink:
         if not self.active:
             return
         self.stream.write(record)
-        self.log.info(format_record(record, self.total_epochs))
+        self.log.info(format_record(record, self.total_epochs) + "  " + self.progress(record["epoch"]))
+        if self.loggers:
+            from lowband.loggers import scalars
+
+            figures = scalars(record)
+            for logger in self.loggers:
+                logger.log(figures, record["epoch"])
+
+    def progress(self, epoch: int) -> str:
+        """'elapsed 12s  ETA 48s': wall time since this process started training, and the rest of the run
+        at this process's mean time per epoch so far."""
+        if self.first_epoch is None:
+            self.first_epoch = epoch
+        elapsed = time.monotonic() - self.started
+        per_epoch = elapsed / (epoch - self.first_epoch + 1)
+        return f"elapsed {clock(elapsed)}  ETA {clock(per_epoch * max(self.total_epochs - epoch, 0))}"
+
+    def close(self) -> None:
+        """Close every experiment logger (flushes their files)."""
+        for logger in self.loggers:
+            logger.close()
+        self.loggers = []
 
 
 def format_record(r: dict, total_epochs: int) -> str:
@@ -67,6 +104,16 @@ def format_record(r: dict, total_epochs: int) -> str:
     return (f"epoch {r['epoch']:>3}/{total_epochs}  loss {r['train_loss']:.4f}  val acc {acc}  "
             f"lr {r['lr']:.4g}  sent/worker {human_bytes(r['bytes_sent_per_worker'])}  "
             f"compute {t['compute_s']:.1f}s comm {t['comm_s']:.1f}s wait {t['wait_s']:.1f}s")
+
+
+def clock(seconds: float) -> str:
+    """42s, 3m05s, 1h02m."""
+    s = int(round(seconds))
+    if s < 60:
+        return f"{s}s"
+    if s < 3600:
+        return f"{s // 60}m{s % 60:02d}s"
+    return f"{s // 3600}h{s % 3600 // 60:02d}m"
 
 
 def human_bytes(n: float) -> str:

@@ -12,7 +12,11 @@ On a link L the epoch is projected to take
 
 where `base` is what the epoch took without the link's transfer time: the measured epoch minus the
 transfer time of the link it was measured on (nothing for an unlimited run), never below its
-compute seconds. `base` keeps the backend's own per-message cost, which a modelled link also pays
+compute seconds. With sites (lowband.comm.sites) L is the link between sites, and a tag is charged
+only when some rank's bytes of it crossed a site boundary (`inter` in `bytes_total`); it is then
+charged in full, as the ranks wait for the slowest (crossing) edge of a synchronous exchange. A tag
+kept inside sites (a codistillation group's Allreduce) is left on the measured intra-site link.
+`base` keeps the backend's own per-message cost, which a modelled link also pays
 (the communicator sleeps for the transfer after the backend's call returns). Messages sent while
 computing (DDP's bucketed allreduce, gossip's posted exchanges) overlap in a real run, so for
 those methods the projection is an upper bound.
@@ -46,9 +50,15 @@ def _training_counters(record: dict) -> tuple[float, float]:
 
     A call to several peers puts its bytes on one link per peer, in parallel: the record's `wire`
     counts the busiest link's share; records without it fall back to all bytes sent (one link)."""
-    tags = [v for tag, v in record.get("bytes", {}).items() if tag not in OUTSIDE_TRAINING]
+    tags = [v for tag, v in record.get("bytes", {}).items() if tag not in OUTSIDE_TRAINING and _crossed(record, tag)]
     wire = sum(v.get("wire", v.get("sent", 0.0)) for v in tags)
     return wire, sum(v.get("calls", 0.0) for v in tags if v.get("sent"))
+
+
+def _crossed(record: dict, tag: str) -> bool:
+    """True when some rank's bytes of `tag` crossed a site boundary (records without `inter`: always)."""
+    total = record.get("bytes_total", {}).get(tag) or record["bytes"][tag]
+    return "inter" not in total or total["inter"] > 0
 
 
 def traffic(records: list[dict]) -> list[tuple[float, float]]:

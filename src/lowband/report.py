@@ -32,7 +32,7 @@ from lowband import projection, report_plots, table
 from lowband.comm.links import LinkSpec
 from lowband.errors import UsageError
 from lowband.metrics import human_bytes, read_metrics
-from lowband.rundir import RunDir
+from lowband.rundir import RunDir, warn
 
 PLOTS = [("acc_epoch", "epoch", "epoch"), ("acc_bytes", "bytes", "bytes sent per worker"),
          ("acc_time", "time", "training time (s)")]
@@ -50,29 +50,74 @@ def prefixes(folders: list[str], labels: list[str] | None) -> list[str]:
     return [f"{os.path.basename(os.path.normpath(folder))}/" for folder in folders]
 
 
+ROW_FIELDS = ("run_dir", "label", "method", "workers")
+
+
 def read_config(run_dir: str) -> dict:
+    """A run's config.toml as a dict ({} when missing; {} and a warning when damaged)."""
     path = os.path.join(run_dir, "config.toml")
     if not os.path.exists(path):
         return {}
-    with open(path, "rb") as f:
-        return tomllib.load(f)
+    try:
+        with open(path, "rb") as f:
+            return tomllib.load(f)
+    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
+        warn(f"{path} is unreadable ({type(e).__name__}); its link is taken as unlimited")
+        return {}
+
+
+def record_problem(record: dict) -> str | None:
+    """Why a metrics record cannot be reported (None: it can)."""
+    t = record.get("time")
+    if not isinstance(record.get("epoch"), int):
+        return "no integer epoch"
+    if not isinstance(t, dict) or not isinstance(t.get("epoch_train_s"), (int, float)):
+        return "no time.epoch_train_s"
+    return None
 
 
 def load_run(row: dict, folder: str, prefix: str) -> dict:
     run_dir = row["run_dir"] if os.path.isabs(row["run_dir"]) else os.path.join(folder, os.path.basename(row["run_dir"]))
     config = read_config(run_dir)
+    link = config.get("link", {}) if isinstance(config.get("link", {}), dict) else {}
     return {"label": prefix + row["label"], "method": row["method"], "workers": row["workers"],
-            "seed": int(row.get("seed") or 0), "status": row.get("status") or "ok", "run_dir": run_dir,
-            "records": read_metrics(run_dir), "link": projection.run_link(config),
-            "link_mode": config.get("link", {}).get("mode", "model")}
+            "seed": _int(row.get("seed")), "sites": _int(row.get("sites")), "status": row.get("status") or "ok",
+            "run_dir": run_dir,
+            "records": read_metrics(run_dir, check=record_problem), "link": projection.run_link({"link": link}),
+            "link_mode": link.get("mode", "model")}
+
+
+def _int(text) -> int:
+    try:
+        return int(text or 0)
+    except ValueError:
+        return 0
+
+
+def summary_rows(path: str) -> list[tuple[int, dict]]:
+    """(line, row) of every usable summary.csv row; each unusable one is skipped with a warning."""
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            rows = list(csv.DictReader(f))
+    except FileNotFoundError:
+        raise UsageError(f"{path}: no such file (is this a `lowband compare` directory?)") from None
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        raise UsageError(f"{path} is unreadable ({type(e).__name__}: {e})") from None
+    usable = []
+    for line, row in enumerate(rows, 2):
+        missing = [k for k in ROW_FIELDS if not row.get(k)]
+        if missing:
+            warn(f"skipping {path} line {line}: no {', '.join(missing)}")
+        else:
+            usable.append((line, row))
+    return usable
 
 
 def load_runs(folders: list[str], labels: list[str] | None = None) -> list[dict]:
     """Every run of the comparison directories (one summary.csv row each), with its metrics records."""
     runs = []
     for folder, prefix in zip(folders, prefixes(folders, labels)):
-        with open(os.path.join(folder, "summary.csv")) as f:
-            runs += [load_run(row, folder, prefix) for row in csv.DictReader(f)]
+        runs += [load_run(row, folder, prefix) for _, row in summary_rows(os.path.join(folder, "summary.csv"))]
     return runs
 
 
@@ -82,9 +127,22 @@ def load_tuning(folders: list[str], labels: list[str] | None = None) -> list[dic
     for folder, prefix in zip(folders, prefixes(folders, labels)):
         path = os.path.join(folder, "tuning.csv")
         if os.path.exists(path):
-            with open(path) as f:
-                out += [{**row, "label": prefix + row["label"]} for row in csv.DictReader(f)]
+            out += [{**row, "label": prefix + row["label"]} for row in _tuning_rows(path)]
     return out
+
+
+def _tuning_rows(path: str) -> list[dict]:
+    """tuning.csv rows that name a label and field; anything else is skipped with a warning."""
+    try:
+        with open(path, encoding="utf-8", newline="") as f:
+            rows = list(csv.DictReader(f))
+    except (OSError, UnicodeDecodeError, csv.Error) as e:
+        warn(f"skipping {path}: unreadable ({type(e).__name__})")
+        return []
+    for line, row in enumerate(rows, 2):
+        if not (row.get("label") and row.get("field")):
+            warn(f"skipping {path} line {line}: no label or field")
+    return [row for row in rows if row.get("label") and row.get("field")]
 
 
 def tuning_table(rows: list[dict]) -> list[str]:
@@ -114,8 +172,8 @@ def projected(runs: list[dict], epoch: int | None, link: LinkSpec) -> float | No
     """Mean over seeds of the projected training seconds through `epoch` on `link` (None: never)."""
     if epoch is None:
         return None
-    secs = [projection.seconds_through(r["records"], epoch, link, r["link"]) for r in runs]
-    secs = [s for s in secs if s is not None]
+    found = [projection.seconds_through(r["records"], epoch, link, r["link"]) for r in runs]
+    secs = [s for s in found if s is not None]
     return sum(secs) / len(secs) if secs else None
 
 
@@ -146,15 +204,19 @@ def link_sentences(rows: list[dict], groups: dict[str, list[dict]], goals: dict[
         if not secs:
             out.append(f"At {name} no method reaches the target.")
             continue
-        best = min(secs, key=secs.get)
+        best = min(secs, key=lambda label: secs[label] or 0.0)
         versus = f"; {ref} {secs[ref]:.1f} s" if ref is not None and ref != best else ""
         out.append(f"At {name} the fastest {goal} is {best} ({secs[best]:.1f} s{versus}), the fewest bytes "
-                   f"{by_bytes['label']} ({human_bytes(_bytes_at_goal(by_bytes, groups, goals))} per worker).")
+                   f"{by_bytes['label'] if by_bytes else '-'} "
+                   f"({human_bytes(_bytes_at_goal(by_bytes, groups, goals))} per worker).")
     return out
 
 
-def _bytes_at_goal(row: dict, groups: dict[str, list[dict]], goals: dict[str, int | None]) -> float:
-    value = table.at_epoch(groups[row["label"]], goals[row["label"]], lambda r: r.get("bytes_sent_per_worker", 0.0))
+def _bytes_at_goal(row: dict | None, groups: dict[str, list[dict]], goals: dict[str, int | None]) -> float:
+    goal = None if row is None else goals[row["label"]]
+    if row is None or goal is None:
+        return 0.0
+    value = table.at_epoch(groups[row["label"]], goal, lambda r: r.get("bytes_sent_per_worker", 0.0))
     return value or 0.0
 
 
@@ -200,12 +262,19 @@ def link_of(runs: list[dict]) -> str:
 
     seen = set()
     for run in runs:
-        path = os.path.join(run["run_dir"], "config.toml")
-        if os.path.exists(path):
-            with open(path, "rb") as f:
-                link = tomllib.load(f).get("link", {})
-            seen.add(f"{parse_link(link.get('rate', '')).describe()} ({link.get('mode', 'model')})")
+        link = read_config(run["run_dir"]).get("link")
+        if isinstance(link, dict):
+            seen.add(f"{parse_link(link.get('rate', '')).describe()} ({link.get('mode', 'model')})" + _sites_of(run, link))
     return "; ".join(sorted(seen)) or "unknown"
+
+
+def _sites_of(run: dict, link: dict) -> str:
+    """', between 2 sites, unlimited inside' for a run with sites (lowband.comm.sites), else ''."""
+    from lowband.comm.links import parse_link
+
+    if run.get("sites", 0) <= 1:
+        return ""
+    return f" between {run['sites']} sites, {parse_link(link.get('intra', '')).describe()} inside"
 
 
 

@@ -26,7 +26,7 @@ FIGSIZE = (9, 4.4)
 
 def style(i: int) -> dict:
     """Colour, marker and line style of the i-th label: no two labels share all three."""
-    colours = plt.get_cmap("tab10").colors
+    colours = plt.get_cmap("tab10").colors  # type: ignore[attr-defined]  # a ListedColormap
     return {"color": colours[i % 10], "marker": MARKERS[i % len(MARKERS)], "linestyle": LINES[(i // 10) % len(LINES)]}
 
 
@@ -54,7 +54,8 @@ def bytes_axis(ax, values: list[float], axis: str = "x") -> float:
     zero = zero_position(values)
     top = max([v for v in values if v > 0], default=zero * 10)
     ticks = [zero] + [10.0 ** k for k in range(int(math.log10(zero)) + 1, math.floor(math.log10(top)) + 2)]
-    label = lambda v, _: "0 B" if math.isclose(v, zero) else human_bytes(v)
+    def label(v, _):
+        return "0 B" if math.isclose(v, zero) else human_bytes(v)
     target = ax.xaxis if axis == "x" else ax.yaxis
     (ax.set_xscale if axis == "x" else ax.set_yscale)("log")
     target.set_major_locator(matplotlib.ticker.FixedLocator(ticks))

@@ -6,8 +6,10 @@ train separate models (codistillation, AFSD) — and the scope's first rank writ
 its `metrics` stream. The trainer never asks which kind of method it runs: it only picks the scope.
 
 Byte figures: `bytes_sent_per_worker` / `bytes_recv_per_worker` are the mean over the scope's
-ranks of the training traffic (bookkeeping tags excluded); `bytes` gives every tag's mean per
-worker and `bytes_total` its sum over the scope's ranks. All are cumulative since the run began.
+ranks of the training traffic (bookkeeping tags excluded), `bytes_inter_per_worker` the part of the
+sent bytes that crossed a site boundary (lowband.comm.sites; all of them without a site map);
+`bytes` gives every tag's mean per worker ("sent", "recv", "calls", "wire", "inter") and
+`bytes_total` its sum over the scope's ranks. All are cumulative since the run began.
 """
 
 from __future__ import annotations
@@ -15,9 +17,11 @@ from __future__ import annotations
 import json
 import logging
 import math
+from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from lowband.comm import BOOKKEEPING_TAGS, Communicator
+from lowband.loggers import build as build_loggers
 from lowband.metrics import MetricsSink
 from lowband.rundir import RunDir
 
@@ -34,7 +38,7 @@ class RankFigures:
     samples: int
     test_acc: float | None = None  # this rank's own model; None when the epoch was not evaluated
     val_acc: float | None = None
-    bytes: dict[str, dict[str, float]] = field(default_factory=dict)  # tag -> {"sent", "recv", "calls", "wire"}
+    bytes: dict[str, dict[str, float]] = field(default_factory=dict)  # tag -> {"sent", "recv", "calls", "wire", "inter"}
 
     @property
     def sent(self) -> float:
@@ -44,10 +48,15 @@ class RankFigures:
     def recv(self) -> float:
         return sum(b["recv"] for tag, b in self.bytes.items() if tag not in BOOKKEEPING_TAGS)
 
+    @property
+    def inter(self) -> float:
+        return sum(b.get("inter", 0.0) for tag, b in self.bytes.items() if tag not in BOOKKEEPING_TAGS)
+
 
 def tag_bytes(comm: Communicator) -> dict[str, dict[str, float]]:
-    """The communicator's cumulative bytes, calls and busiest-link bytes per tag, for tags that moved any bytes."""
-    return {tag: {"sent": s.sent, "recv": s.recv, "calls": s.calls, "wire": s.wire}
+    """The communicator's cumulative bytes, calls, busiest-link and inter-site bytes per tag, for tags that
+    moved any bytes."""
+    return {tag: {"sent": s.sent, "recv": s.recv, "calls": s.calls, "wire": s.wire, "inter": s.inter}
             for tag, s in sorted(comm.stats.items()) if s.sent or s.recv}
 
 
@@ -57,17 +66,21 @@ def _mean(values: list[float]) -> float:
 
 def _per_tag(ranks: list[RankFigures], reduce) -> dict[str, dict[str, float]]:
     tags = sorted({tag for r in ranks for tag in r.bytes})
-    keys = ("sent", "recv", "calls", "wire")
+    keys = ("sent", "recv", "calls", "wire", "inter")
     return {tag: {k: reduce([r.bytes.get(tag, {}).get(k, 0.0) for r in ranks]) for k in keys} for tag in tags}
 
 
 class EpochReporter:
     """Gathers `RankFigures` over `scope` and writes the scope's records to `run`'s metrics stream."""
 
-    def __init__(self, scope: Communicator, run: RunDir, log: logging.Logger, total_epochs: int):
+    def __init__(self, scope: Communicator, run: RunDir, log: logging.Logger, total_epochs: int,
+                 loggers: Sequence[str] = (), config: dict | None = None):
+        """`loggers`: train.loggers; the scope's leader builds them (lowband.loggers) and feeds them every
+        record it writes; `config`: the resolved config as a dict, which they record as hyper-parameters."""
         self.scope, self.log = scope, log
         self.leader = scope.rank == 0
-        self.sink = MetricsSink(run.stream("metrics"), self.leader, total_epochs, log)
+        built = build_loggers(list(loggers), run.path, run.rank, config or {}) if self.leader and loggers else []
+        self.sink = MetricsSink(run.stream("metrics"), self.leader, total_epochs, log, built)
 
     def gather(self, mine: RankFigures) -> list[RankFigures]:
         """Every scope rank's figures, in scope rank order; stops training on a diverged loss."""
@@ -100,9 +113,13 @@ class EpochReporter:
             "val_acc_ranks": [r.val_acc for r in ranks] if evaluated else None,
             "bytes_sent_per_worker": _mean([r.sent for r in ranks]),
             "bytes_recv_per_worker": _mean([r.recv for r in ranks]),
+            "bytes_inter_per_worker": _mean([r.inter for r in ranks]),
             "bytes": _per_tag(ranks, _mean), "bytes_total": _per_tag(ranks, sum),
             **extra,
         }
 
     def write(self, record: dict) -> None:
         self.sink.write(record)
+
+    def close(self) -> None:
+        self.sink.close()

@@ -20,8 +20,9 @@ import glob
 import json
 import os
 import re
-import tomllib
-from typing import Any, Iterator
+import sys
+from collections.abc import Callable, Iterator
+from typing import Any
 
 CONFIG = "config.toml"
 
@@ -80,8 +81,9 @@ class RunDir:
         os.replace(tmp, path)
 
     def read_config_dict(self) -> dict[str, Any]:
-        with open(self.config_path, "rb") as f:
-            return tomllib.load(f)
+        from lowband.config import read_toml
+
+        return read_toml(self.config_path, "run directory config")
 
     # ---- models ---------------------------------------------------------------------------------
     def model_path(self, rank: int = 0) -> str:
@@ -120,10 +122,38 @@ class RunDir:
                 f.writelines(json.dumps(r) + "\n" for r in kept)
 
 
-def read_jsonl(path: str) -> Iterator[dict]:
-    if not os.path.exists(path):
+def read_jsonl(path: str, check: Callable[[dict], str | None] | None = None) -> Iterator[dict]:
+    """The records of a JSONL file, skipping any line that is not a JSON object (or that `check`
+    finds fault with: it returns why) with one warning line naming the file and line."""
+    if not os.path.isfile(path):
         return
-    with open(path) as f:
-        for line in f:
-            if line.strip():
-                yield json.loads(line)
+    with open(path, "rb") as f:
+        for number, raw in enumerate(f, 1):
+            if not raw.strip():
+                continue
+            record, problem = _parse_line(raw)
+            problem = problem or (check(record) if check else None)
+            if problem:
+                warn(f"skipping {path} line {number}: {problem}")
+                continue
+            yield record
+
+
+def _parse_line(raw: bytes) -> tuple[dict, str | None]:
+    try:
+        record = json.loads(raw.decode("utf-8"))
+    except UnicodeDecodeError:
+        return {}, "not UTF-8 text"
+    except ValueError as e:
+        return {}, f"not JSON ({e})"
+    if not isinstance(record, dict):
+        return {}, f"a JSON {type(record).__name__}, not an object"
+    epoch = record.get("epoch", 0)
+    if isinstance(epoch, bool) or not isinstance(epoch, (int, float)):  # rounds carry fractional epochs
+        return {}, f"epoch {epoch!r} is not an integer (nor a fractional epoch)"
+    return record, None
+
+
+def warn(message: str) -> None:
+    """One line on stderr (readers of damaged run directories skip what they can and say so)."""
+    print(f"lowband: warning: {message}", file=sys.stderr)

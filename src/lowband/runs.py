@@ -7,16 +7,19 @@ tells the others).
 
 from __future__ import annotations
 
+import dataclasses
 import os
+import shutil
+import sys
 import time
 
 import torch
 
+from lowband import checkpoint, launch, loggers
 from lowband import config as C
-from lowband import launch
+from lowband.catalog import load_all
 from lowband.comm import Communicator, launched_by_torchrun
 from lowband.errors import ConfigError, UsageError
-from lowband.catalog import load_all
 from lowband.registry import METHODS
 from lowband.rundir import RunDir
 
@@ -32,7 +35,35 @@ def world_size(cfg: C.Config) -> int:
     if world < method.min_workers:
         raise ConfigError("train.workers", world, f"method {cfg.method.name} needs at least {method.min_workers} workers")
     method.check(cfg.method, world)
+    check_sites(cfg, world)
     return world
+
+
+def check_resume_world(run_dir: str, world: int) -> None:
+    """Refuse to resume with a world size other than the one the run recorded and checkpointed."""
+    recorded = world_size(read_run_config(run_dir)) if RunDir(run_dir).is_run() else world
+    if recorded != world:
+        raise UsageError(f"--resume {run_dir}: the run has {recorded} worker(s), this resume would start {world}; "
+                         f"resume with {recorded}")
+    ranks = checkpoint.ranks_saved(run_dir)
+    if ranks and ranks != list(range(world)):
+        raise UsageError(f"--resume {run_dir}: its checkpoints are of ranks {ranks}, this resume would start "
+                         f"{world} worker(s) (ranks 0..{world - 1}); resume with the world size that wrote them")
+
+
+def check_sites(cfg: C.Config, world: int) -> list[int]:
+    """The run's site map (lowband.comm.sites); a configured one has every method group inside one site."""
+    from lowband.comm.sites import check_groups, configured
+
+    site_of = cfg.link.site_map(world)
+    method = METHODS.get(cfg.method.name)
+    if cfg.link.mode == "netns" and (configured(cfg.link.sites, cfg.link.site_of) or cfg.link.intra_spec.limited):
+        raise ConfigError("link.mode", "netns", "shapes every worker's link alike; sites and link.intra need "
+                                                "--link-mode model")
+    if configured(cfg.link.sites, cfg.link.site_of):
+        check_groups(site_of, method.groups(cfg.method, world), "method.group_size",
+                     getattr(cfg.method, "group_size", None))
+    return site_of
 
 
 def new_run_dir(out: str, method: str) -> str:
@@ -60,7 +91,7 @@ def read_run_config(run_dir: str) -> C.Config:
     run = RunDir(run_dir)
     if not run.is_run():
         raise ConfigError("--resume", run_dir, "not a run directory (no config.toml)")
-    return C.from_dict(C.read_toml(run.config_path), method_configs())
+    return C.from_dict(C.read_toml(run.config_path, "--resume"), method_configs())
 
 
 def check_plan(cfg: C.Config) -> None:
@@ -77,7 +108,10 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
     if launched_by_torchrun():
         return _as_torchrun_worker(cfg, run_dir, out, resume)
     run_dir = run_dir or new_run_dir(out, cfg.method.name)
-    if not resume:
+    loggers.check(cfg.train.loggers)
+    if resume:
+        check_resume_world(run_dir, world_size(cfg))
+    else:
         check_plan(cfg)
     netns = None
     if cfg.link.mode == "netns":
@@ -92,7 +126,37 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
         code = launch.run("lowband.runs:train_worker", [run_dir, "1" if resume else "0"], world_size(cfg),
                           run_dir, cfg.train.threads, keep_going=method.independent_models,
                           netns=netns, max_restarts=cfg.train.max_restarts, restart_args=[run_dir, "1"])
+    if method.independent_models and code not in (2, 130):
+        code = salvage(run_dir, world_size(cfg), code)
     return code, run_dir
+
+
+def _last_val_acc(run: RunDir, rank: int) -> float:
+    accs = [r.get("val_acc") for r in run.read("metrics", rank=rank)]
+    return max((a for a in accs[-1:] if isinstance(a, (int, float))), default=-1.0)
+
+
+def salvage(run_dir: str, world: int, code: int) -> int:
+    """After independent models ran: when some rank left no final model, model.safetensors becomes
+    the best surviving one (last validation accuracy) and the lost ranks are named; the exit code."""
+    run = RunDir(run_dir)
+    lost = [r for r in range(world) if not os.path.isfile(run.model_path(r))]
+    if not lost:
+        return code
+    survivors = [r for r in range(world) if r not in lost]
+    if not survivors:
+        print(f"lowband: every worker was lost; no final model in {run_dir}", file=sys.stderr)
+        return code or 1
+    best = max(survivors, key=lambda r: _last_val_acc(run, r))
+    note = ""
+    if 0 in lost:
+        tmp = f"{run.model_path(0)}.tmp-{os.getpid()}"
+        shutil.copyfile(run.model_path(best), tmp)
+        os.replace(tmp, run.model_path(0))
+        note = f"; model.safetensors is now rank {best}'s model, the best surviving one"
+    print(f"lowband: lost worker(s) {', '.join(map(str, lost))} (no final model); "
+          f"{len(survivors)} of {world} finished{note}; results in {run_dir}", file=sys.stderr)
+    return code or 1
 
 
 def train_worker(run_dir: str, resume: str = "0") -> None:
@@ -105,8 +169,10 @@ def _join(cfg: C.Config) -> Communicator:
     from lowband.trainer import resolve_device
 
     torch.set_num_threads(cfg.train.threads)
-    link = cfg.link.spec if cfg.link.mode == "model" else None  # netns: the network itself is slow
-    return Communicator.from_env(resolve_device(cfg.train.device), cfg.train.backend, cfg.train.timeout_s, link)
+    model = cfg.link.mode == "model"  # netns: the network itself is slow
+    return Communicator.from_env(resolve_device(cfg.train.device), cfg.train.backend, cfg.train.timeout_s,
+                                 cfg.link.spec if model else None, sites=cfg.link.site_map,
+                                 intra=cfg.link.intra_spec if model else None)
 
 
 def _run(cfg: C.Config, run_dir: str, resume: bool, comm: Communicator) -> None:
@@ -135,9 +201,15 @@ def _as_torchrun_worker(cfg: C.Config, run_dir: str | None, out: str, resume: bo
     if world < method.min_workers:
         raise UsageError(f"method {cfg.method.name} needs at least {method.min_workers} workers; torchrun started {world}")
     method.check(cfg.method, world)
+    check_sites(cfg, world)
+    loggers.check(cfg.train.loggers)
     if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0 and run_dir is None and not resume:
         raise UsageError("torchrun --max-restarts needs --run-dir DIR, so that restarted workers find the checkpoints")
     resume = resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
+    if resume and run_dir is not None:
+        check_resume_world(run_dir, world)
+    if not method.fixed_workers:  # the run records the world size torchrun chose
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, workers=world))
     comm = _join(cfg)
     chosen = None
     if comm.rank == 0:

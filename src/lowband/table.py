@@ -11,11 +11,14 @@ seconds to target are the seeds' means at that epoch, and the speed-up is Allred
 target over the label's. When the gap between a label's mean final validation accuracy and the
 target is smaller than its spread, the gap is marked "within noise". Every figure that selects
 (target, to-target, best) reads validation accuracy; test accuracy is reported for the final model.
+When a run has sites (`sites` > 1: lowband.comm.sites), an "inter-site/worker" column shows the
+bytes per worker that crossed a site boundary beside all bytes sent.
 """
 
 from __future__ import annotations
 
 import statistics
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lowband.metrics import human_bytes
@@ -32,11 +35,11 @@ class Stat:
     n: int
 
     @staticmethod
-    def of(values: list[float]) -> Stat | None:
-        values = [float(v) for v in values if v is not None]
-        if not values:
+    def of(values: Sequence[float | None]) -> Stat | None:
+        known = [float(v) for v in values if v is not None]
+        if not known:
             return None
-        return Stat(statistics.fmean(values), statistics.stdev(values) if len(values) > 1 else None, len(values))
+        return Stat(statistics.fmean(known), statistics.stdev(known) if len(known) > 1 else None, len(known))
 
     def show(self, fmt) -> str:
         return fmt(self.mean) + ("" if self.sd is None else f" ± {fmt(self.sd)}")
@@ -90,6 +93,7 @@ def reference(runs: list[dict], target: float | None) -> tuple[float | None, str
     if ref is None:
         return None, "none (no Allreduce run and no target given)"
     stat = final(ref, "val_acc")
+    assert stat is not None  # ref was chosen for having one
     seeds = f" over {stat.n} seeds" if stat.n > 1 else ""
     return stat.mean, f"mean final validation accuracy of {ref[0]['label']}{seeds}"
 
@@ -103,9 +107,11 @@ def row(label: str, runs: list[dict], target: float | None) -> dict:
         "label": label, "method": runs[0]["method"], "workers": runs[0]["workers"], "seeds": len(runs),
         "status": "ok" if len(ok) == len(runs) else f"{len(runs) - len(ok)} of {len(runs)} failed",
         "val_acc": val, "test_acc": final(runs, "test_acc"), "val_acc_L": final(runs, "val_acc_L"),
-        "gap": gap, "within_noise": gap is not None and val.sd is not None and abs(gap) < val.sd,
+        "gap": gap, "within_noise": val is not None and gap is not None and val.sd is not None and abs(gap) < val.sd,
         "samples": Stat.of([r.get("samples") for r in last]),
         "bytes": Stat.of([r.get("bytes_sent_per_worker", 0.0) for r in last]),
+        "sites": max(int(r.get("sites") or 0) for r in runs),
+        "inter": Stat.of([r.get("bytes_inter_per_worker", r.get("bytes_sent_per_worker", 0.0)) for r in last]),
         "train_s": Stat.of([r["time"]["train_s"] for r in last]),
         "epochs_to_target": hit,
         "bytes_to_target": None if hit is None else at_epoch(runs, hit, lambda r: r.get("bytes_sent_per_worker")),
@@ -147,6 +153,7 @@ def _never(v, fmt) -> str:
     return "never" if v is None else fmt(v)
 
 
+INTER = "inter-site/worker"
 COLUMNS = [
     ("method", lambda r: r["label"]),
     ("seeds", lambda r: str(r["seeds"])),
@@ -156,6 +163,7 @@ COLUMNS = [
     ("vs target", _gap),
     ("samples", lambda r: "-" if r["samples"] is None else _count(r["samples"].mean)),
     ("sent/worker", lambda r: "-" if r["bytes"] is None else human_bytes(r["bytes"].mean)),
+    (INTER, lambda r: "-" if r["inter"] is None else human_bytes(r["inter"].mean)),
     ("train s", lambda r: "-" if r["train_s"] is None else r["train_s"].show(lambda v: f"{v:.1f}")),
     ("epochs to target", lambda r: _never(r["epochs_to_target"], str)),
     ("bytes to target", lambda r: _never(r["bytes_to_target"], human_bytes)),
@@ -164,27 +172,35 @@ COLUMNS = [
 ]
 
 
+def columns(table: list[dict]) -> list:
+    """The columns shown: the inter-site bytes only when some row's runs had more than one site."""
+    sites = any(r.get("sites", 0) > 1 for r in table)
+    return [c for c in COLUMNS if sites or c[0] != INTER]
+
+
 def head(table: list[dict]) -> list[str]:
     failed = any(r["status"] != "ok" for r in table)
-    return [title for title, _ in COLUMNS] + (["status"] if failed else [])
+    return [title for title, _ in columns(table)] + (["status"] if failed else [])
 
 
-def cells(r: dict, width: int) -> list[str]:
-    return ([show(r) for _, show in COLUMNS] + [r["status"]])[:width]
+def cells(r: dict, width: int, cols: list | None = None) -> list[str]:
+    """Row `r`'s cells under `cols` (default: the columns a table of `r` alone shows)."""
+    return ([show(r) for _, show in (cols or columns([r]))] + [r["status"]])[:width]
 
 
 def markdown(table: list[dict]) -> list[str]:
-    titles = head(table)
+    titles, cols = head(table), columns(table)
     return (["| " + " | ".join(titles) + " |", "|" + "---|" * len(titles)]
-            + ["| " + " | ".join(cells(r, len(titles))) + " |" for r in table])
+            + ["| " + " | ".join(cells(r, len(titles), cols)) + " |" for r in table])
 
 
 def text(table: list[dict]) -> str:
     """The table as aligned plain text, for the console."""
-    titles = head(table)
-    body = [cells(r, len(titles)) for r in table]
+    titles, cols = head(table), columns(table)
+    body = [cells(r, len(titles), cols) for r in table]
     widths = [max(len(line[i]) for line in [titles] + body) for i in range(len(titles))]
-    line = lambda cs: "  ".join(c.ljust(w) for c, w in zip(cs, widths)).rstrip()
+    def line(cs):
+        return "  ".join(c.ljust(w) for c, w in zip(cs, widths)).rstrip()
     return "\n".join([line(titles), line(["-" * w for w in widths])] + [line(b) for b in body])
 
 

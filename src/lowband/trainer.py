@@ -15,13 +15,13 @@ import torch
 import torch.nn.functional as F
 
 from lowband import checkpoint
+from lowband.catalog import load_all
 from lowband.comm import BOOKKEEPING_TAGS, Communicator
-from lowband.config import Config
+from lowband.config import Config, to_dict
 from lowband.data import Batches, TensorData, load_dataset, partition, steps_per_epoch
 from lowband.methods.base import Context, Method
 from lowband.metrics import setup_logging
 from lowband.models import build_model
-from lowband.catalog import load_all
 from lowband.registry import METHODS
 from lowband.reporter import EpochReporter, RankFigures, TrainingError, tag_bytes
 from lowband.rundir import RunDir
@@ -111,7 +111,8 @@ class Trainer:
         self.warmup = self.method.default_warmup_epochs() if warm == "auto" else float(warm)
         # ranks that train one model together report together; separate models report alone
         self.scope = comm.alone() if method_cls.independent_models else comm
-        self.reporter = EpochReporter(self.scope, self.run, self.log, cfg.train.epochs)
+        self.reporter = EpochReporter(self.scope, self.run, self.log, cfg.train.epochs, cfg.train.loggers,
+                                      to_dict(cfg))
         self.reached_target: int | None = None
         self.final_global: torch.nn.Module | None = None  # the global model of the latest evaluated epoch
         self.best_local_rank = 0
@@ -171,7 +172,10 @@ class Trainer:
             group["lr"] = lr
 
     def close(self) -> None:
-        self.method.close()
+        try:
+            self.method.close()
+        finally:
+            self.reporter.close()
 
     # ---- evaluation and records ----------------------------------------------------------------
     def _comm_seconds(self) -> float:
@@ -179,14 +183,14 @@ class Trainer:
 
     def _accuracies(self, model: torch.nn.Module) -> dict:
         d, bs = self.plan.data, self.cfg.train.eval_batch_size
-        return {"test_acc": accuracy(model, d.x_test, d.y_test, bs, self.device),
-                "val_acc": accuracy(model, d.x_val, d.y_val, bs, self.device) if d.x_val is not None else None}
+        val = accuracy(model, d.x_val, d.y_val, bs, self.device) if d.x_val is not None and d.y_val is not None else None
+        return {"test_acc": accuracy(model, d.x_test, d.y_test, bs, self.device), "val_acc": val}
 
     def _evaluate(self, model: torch.nn.Module) -> float:
         """Validation accuracy of a model a method asks about (rounds, ensembles); timed as evaluation."""
         t0 = time.perf_counter()
         d = self.plan.data
-        x, y = (d.x_val, d.y_val) if d.x_val is not None else (d.x_test, d.y_test)
+        x, y = (d.x_val, d.y_val) if d.x_val is not None and d.y_val is not None else (d.x_test, d.y_test)
         acc = accuracy(model, x, y, self.cfg.train.eval_batch_size, self.device)
         self.method_eval_s += time.perf_counter() - t0
         return acc
@@ -251,7 +255,10 @@ class Trainer:
         checkpoint.prune(self.run.path, self.rank)
 
     def _resume(self) -> None:
-        epoch = common_epoch(self.run.path, self.scope.global_ranks)
+        epoch, passed = checkpoint.resumable_epoch(self.run.path, self.scope.global_ranks)
+        if passed and self.scope.rank == 0:
+            self.log.warning(f"resuming from epoch {epoch}, the newest intact epoch every rank has: "
+                             f"{'; '.join(passed)}")
         agreed = self.scope.all_gather(torch.tensor([epoch], device=self.device), tag="control")
         if len({int(t.item()) for t in agreed}) != 1:
             raise TrainingError(f"ranks see different checkpoints ({[int(t) for t in agreed]}); is the run dir shared?")
@@ -277,15 +284,14 @@ class Trainer:
         return (f"{c.method.name}: {self.world} worker(s), backend {self.comm.backend}, device {self.device}; "
                 f"{c.data.name} {len(d.y_train)} train / {val} validation / {len(d.y_test)} test, partition "
                 f"{c.data.partition}; {c.model.name} {params:,} parameters; {self.plan.steps} steps/epoch x "
-                f"{c.train.epochs} epochs, batch {c.train.batch_size}/worker; run dir {self.run.path}")
+                f"{c.train.epochs} epochs, batch {c.train.batch_size}/worker; run dir {self.run.path}"
+                + self._sites_banner())
 
+    def _sites_banner(self) -> str:
+        from lowband.comm.sites import configured, describe
 
-def common_epoch(run_dir: str, ranks: list[int]) -> int:
-    """The newest epoch every rank in `ranks` has a checkpoint of (0: none)."""
-    common = set(checkpoint.epochs_saved(run_dir, ranks[0]))
-    for rank in ranks[1:]:
-        common &= set(checkpoint.epochs_saved(run_dir, rank))
-    return max(common, default=0)
+        link = self.cfg.link
+        return f"; {describe(link.site_map(self.world))}" if configured(link.sites, link.site_of) else ""
 
 
 def wants_augment(cfg: Config, data) -> bool:

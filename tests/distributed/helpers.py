@@ -21,8 +21,8 @@ from torch.nn.utils import parameters_to_vector
 
 from lowband.comm import Communicator
 from lowband.config import Config, ModelConfig, TrainConfig
-from lowband.methods.allreduce import Allreduce, AllreduceConfig
 from lowband.data import Batch
+from lowband.methods.allreduce import Allreduce, AllreduceConfig
 from lowband.methods.base import Context, Method
 from lowband.models import build_model
 from lowband.models.flat import flat_state
@@ -62,7 +62,8 @@ def run_workers(entry: str, args: list[str], world: int, out_dir: str, timeout_s
 
 def fixed_batches(steps: int, global_batch: int) -> tuple[torch.Tensor, torch.Tensor]:
     gen = torch.Generator().manual_seed(123)
-    return torch.randn(steps, global_batch, *IN_SHAPE, generator=gen), torch.randint(0, CLASSES, (steps, global_batch), generator=gen)
+    return (torch.randn(steps, global_batch, *IN_SHAPE, generator=gen),
+            torch.randint(0, CLASSES, (steps, global_batch), generator=gen))
 
 
 def initial_model(name: str = "cnn1d") -> torch.nn.Module:

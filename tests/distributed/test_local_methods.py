@@ -51,13 +51,18 @@ def steps_per_epoch(run_dir) -> int:
     return make_plan(cfg, cfg.train.workers).steps
 
 
-def test_ec_dnn_bytes_per_round_are_two_model_all_gathers(tmp_path):
+@pytest.mark.parametrize("codec", ["fp32", "int8"])
+def test_ec_dnn_bytes_per_round_are_two_model_all_gathers(tmp_path, codec):
+    from lowband.comm.compress import parse_codec
+
     # 600 samples -> 432 train -> 216 per worker -> 13 steps/epoch, 26 steps; rounds end at 8, 16, 24
-    run_dir, records = run(tmp_path, "ec_dnn", "--set", "method.tau=8", "--set", "method.round_evals=10")
+    run_dir, records = run(tmp_path, "ec_dnn", "--set", "method.tau=8", "--set", "method.round_evals=10",
+                           "--set", f"method.codec='{codec}'")
     assert steps_per_epoch(run_dir) == 13
     gathers = 3 + 3 + 1  # three ensembles, three compressed-model gathers, the final ensemble
-    assert records[-1]["bytes"]["params"]["sent"] == gathers * (2 - 1) * PARAM_BYTES
-    assert records[-1]["bytes"]["params"]["recv"] == gathers * (2 - 1) * PARAM_BYTES
+    model = parse_codec(codec).payload_bytes(PARAM_BYTES // 4)
+    assert records[-1]["bytes"]["params"]["sent"] == gathers * (2 - 1) * model
+    assert records[-1]["bytes"]["params"]["recv"] == gathers * (2 - 1) * model
     rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rounds] == [1, 2, 3]
     for r in rounds:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import json
 import math
-import tomllib
 
 import pytest
+import tomllib
 import torch
 from safetensors.torch import load_file
 
@@ -89,7 +89,7 @@ def test_resume_refuses_to_change_the_config(tmp_path):
     run = tmp_path / "r"
     assert cli("train", "--method", "single", "--epochs", "1", "--run-dir", str(run), *small(tmp_path)).returncode == 0
     p = cli("train", "--resume", str(run), "--lr", "0.5")
-    assert p.returncode == 2 and "only --epochs may change" in p.stderr
+    assert p.returncode == 2 and "only --epochs and --logger may change" in p.stderr
 
 
 def test_compare_prints_one_table_and_writes_summary(tmp_path):
@@ -98,6 +98,8 @@ def test_compare_prints_one_table_and_writes_summary(tmp_path):
     p = cli("compare", "--methods", "single,allreduce,local_sgd:tau=5", "--workers", "2", "--epochs", "1",
             "--out", str(tmp_path), *small(tmp_path))
     assert p.returncode == 0, p.stderr
+    starts = [line for line in p.stdout.splitlines() if line.startswith("run ")]
+    assert starts == ["run 1/3: single seed 0", "run 2/3: allreduce seed 0", "run 3/3: local_sgd:tau=5 seed 0"]
     table = p.stdout[p.stdout.index("method "):]
     for word in ("single", "allreduce", "local_sgd:tau=5", "sent/worker", "speed-up vs allreduce"):
         assert word in table

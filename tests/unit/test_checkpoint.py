@@ -24,7 +24,7 @@ def test_crash_while_writing_keeps_the_previous_checkpoint(tmp_path, monkeypatch
     with pytest.raises(KeyboardInterrupt):
         checkpoint.save_state({"w": torch.zeros(3)}, path)
     assert torch.equal(checkpoint.load_state(path)["w"], torch.ones(3))
-    assert os.listdir(tmp_path) == ["c.pt"]  # no temporary left behind
+    assert sorted(os.listdir(tmp_path)) == ["c.pt", "c.pt.sha256"]  # no temporary left behind
 
 
 class Payload:
@@ -66,3 +66,81 @@ def test_final_model_is_safetensors(tmp_path):
     checkpoint.save_model(model.state_dict(), str(tmp_path / "m.safetensors"))
     loaded = load_file(str(tmp_path / "m.safetensors"))
     assert torch.equal(loaded["weight"], model.weight.detach())
+
+
+def _flip(path: str, at: int, n: int = 64) -> None:
+    with open(path, "r+b") as f:
+        f.seek(at)
+        data = f.read(n)
+        f.seek(at)
+        f.write(bytes(b ^ 0xFF for b in data))
+
+
+def _truncate(path: str) -> None:
+    with open(path, "r+b") as f:
+        f.truncate(os.path.getsize(path) // 2)
+
+
+def _empty(path: str) -> None:
+    open(path, "wb").close()
+
+
+def _no_sidecar(path: str) -> None:
+    os.remove(path + checkpoint.SIDECAR)
+
+
+def _directory(path: str) -> None:
+    os.remove(path)
+    os.mkdir(path)
+
+
+def _saved_run(tmp_path, epochs=(1, 2), ranks=(0, 1)) -> str:
+    run = str(tmp_path)
+    for rank in ranks:
+        for e in epochs:
+            checkpoint.save_state({"w": torch.full((500,), float(e))}, checkpoint.rank_path(run, rank, e))
+    return run
+
+
+def test_intact_checkpoints_verify_against_an_independent_sha256(tmp_path):
+    import hashlib
+
+    run = _saved_run(tmp_path)
+    path = checkpoint.rank_path(run, 1, 2)
+    with open(path, "rb") as f, open(path + ".sha256") as g:
+        assert g.read().strip() == hashlib.sha256(f.read()).hexdigest()
+    assert checkpoint.resumable_epoch(run, [0, 1]) == (2, [])
+
+
+@pytest.mark.parametrize("harm", [lambda p: _flip(p, 200), lambda p: _flip(p, os.path.getsize(p) - 70),
+                                  _truncate, _empty, _no_sidecar, _directory],
+                         ids=["flip-early", "flip-late", "truncated", "empty", "no-checksum", "directory"])
+@pytest.mark.parametrize("rank", [0, 1])
+def test_damaged_newest_checkpoint_falls_back_to_the_newest_intact_epoch(tmp_path, harm, rank):
+    run = _saved_run(tmp_path)
+    harm(checkpoint.rank_path(run, rank, 2))
+    epoch, passed = checkpoint.resumable_epoch(run, [0, 1])
+    assert epoch == 1
+    assert len(passed) == 1 and f"rank{rank}-epoch0002.pt" in passed[0]
+    assert torch.equal(checkpoint.load_state(checkpoint.rank_path(run, rank, epoch))["w"], torch.full((500,), 1.0))
+
+
+def test_no_intact_epoch_means_starting_from_scratch(tmp_path):
+    run = _saved_run(tmp_path)
+    for e in (1, 2):
+        _flip(checkpoint.rank_path(run, 0, e), 100)
+    epoch, passed = checkpoint.resumable_epoch(run, [0, 1])
+    assert epoch == 0 and len(passed) == 2
+
+
+def test_an_epoch_only_some_ranks_have_is_not_resumed_from(tmp_path):
+    run = _saved_run(tmp_path, epochs=(1,))
+    checkpoint.save_state({"w": torch.ones(1)}, checkpoint.rank_path(run, 0, 2))
+    assert checkpoint.resumable_epoch(run, [0, 1]) == (1, [])
+
+
+def test_pruning_removes_the_checksum_files_too(tmp_path):
+    run = _saved_run(tmp_path, epochs=(1, 2, 3), ranks=(0,))
+    checkpoint.prune(run, 0, keep=2)
+    assert sorted(os.listdir(os.path.join(run, "checkpoints"))) == [
+        "rank0-epoch0002.pt", "rank0-epoch0002.pt.sha256", "rank0-epoch0003.pt", "rank0-epoch0003.pt.sha256"]

@@ -42,7 +42,7 @@ def test_snapshot_round_trips():
     other = Communicator()
     other.load_snapshot(comm.snapshot())
     assert other.snapshot() == comm.snapshot() == {"grad": {"sent": 10, "recv": 20, "calls": 1, "seconds": 0.5,
-                                                            "wire": 10}}
+                                                            "wire": 10, "inter": 0}}
     older = Communicator()  # a checkpoint written before busiest-link bytes were counted
     older.load_snapshot({"grad": {"sent": 10, "recv": 20, "calls": 1, "seconds": 0.5}})
     assert older.stats["grad"].wire == 0.0

@@ -135,3 +135,11 @@ def test_error_feedback_transmits_everything_eventually():
     # every coordinate goes out about every 1 / 0.01 steps, so what is held back stays under 1/3
     assert fb.residual.norm() < 0.3 * (300 * x).norm()
     torch.testing.assert_close(total + fb.residual, 300 * x, rtol=1e-4, atol=1e-3)
+
+
+def test_ec_dnn_takes_only_codecs_for_whole_models():
+    from lowband.methods.ec_dnn import ECDNNConfig
+
+    assert ECDNNConfig(codec="int8").codec == "int8"
+    with pytest.raises(ConfigError, match="method.codec='topk:0.1' is invalid: ec_dnn gathers whole models"):
+        ECDNNConfig(codec="topk:0.1")

@@ -23,14 +23,14 @@ def np_distances(a, kind):
     n = len(a)
     e = np.zeros((n, n))
     for k in range(n):
-        for l in range(n):
-            diff = a[k] - a[l]
+        for m in range(n):
+            diff = a[k] - a[m]
             if kind == "euclidean":
-                e[k, l] = np.sqrt((diff ** 2).sum())
+                e[k, m] = np.sqrt((diff ** 2).sum())
             elif kind == "sqeuclidean":
-                e[k, l] = (diff ** 2).sum()
+                e[k, m] = (diff ** 2).sum()
             else:
-                e[k, l] = 1 - a[k] @ a[l] / (np.linalg.norm(a[k]) * np.linalg.norm(a[l]))
+                e[k, m] = 1 - a[k] @ a[m] / (np.linalg.norm(a[k]) * np.linalg.norm(a[m]))
     return e
 
 

@@ -11,10 +11,10 @@ import torch.nn.functional as F
 from lowband.comm import Communicator
 from lowband.config import Config, ModelConfig, TrainConfig
 from lowband.data import Batch, TensorData
-from lowband.models.flat import flat_state
 from lowband.methods.base import Context
 from lowband.methods.ec_dnn import ECDNN, ECDNNConfig
 from lowband.models import build_model
+from lowband.models.flat import flat_state
 
 N, C = 60, 4
 

@@ -5,10 +5,10 @@ from __future__ import annotations
 import pytest
 import torch
 
+from lowband.catalog import load_all
 from lowband.config import ModelConfig
 from lowband.errors import ConfigError
 from lowband.models import build_model
-from lowband.catalog import load_all
 from lowband.registry import MODELS
 
 load_all()

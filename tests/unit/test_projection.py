@@ -71,3 +71,12 @@ def test_rates_span_1_mbit_to_10_gbit_on_a_log_grid():
     assert grid[1] == pytest.approx(1e6 * 10 ** 0.5)
     assert [link_name(r) for r in (1e6, 1e7, 2.5e8, 1e10, 5e3)] == ["1 mbit", "10 mbit", "250 mbit", "10 gbit",
                                                                      "5 kbit"]
+
+
+def test_with_sites_only_tags_that_crossed_are_charged_to_the_link():
+    grad = {"sent": 1e6, "recv": 1e6, "calls": 10, "inter": 0.0}  # a group's Allreduce inside a site
+    ckpt = {"sent": 2e5, "recv": 0.0, "calls": 1, "inter": 1e5}  # half the ranks wrote across
+    record = {"epoch": 1, "bytes": {"grad": grad, "ckpt": ckpt}, "bytes_total": {"grad": grad, "ckpt": dict(ckpt)},
+              "time": {"epoch_train_s": 2.0, "compute_s": 1.0}}
+    assert traffic([record]) == [(2e5, 1)]
+    assert epoch_seconds([record], MB_PER_S) == [pytest.approx(2.2)]

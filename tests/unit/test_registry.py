@@ -2,8 +2,8 @@
 
 import pytest
 
-from lowband.errors import UsageError
 from lowband.catalog import load_all
+from lowband.errors import UsageError
 from lowband.registry import DATASETS, METHODS, MODELS, Registry
 
 load_all()

@@ -153,3 +153,32 @@ def test_half_precision_checkpoints_are_half_the_bytes_and_read_back_as_float32(
     _, back = half.load_newest(0)
     assert back["w"].dtype == torch.float32 and torch.equal(back["w"], state["w"].to(torch_dtype).float())
     assert torch.equal(back["steps"], state["steps"])
+
+
+def test_a_directory_under_a_checkpoint_name_is_skipped_and_warned_once(tmp_path, caplog):
+    store = CheckpointStore(str(tmp_path))
+    store.publish(0, 10, {"w": torch.ones(2)})
+    os.makedirs(tmp_path / "model0" / "step0000000020.safetensors")
+    for _ in range(5):
+        step, state = store.load_newest(0)
+        assert step == 10 and torch.equal(state["w"], torch.ones(2))
+    assert sum("skipping damaged checkpoint" in r.message for r in caplog.records) == 1
+
+
+def test_non_finite_weights_with_a_valid_checksum_are_refused(tmp_path):
+    store = CheckpointStore(str(tmp_path))
+    store.publish(0, 10, {"w": torch.ones(2)})
+    store.publish(0, 20, {"w": torch.tensor([1.0, float("nan")])})
+    step, _ = store.load_newest(0)
+    assert step == 10
+
+
+def test_garbage_with_higher_steps_does_not_make_pruning_delete_real_checkpoints(tmp_path):
+    store = CheckpointStore(str(tmp_path))
+    os.makedirs(tmp_path / "model0")
+    for step in (900, 901, 902):
+        (tmp_path / "model0" / f"step{step:010d}.safetensors").write_bytes(b"garbage")
+    for step in (10, 20, 30, 40):
+        store.publish(0, step, state(step))
+    assert [v for v in store.versions(0) if v < 900] == [20, 30, 40]  # the 3 newest real ones are kept
+    assert store.load_newest(0)[0] == 40  # the garbage is skipped

@@ -98,3 +98,14 @@ def test_console_and_markdown_render_the_same_cells():
         cells = [c.strip() for c in md_line.strip("|").split("|")]
         assert cells == table.cells(r, len(table.head(rows)))
         assert all(c in text_line for c in cells)
+
+
+def test_runs_with_sites_show_inter_site_bytes_per_worker():
+    sited = [dict(r, sites=2) for r in RUNS[:2]]
+    for r in sited:
+        r["records"] = [dict(x, bytes_inter_per_worker=x["bytes_sent_per_worker"] / 4) for x in r["records"]]
+    assert table.INTER not in table.text(table.rows(RUNS)[0])  # no sites: no column
+    rows = table.rows(sited + RUNS[2:4])[0]
+    cells = dict(zip(table.head(rows), table.cells(rows[0], len(table.head(rows)), table.columns(rows))))
+    assert cells["sent/worker"] == table.human_bytes(3e6) and cells[table.INTER] == table.human_bytes(7.5e5)
+    assert table.markdown(rows)[0].count(table.INTER) == 1

@@ -178,3 +178,47 @@ def test_decoder_survives_mutated_valid_frames(data):
         assert sum(t.numel() * t.element_size() for t in frame.tensors) <= 1 << 16
     except wire.WireError:
         pass
+
+
+@pytest.mark.parametrize("text, depth", [
+    (b'{"a":1}', 1), (b'{"a":[1,{"b":[]}]}', 4), (b'"[[[["', 0), (b'{"a":"\\\\"}', 1),
+    (b'{"a":"\\"[[["}', 1), (b"[" * 5 + b"]" * 5, 5),
+])
+def test_json_depth_matches_an_independent_count(text, depth):
+    assert wire.json_depth(text) == depth
+    value = json.loads(text)
+
+    def deep(v):
+        return 1 + max(map(deep, v.values() if isinstance(v, dict) else v), default=0) if isinstance(v, (dict, list)) else 0
+    assert deep(value) == depth
+
+
+def test_deeply_nested_header_is_refused_before_parsing():
+    header = b'{"kind":"hello","id":0,"meta":{"x":' + b"[" * 100_000 + b"]" * 100_000 + b'},"tensors":[]}'
+    frame = wire.PREFIX.pack(wire.MAGIC, len(header)) + header
+    with pytest.raises(wire.WireError, match="nests deeper"):
+        wire.decode(frame, wire.Limits(max_header=len(header)))
+
+
+def test_reading_a_frame_that_stalls_times_out_and_idle_waits_are_bounded():
+    import socket
+
+    a, b = socket.socketpair()
+    with a, b:
+        frame = wire.encode("infer", 1, [torch.zeros(4, 4)])
+        a.sendall(frame[:20])  # begun, never finished
+        with pytest.raises(TimeoutError):
+            wire.recv(b, wire.Limits(), idle_s=5.0, frame_s=0.2)
+    a, b = socket.socketpair()
+    with a, b, pytest.raises(TimeoutError):
+        wire.recv(b, wire.Limits(), idle_s=0.2, frame_s=5.0)
+
+
+@pytest.mark.parametrize("offered, token, same", [
+    ("s3crét", "s3crét", True), ("s3cret", "s3crét", False), ("", "s3crét", False), ("ключ", "ключ", True),
+    ("sesame", "sesame", True), ("\udcff", "x", False),
+])
+def test_tokens_compare_as_utf8_bytes(offered, token, same):
+    from lowband.distill.teacher import same_token
+
+    assert same_token(offered, token) is same

@@ -9,12 +9,20 @@ backend hides are counted with the ring model, per rank, for a tensor of S bytes
   all_gather  sent = recv = (K-1) * S         (S is one rank's part)
   broadcast   a chain from src: every rank but the last forwards S, every rank but src receives S
 Collectives over K = 1 move nothing and count nothing.
+
+Bytes across sites (lowband.comm.sites). Each tag also counts `inter`: the bytes this rank sent
+that cross a site boundary. Point-to-point calls are exact, by the peer's site. Collectives are
+counted as the flat ring above, over the communicator's ranks in rank order (sites are consecutive
+ranks, so the ring is ordered by site): a rank sends all its ring bytes to the next rank, so they are
+inter-site bytes exactly when the next rank sits in another site. A ring over K ranks in S sites
+has S of its K edges crossing when S > 1 (none when S = 1), and a communicator from `split` whose ranks
+share one site counts no inter bytes. The broadcast chain is the ring less the edge into `src`.
+Without a site map every rank is its own site, so every byte sent is an inter-site byte.
 """
 
 from __future__ import annotations
 
 import hashlib
-
 import os
 import time
 import warnings
@@ -25,7 +33,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from lowband.comm.links import LinkModel, LinkSpec
+from lowband.comm.links import UNLIMITED, LinkModel, LinkSpec
 
 
 @dataclass
@@ -35,6 +43,7 @@ class TagStats:
     calls: int = 0
     seconds: float = 0.0
     wire: float = 0.0  # bytes on this rank's busiest link per call, summed: what a modelled link delays
+    inter: float = 0.0  # bytes sent across a site boundary (lowband.comm.sites)
 
 
 def launched_by_torchrun() -> bool:
@@ -52,11 +61,12 @@ class Communicator:
     """Tagged, byte-counting collectives and point-to-point calls over one process group."""
 
     def __init__(self, rank: int = 0, world: int = 1, device: torch.device | None = None, group=None,
-                 global_ranks: list[int] | None = None):
+                 global_ranks: list[int] | None = None, site_of: list[int] | None = None):
         self.rank, self.world = rank, world
         self.device = device or torch.device("cpu")
         self.group = group
         self.global_ranks = global_ranks or list(range(world))  # torch.distributed names peers globally
+        self.site_of = site_of  # site of each global rank; None: every rank its own site
         self.stats: dict[str, TagStats] = defaultdict(TagStats)
         self._launched_at: float | None = None
 
@@ -65,13 +75,17 @@ class Communicator:
 
     @classmethod
     def from_env(cls, device: torch.device, backend: str = "auto", timeout_s: float = 300.0,
-                 link: LinkSpec | None = None) -> Communicator:
-        """Join the process group described by the environment (our launcher's or torchrun's)."""
+                 link: LinkSpec | None = None, sites=None, intra: LinkSpec | None = None) -> Communicator:
+        """Join the process group described by the environment (our launcher's or torchrun's);
+        `sites(world)`: the site of each rank (None: every rank its own site); `link` the modelled link
+        between sites and `intra` the one inside a site (None: unlimited)."""
         rank, world = int(os.environ.get("RANK", 0)), int(os.environ.get("WORLD_SIZE", 1))
         if world == 1:
             return cls(0, 1, device)
         comm = cls._join(rank, world, device, backend, timeout_s)
-        comm.link = LinkModel(link) if link is not None and link.limited else None
+        comm.site_of = sites(world) if sites is not None else None
+        link, intra = link or UNLIMITED, intra or UNLIMITED
+        comm.link = LinkModel(link, intra) if link.limited or intra.limited else None
         return comm
 
     @classmethod
@@ -94,19 +108,38 @@ class Communicator:
             group = dist.new_group(ranks) if self.world > 1 else None
             if self.rank in ranks:
                 mine = (ranks, group)
+        assert mine is not None, f"rank {self.rank} is in none of the groups {groups}"
         ranks, group = mine
-        sub = Communicator(ranks.index(self.rank), len(ranks), self.device, group if len(ranks) > 1 else None, ranks)
+        sub = Communicator(ranks.index(self.rank), len(ranks), self.device, group if len(ranks) > 1 else None,
+                           [self.global_ranks[r] for r in ranks], self.site_of)
         sub.stats, sub.link = self.stats, self.link
         return sub
 
     def alone(self) -> Communicator:
         """A communicator of this rank alone (collectives move nothing), sharing these byte counters."""
-        solo = Communicator(0, 1, self.device, None, [self.global_ranks[self.rank]])
+        solo = Communicator(0, 1, self.device, None, [self.global_ranks[self.rank]], self.site_of)
         solo.stats, solo.link = self.stats, self.link
         return solo
 
     def _peer(self, rank: int) -> int:
         return self.global_ranks[rank]
+
+    def site(self, rank: int) -> int:
+        """The site of this communicator's `rank` (without a site map: its global rank)."""
+        peer = self._peer(rank)
+        return peer if self.site_of is None else self.site_of[peer]
+
+    def crosses(self, rank: int) -> bool:
+        """True when bytes from this rank to `rank` cross a site boundary."""
+        return self.site(rank) != self.site(self.rank)
+
+    def spans_sites(self) -> bool:
+        """True when this communicator's ranks sit in more than one site."""
+        return len({self.site(r) for r in range(self.world)}) > 1
+
+    def _next(self) -> int:
+        """The next rank on the ring: where a collective's bytes go (see the byte model above)."""
+        return (self.rank + 1) % self.world
 
     def close(self, clean: bool = False) -> None:
         """Leave the process group; after a clean finish, first wait until every rank has finished so
@@ -123,14 +156,25 @@ class Communicator:
 
     # ---- accounting -------------------------------------------------------------------------
     def count(self, tag: str, sent: float = 0.0, recv: float = 0.0, seconds: float = 0.0,
-              wire: float | None = None) -> None:
-        """Add one call to `tag`; `wire`: its bytes on the busiest link (default all `sent`, one link)."""
+              wire: float | None = None, inter: float = 0.0) -> None:
+        """Add one call to `tag`; `wire`: its bytes on the busiest link (default all `sent`, one link);
+        `inter`: those of `sent` that cross a site boundary."""
         s = self.stats[tag]
         s.wire += sent if wire is None else wire
+        s.inter += inter
         s.sent += sent
         s.recv += recv
         s.seconds += seconds
         s.calls += 1
+
+    def stored(self, tag: str, nbytes: int) -> None:
+        """Count a write to shared storage: inter-site bytes when the ranks span several sites (readers
+        in another site fetch it across), and held for its transfer time by a modelled link."""
+        inter = self.spans_sites()
+        t0 = time.perf_counter()
+        if self.link is not None and nbytes:
+            self.link.wait_until(self.link.reserve("store", nbytes, inter))
+        self.count(tag, nbytes, 0, time.perf_counter() - t0, inter=nbytes if inter else 0.0)
 
     def add_time(self, tag: str, seconds: float) -> None:
         self.stats[tag].seconds += seconds
@@ -147,13 +191,15 @@ class Communicator:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
 
-    def _timed(self, tag: str, sent: float, recv: float, fn, link="ring"):
+    def _timed(self, tag: str, sent: float, recv: float, fn, to: int | None = None):
+        """Run `fn`, whose `sent` bytes go to rank `to` (None: the next rank on the ring), and count it."""
         t0 = time.perf_counter()
         out = fn()
         self._sync()
+        key, inter = ("ring" if to is None else to), self.crosses(self._next() if to is None else to)
         if self.link is not None and sent:
-            self.link.wait_until(self.link.reserve(link, sent))
-        self.count(tag, sent, recv, time.perf_counter() - t0)
+            self.link.wait_until(self.link.reserve(key, sent, inter))
+        self.count(tag, sent, recv, time.perf_counter() - t0, inter=sent if inter else 0.0)
         return out
 
     # ---- collectives ------------------------------------------------------------------------
@@ -196,10 +242,10 @@ class Communicator:
     # ---- point to point ---------------------------------------------------------------------
     def send(self, tensor: torch.Tensor, dst: int, tag: str) -> None:
         self._timed(tag, _nbytes(tensor), 0, lambda: dist.send(tensor.contiguous(), self._peer(dst), group=self.group),
-                    link=dst)
+                    to=dst)
 
     def recv(self, tensor: torch.Tensor, src: int, tag: str) -> torch.Tensor:
-        self._timed(tag, 0, _nbytes(tensor), lambda: dist.recv(tensor, self._peer(src), group=self.group))
+        self._timed(tag, 0, _nbytes(tensor), lambda: dist.recv(tensor, self._peer(src), group=self.group), to=src)
         return tensor
 
     def exchange(self, sends: dict[int, torch.Tensor], recvs: dict[int, torch.Tensor], tag: str) -> None:
@@ -214,8 +260,10 @@ class Communicator:
         ops = [dist.P2POp(dist.isend, t.contiguous(), self._peer(p), self.group) for p, t in sends.items()]
         ops += [dist.P2POp(dist.irecv, t, self._peer(p), self.group) for p, t in recvs.items()]
         self.count(tag, sum(_nbytes(t) for t in sends.values()), sum(_nbytes(t) for t in recvs.values()),
-                   wire=max((_nbytes(t) for t in sends.values()), default=0))  # one link per peer, in parallel
-        ready = max((self.link.reserve(p, _nbytes(t)) for p, t in sends.items()), default=0.0) if self.link else 0.0
+                   wire=max((_nbytes(t) for t in sends.values()), default=0),  # one link per peer, in parallel
+                   inter=sum(_nbytes(t) for p, t in sends.items() if self.crosses(p)))
+        ready = max((self.link.reserve(p, _nbytes(t), self.crosses(p)) for p, t in sends.items()),
+                    default=0.0) if self.link else 0.0
         return Pending(self, tag, dist.batch_isend_irecv(ops) if ops else [], ready)
 
     def exchange_sized_async(self, peers: list[int], parts: list[tuple[str, torch.Tensor]],
@@ -241,6 +289,7 @@ class Communicator:
         """Broadcast a byte string (e.g. a path) from `src`; plain bytes, never pickle."""
         if self.world == 1:
             return data or b""
+        data = data or b""
         length = torch.tensor([len(data) if self.rank == src else 0], dtype=torch.int64, device=self.device)
         self.broadcast(length, src, tag)
         buf = torch.zeros(int(length.item()), dtype=torch.uint8, device=self.device)
@@ -292,7 +341,7 @@ class Communicator:
 
         The whole state goes out only when needed: ranks seeded alike already hold the same
         initial weights, which an 8-byte fingerprint per rank shows (counted under `tag`)."""
-        tensors = [] if buffers_only else list(module.parameters())
+        tensors: list[torch.Tensor] = [] if buffers_only else list(module.parameters())
         tensors += [b for b in module.buffers() if b.is_floating_point()]
         if self.world == 1 or (not buffers_only and self._same_everywhere(tensors, tag)):
             return
@@ -334,11 +383,12 @@ def _counted_allreduce_hook(state, bucket):
     comm, tag = state
     buf = bucket.buffer()
     size = 2 * (comm.world - 1) / comm.world * _nbytes(buf)
-    comm.count(tag, size, size)
+    inter = comm.crosses(comm._next())
+    comm.count(tag, size, size, inter=size if inter else 0.0)
     buf.div_(comm.world)
     comm._launched_at = time.perf_counter()
     fut = dist.all_reduce(buf, group=comm.group, async_op=True).get_future()
     if comm.link is None:
         return fut.then(lambda f: f.value()[0])
-    ready = comm.link.reserve("ring", size)  # a modelled link delays completion, not the backward pass
+    ready = comm.link.reserve("ring", size, inter)  # a modelled link delays completion, not the backward pass
     return fut.then(lambda f: (LinkModel.wait_until(ready), f.value()[0])[1])

@@ -5,6 +5,9 @@
 model  Every byte the communicator puts on the wire waits its turn on a per-link queue drained
        at RATE (a token bucket with no burst), plus LATENCY per message. Portable, no privileges.
        Collectives use one link (to the next rank on the ring); point-to-point calls one per peer.
+       With sites (lowband.comm.sites) a message crossing a site boundary takes the `--link` link,
+       one inside a site the `link.intra` link (default unlimited: no delay); each class has its
+       own queues.
 netns  (root only) Every worker runs in its own network namespace, joined to the others through
        a veth pair and a bridge, with `tc tbf` shaping both ends of each veth; gloo is told to use
        that interface. tbf cannot delay, so LATENCY is refused here. Everything created is deleted
@@ -81,21 +84,29 @@ def from_env(text: str | None) -> LinkSpec | None:
     return LinkSpec(float(rate), float(latency))
 
 
-class LinkModel:
-    """Per-link queues: bytes sent on a link are on the wire until the link has drained them."""
+UNLIMITED = LinkSpec(float("inf"))
 
-    def __init__(self, spec: LinkSpec):
-        self.spec = spec
+
+class LinkModel:
+    """Per-link queues: bytes sent on a link are on the wire until the link has drained them.
+    `spec` is the link between sites, `intra` the link inside a site."""
+
+    def __init__(self, spec: LinkSpec, intra: LinkSpec = UNLIMITED):
+        self.spec, self.intra = spec, intra
         self.free_at: dict = defaultdict(float)
         self.lock = threading.Lock()
 
-    def reserve(self, link, nbytes: float) -> float:
-        """Queue `nbytes` on `link`; returns the monotonic time at which they have arrived."""
+    def reserve(self, link, nbytes: float, inter: bool = True) -> float:
+        """Queue `nbytes` on `link` of the inter-site (or intra-site) class; returns the monotonic time
+        at which they have arrived (0: an unlimited link, nothing to wait for)."""
+        spec, key = (self.spec, link) if inter else (self.intra, ("intra", link))
+        if not spec.limited:
+            return 0.0
         with self.lock:
-            start = max(time.monotonic(), self.free_at[link])
-            done = start + self.spec.wire_seconds(nbytes)
-            self.free_at[link] = done
-        return done + self.spec.latency_s
+            start = max(time.monotonic(), self.free_at[key])
+            done = start + spec.wire_seconds(nbytes)
+            self.free_at[key] = done
+        return done + spec.latency_s
 
     @staticmethod
     def wait_until(t: float) -> None:

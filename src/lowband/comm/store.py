@@ -6,7 +6,10 @@ itself is atomic). Its safetensors metadata holds the step, the model id, an arc
 signature (names, shapes and dtypes) and the SHA-256 of the tensor bytes, which the reader
 checks: a truncated or corrupt checkpoint is skipped with a warning and an older one is used.
 Bytes written and read are counted under the tag "ckpt" (they cross a process boundary through
-the storage). Safetensors holds tensors only: nothing in a checkpoint can run code.
+the storage); a write also counts as inter-site bytes when the ranks span more than one site, since
+readers in another site than the writer fetch it across the slow link (lowband.comm.sites); a
+modelled link then holds the writer for the write's transfer time on the inter-site link.
+Safetensors holds tensors only: nothing in a checkpoint can run code.
 """
 
 from __future__ import annotations
@@ -67,7 +70,8 @@ class CheckpointStore:
             self.fs.pipe_file(probe, b"ok")
             self.fs.rm_file(probe)
         except Exception as e:  # unreachable, read-only, unknown protocol, missing driver
-            raise ConfigError("method.store", url, f"must be a writable directory or fsspec URL ({type(e).__name__}: {e})") from None
+            raise ConfigError("method.store", url,
+                              f"must be a writable directory or fsspec URL ({type(e).__name__}: {e})") from None
 
     def _dir(self, model: int) -> str:
         return f"{self.root}/model{model}"
@@ -82,9 +86,15 @@ class CheckpointStore:
         self.fs.pipe_file(tmp, data)
         self.fs.mv(tmp, final)
         if self.comm is not None:
-            self.comm.count(self.tag, sent=len(data))
-        for old in self.versions(model)[:-KEEP]:
-            self._remove(f"{folder}/step{old:010d}.safetensors")
+            self.comm.stored(self.tag, len(data))
+        self._prune(model, step)
+
+    def _prune(self, model: int, published: int) -> None:
+        """Keep the KEEP newest checkpoints up to the one just published; a file claiming a later step
+        is not this writer's (garbage, or a stale writer's) and neither counts nor is removed here."""
+        mine = [v for v in self.versions(model) if v <= published]
+        for old in mine[:-KEEP]:
+            self._remove(f"{self._dir(model)}/step{old:010d}.safetensors")
 
     def versions(self, model: int) -> list[int]:
         try:
@@ -112,16 +122,28 @@ class CheckpointStore:
             data = self.fs.cat_file(path)
         except FileNotFoundError:
             return None  # pruned while we looked
+        except OSError as e:  # a directory or an unreadable file under a checkpoint's name
+            self._warn(path, f"not a readable file ({type(e).__name__})")
+            return None
         if self.comm is not None:
             self.comm.count(self.tag, recv=len(data))
         try:
             meta, state = read_metadata(data), load_bytes(data)
             if digest(state) != meta.get("sha256"):
                 raise ValueError("checksum mismatch")
+            if not all(torch.isfinite(v).all() for v in state.values() if v.is_floating_point()):
+                raise ValueError("non-finite weights")
         except Exception as e:
-            self.log.warning(f"skipping damaged checkpoint {path} ({type(e).__name__}: {e}); keeping the previous one")
+            self._warn(path, f"{type(e).__name__}: {e}")
             return None
         return {k: v.float() if v.dtype in (torch.float16, torch.bfloat16) else v for k, v in state.items()}
+
+    def _warn(self, path: str, why: str) -> None:
+        """One warning per damaged path, however often it is looked at."""
+        warned = self.__dict__.setdefault("_warned", set())
+        if path not in warned:
+            warned.add(path)
+            self.log.warning(f"skipping damaged checkpoint {path} ({why}); keeping the previous one")
 
     def _remove(self, path: str) -> None:
         try:

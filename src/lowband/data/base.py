@@ -69,7 +69,12 @@ def hold_out(data: TensorData, fraction: float, seed: int) -> TensorData:
 
 
 def read_dataset(cfg: DataConfig) -> TensorData:
-    """The whole data set `cfg.name` as its source splits it (train, test); generated ones are cached."""
+    """The whole data set `cfg.name` as its source splits it (train, test); generated ones are cached.
+    A factory spec or an .npz path is the user's own data (lowband.data.custom)."""
+    from lowband.data.custom import is_custom, load_custom
+
+    if is_custom(cfg.name):
+        return TensorData(*load_custom(cfg.name))
     loader = DATASETS.get(cfg.name)
     if not getattr(loader, "cached", False):
         return loader(cfg)

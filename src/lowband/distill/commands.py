@@ -23,12 +23,16 @@ def run_teacher(args) -> int:
         raise ConfigError("--device", args.device, "CUDA is not available here; use cpu")
     if args.threads < 1 or args.ttl <= 0 or args.max_rate < 0 or args.max_batch < 1:
         raise UsageError("--threads and --max-batch must be >= 1, --ttl > 0, --max-rate >= 0")
+    if not (0 < args.idle_timeout < 1e6 and 0 < args.read_timeout < 1e6 and 1 <= args.max_connections <= 10_000):
+        raise UsageError("--idle-timeout and --read-timeout must be in (0, 1e6) s, --max-connections in 1..10000")
     torch.set_num_threads(args.threads)
     coord = Coordinator(args.coordinator, ttl_s=args.ttl)
     coord.ping()
     model, cfg, in_shape, classes = load_teacher(args.checkpoint)
     server = TeacherServer(model, in_shape, classes, host=args.host, port=args.port, token=token_from_env(args.token),
-                           device=args.device, max_batch=args.max_batch, max_rate=args.max_rate, name=cfg.model.name)
+                           device=args.device, max_batch=args.max_batch, max_rate=args.max_rate, name=cfg.model.name,
+                           idle_timeout_s=args.idle_timeout, read_timeout_s=args.read_timeout,
+                           max_connections=args.max_connections)
     rate = server.measure()
     info = TeacherInfo(host=args.advertise or args.host, port=server.port, model=cfg.model.name, device=args.device,
                        throughput=round(rate, 1))

@@ -7,7 +7,10 @@ count; then each "infer" frame (one float tensor of shape (n, *in_shape), n <= m
 "logits" frame with the same id. A malformed, oversized or unexpected frame gets an "error" frame,
 the connection is closed, and the server goes on serving everyone else. Requests are computed
 one at a time (one model, `threads` cores); `max_rate` caps samples/s, to share a machine or to
-emulate a slower device.
+emulate a slower device. A connection that sends nothing for `idle_timeout_s` (or no hello
+within `read_timeout_s`), or takes longer than `read_timeout_s` over one frame, is closed; past
+`max_connections` open at once a new one gets an "error" frame and is closed. Tokens are compared
+as UTF-8 bytes, in constant time.
 """
 
 from __future__ import annotations
@@ -34,7 +37,8 @@ class RequestError(ValueError):
 class TeacherServer:
     def __init__(self, model: nn.Module, in_shape: tuple[int, ...], num_classes: int, *, host: str = "127.0.0.1",
                  port: int = 0, token: str | None = None, device: str = "cpu", max_batch: int = 4096,
-                 max_rate: float = 0.0, limits: wire.Limits | None = None, name: str = "teacher"):
+                 max_rate: float = 0.0, limits: wire.Limits | None = None, name: str = "teacher",
+                 idle_timeout_s: float = 300.0, read_timeout_s: float = 30.0, max_connections: int = 64):
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
         self.in_shape, self.num_classes, self.name = tuple(in_shape), num_classes, name
@@ -43,9 +47,11 @@ class TeacherServer:
         self.limits = limits or wire.Limits(max_payload=max_batch * item + 1024)
         self.sock = socket.create_server((host, port))
         self.host, self.port = host, self.sock.getsockname()[1]
-        self._lock, self._conns, self._closed = threading.Lock(), set(), False
+        self._lock, self._closed = threading.Lock(), False
+        self._conns: set = set()
         self.served, self.rejected, self.samples = 0, 0, 0
         self._busy_until = 0.0
+        self.idle_timeout_s, self.read_timeout_s, self.max_connections = idle_timeout_s, read_timeout_s, max_connections
 
     # ---- serving ------------------------------------------------------------------------------
     def start(self) -> TeacherServer:
@@ -59,14 +65,23 @@ class TeacherServer:
             except OSError:
                 return
             conn.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            if len(self._conns) >= self.max_connections:
+                self._refuse(conn, f"too many connections (at most {self.max_connections}); try again later")
+                continue
             self._conns.add(conn)
             threading.Thread(target=self._serve, args=(conn,), name="teacher-conn", daemon=True).start()
+
+    def _refuse(self, conn: socket.socket, why: str) -> None:
+        self.rejected += 1
+        log.warning(f"refused a connection: {why}")
+        _try_send(conn, wire.encode("error", meta={"message": why}))
+        conn.close()
 
     def _serve(self, conn: socket.socket) -> None:
         try:
             self._hello(conn)
             while True:
-                got = wire.recv(conn, self.limits)
+                got = wire.recv(conn, self.limits, self.idle_timeout_s, self.read_timeout_s)
                 if got is None:
                     return
                 frame, _ = got
@@ -74,7 +89,7 @@ class TeacherServer:
                     raise RequestError(f"expected one 'infer' tensor, got {frame.kind!r} with {len(frame.tensors)}")
                 wire.send(conn, wire.encode("logits", frame.id, [self.infer(frame.tensors[0])]))
                 self.served += 1
-        except (wire.WireError, RequestError, PermissionError) as e:
+        except (wire.WireError, RequestError, PermissionError, TimeoutError) as e:
             self.rejected += 1
             log.warning(f"rejected a request and closed its connection: {e}")
             _try_send(conn, wire.encode("error", meta={"message": str(e)}))
@@ -85,14 +100,14 @@ class TeacherServer:
             conn.close()
 
     def _hello(self, conn: socket.socket) -> None:
-        got = wire.recv(conn, wire.Limits(max_payload=0, max_tensors=0))
+        got = wire.recv(conn, wire.Limits(max_payload=0, max_tensors=0), self.read_timeout_s, self.read_timeout_s)
         if got is None:
             raise OSError("closed before hello")
         frame, _ = got
         if frame.kind != "hello":
             raise RequestError(f"the first frame must be 'hello', got {frame.kind!r}")
         offered = frame.meta.get("token") or ""
-        if self.token and not (isinstance(offered, str) and hmac.compare_digest(offered, self.token)):
+        if self.token and not (isinstance(offered, str) and same_token(offered, self.token)):
             raise PermissionError("wrong or missing token")
         wire.send(conn, wire.encode("ready", meta={"in_shape": list(self.in_shape), "classes": self.num_classes,
                                                    "model": self.name, "max_batch": self.max_batch}))
@@ -133,6 +148,11 @@ class TeacherServer:
         wire.hang_up(self.sock)
         for conn in list(self._conns):
             wire.hang_up(conn, close=False)  # its thread closes it
+
+
+def same_token(offered: str, token: str) -> bool:
+    """Constant-time comparison of two tokens as UTF-8 bytes (any characters allowed)."""
+    return hmac.compare_digest(offered.encode("utf-8", "surrogatepass"), token.encode("utf-8", "surrogatepass"))
 
 
 def _try_send(conn: socket.socket, data: bytes) -> None:

@@ -15,6 +15,8 @@ import json
 import math
 import socket
 import struct
+import time
+from collections.abc import Sequence
 from dataclasses import dataclass, field
 
 import torch
@@ -37,6 +39,7 @@ class Limits:
     max_payload: int = 256 * 1024 * 1024
     max_tensors: int = 16
     max_dims: int = 8
+    max_depth: int = 8  # nesting of the JSON header, checked before it is parsed
 
 
 @dataclass
@@ -47,7 +50,7 @@ class Frame:
     tensors: list[torch.Tensor] = field(default_factory=list)
 
 
-def encode(kind: str, id: int = 0, tensors: list[torch.Tensor] = (), meta: dict | None = None) -> bytes:
+def encode(kind: str, id: int = 0, tensors: Sequence[torch.Tensor] = (), meta: dict | None = None) -> bytes:
     """The bytes of one frame."""
     parts, specs = [], []
     for t in tensors:
@@ -70,11 +73,32 @@ def header_length(prefix: bytes, limits: Limits) -> int:
     return n
 
 
+def json_depth(raw: bytes | bytearray) -> int:
+    """The deepest nesting of [ and { in JSON text, outside strings (no parsing, no recursion)."""
+    depth = deepest = 0
+    in_string = escaped = False
+    for c in raw:
+        if escaped:
+            escaped = False
+        elif in_string:
+            escaped, in_string = c == 0x5C, c != 0x22
+        elif c == 0x22:
+            in_string = True
+        elif c in (0x5B, 0x7B):
+            depth += 1
+            deepest = max(deepest, depth)
+        elif c in (0x5D, 0x7D):
+            depth -= 1
+    return deepest
+
+
 def parse_header(raw: bytes, limits: Limits) -> tuple[Frame, list[tuple[torch.dtype, list[int], int]]]:
     """The frame's plain fields and, per tensor, (dtype, shape, bytes); the payload size is checked."""
+    if json_depth(raw) > limits.max_depth:
+        raise WireError(f"header nests deeper than {limits.max_depth} levels")
     try:
         h = json.loads(raw.decode("utf-8"))
-    except (UnicodeDecodeError, ValueError) as e:
+    except (UnicodeDecodeError, ValueError, RecursionError) as e:
         raise WireError(f"header is not JSON ({e})") from None
     if not isinstance(h, dict) or set(h) != {"kind", "id", "meta", "tensors"}:
         raise WireError("header must hold exactly kind, id, meta, tensors")
@@ -136,15 +160,24 @@ def send(sock: socket.socket, data: bytes) -> int:
     return len(data)
 
 
-def recv(sock: socket.socket, limits: Limits = Limits()) -> tuple[Frame, int] | None:
-    """The next frame on `sock` and its size in bytes; None when the peer closed cleanly between frames."""
-    prefix = _read(sock, PREFIX.size, allow_eof=True)
-    if prefix is None:
+def recv(sock: socket.socket, limits: Limits = Limits(), idle_s: float | None = None,
+         frame_s: float | None = None) -> tuple[Frame, int] | None:
+    """The next frame on `sock` and its size in bytes; None when the peer closed cleanly between frames.
+
+    idle_s: how long to wait for a frame's first byte; frame_s: how long the rest of the frame may
+    take once it has begun. Past either, TimeoutError (None: the socket's own timeout applies)."""
+    if idle_s is not None:
+        sock.settimeout(idle_s)
+    first = _read(sock, 1, allow_eof=True)
+    if first is None:
         return None
+    deadline = None if frame_s is None else time.monotonic() + frame_s
+    prefix = first + _need(sock, PREFIX.size - 1, deadline)
     n = header_length(prefix, limits)
-    frame, layout = parse_header(_read(sock, n), limits)
+    frame, layout = parse_header(bytes(_need(sock, n, deadline)), limits)
     size = sum(s for *_, s in layout)
-    return build(frame, layout, _read(sock, size)), PREFIX.size + n + size
+    payload = _need(sock, size, deadline)
+    return build(frame, layout, payload), PREFIX.size + n + size
 
 
 def hang_up(sock: socket.socket, close: bool = True) -> None:
@@ -157,14 +190,28 @@ def hang_up(sock: socket.socket, close: bool = True) -> None:
         sock.close()
 
 
-def _read(sock: socket.socket, n: int, allow_eof: bool = False) -> bytearray | None:
-    buf = bytearray(n)
-    view, got = memoryview(buf), 0
-    while got < n:
-        k = sock.recv_into(view[got:], n - got)
-        if k == 0:
-            if allow_eof and got == 0:
+CHUNK = 1 << 20  # a buffer grows with what arrives, so a peer that announces much and stalls holds little
+
+
+def _need(sock: socket.socket, n: int, deadline: float | None) -> bytearray:
+    """Exactly n bytes (a peer closing inside a frame is an error, raised by _read)."""
+    data = _read(sock, n, deadline=deadline)
+    assert data is not None, "_read returns None only with allow_eof"
+    return data
+
+
+def _read(sock: socket.socket, n: int, allow_eof: bool = False, deadline: float | None = None) -> bytearray | None:
+    buf = bytearray()
+    while len(buf) < n:
+        if deadline is not None:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise TimeoutError(f"frame not complete in time ({len(buf)} of {n} bytes)")
+            sock.settimeout(left)
+        chunk = sock.recv(min(n - len(buf), CHUNK))
+        if not chunk:
+            if allow_eof and not buf:
                 return None
-            raise ConnectionError(f"peer closed the connection inside a frame ({got} of {n} bytes)")
-        got += k
+            raise ConnectionError(f"peer closed the connection inside a frame ({len(buf)} of {n} bytes)")
+        buf += chunk
     return buf

@@ -82,6 +82,11 @@ class Method:
         """Reject options that cannot work with `world` workers (raise ConfigError); before any worker starts."""
 
     @classmethod
+    def groups(cls, cfg: Any, world: int) -> list[list[int]] | None:
+        """The groups of ranks that train one model together (each must lie in one site); None: no groups."""
+        return None
+
+    @classmethod
     def partition(cls, cfg: Any, labels: torch.Tensor, world: int, seed: int) -> list[torch.Tensor] | None:
         """Each rank's training indices, when the method decides them (None: data.partition decides)."""
         return None

@@ -68,6 +68,7 @@ class TappedModel(torch.nn.Module):
 @METHODS.register("codistill")
 class Codistill(Method):
     Config = CodistillConfig
+    cfg: CodistillConfig
     min_workers = 2
     same_init = False
     independent_models = True
@@ -81,6 +82,12 @@ class Codistill(Method):
             CheckpointStore(cfg.store)  # unreachable or read-only: fail before any worker starts
 
     @classmethod
+    def groups(cls, cfg, world: int) -> list[list[int]]:
+        """Model m is ranks m*g .. m*g+g-1."""
+        g = cfg.group_size
+        return [list(range(m * g, (m + 1) * g)) for m in range(world // g)]
+
+    @classmethod
     def partition(cls, cfg, labels, world: int, seed: int):
         models, g = world // cfg.group_size, cfg.group_size
         rng = np.random.default_rng(seed)
@@ -92,8 +99,7 @@ class Codistill(Method):
     def setup(self, model):
         comm, g = self.ctx.comm, self.cfg.group_size
         self.model_id, self.models = comm.rank // g, comm.world // g
-        groups = [list(range(m * g, (m + 1) * g)) for m in range(self.models)]
-        self.group = comm.split(groups)
+        self.group = comm.split(self.groups(self.cfg, comm.world))
         self.net = self.wrap(model)
         self.model = self.group.data_parallel(self.net, tag="grad") if g > 1 else self.net
         self._has_buffers = any(b.is_floating_point() for b in model.buffers())
@@ -173,7 +179,7 @@ class Codistill(Method):
 
     # ---- reporting -------------------------------------------------------------------------------
     def end_epoch(self, epoch: int) -> dict:
-        out = {k: self.sums[k] / self.sums[k + "#"] for k in self.sums if not k.endswith("#")}
+        out: dict = {k: self.sums[k] / self.sums[k + "#"] for k in self.sums if not k.endswith("#")}
         out["teacher_steps"] = {str(k): v for k, v in sorted(self.teacher_step.items())}
         self.sums = {}
         return out

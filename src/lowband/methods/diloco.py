@@ -78,10 +78,16 @@ class DiLoCo(Method):
         if world % g or world // g < 2:
             raise ConfigError("method.group_size", g, f"must divide the {world} workers into at least 2 replicas")
 
+    @classmethod
+    def groups(cls, cfg: DiLoCoConfig, world: int) -> list[list[int]] | None:
+        """The replicas: each allreduces every step, so each must lie in one site."""
+        g = cfg.group_size
+        return [list(range(i, i + g)) for i in range(0, world, g)] if g > 1 else None
+
     def setup(self, model):
         comm, g = self.ctx.comm, self.cfg.group_size
         comm.broadcast_state(model, src=0, tag="init")
-        self.group = comm.split([list(range(i, i + g)) for i in range(0, comm.world, g)]) if g > 1 else comm.alone()
+        self.group = comm.split(self.groups(self.cfg, comm.world) or []) if g > 1 else comm.alone()
         self.across = comm.split([list(range(p, comm.world, g)) for p in range(g)]) if g > 1 else comm
         self.model = self.group.data_parallel(model, tag="grad") if g > 1 else model
         params = list(model.parameters())

@@ -11,6 +11,7 @@ once more (tag "params") and their mean output z on the relabelled samples is ca
 of the round minimises CE(y, f) - alpha * ||softmax(f) - z||^2, which keeps the local models
 diverse. Total compression steps are thus p of all steps, as in the paper. Reported: _G (the
 ensemble; margin weights need labels, so at test time margin ensembles use 1/K) and _L.
+With `codec` (fp16, int8, ...) the gathered models travel encoded (comm/compress.py).
 """
 
 from __future__ import annotations
@@ -20,8 +21,9 @@ from typing import Literal
 
 import torch
 
-from lowband.config import opt
 from lowband.comm.averaging import gather_models
+from lowband.comm.compress import parse_codec
+from lowband.config import opt
 from lowband.distill.ensemble import Ensemble
 from lowband.distill.losses import diversity_penalty, ensemble_weights, soft_cross_entropy
 from lowband.errors import require
@@ -39,6 +41,8 @@ class ECDNNConfig(RoundsConfig):
     beta: float = opt(0.4, "weight of the distillation term during compression")
     p: float = opt(0.1, "compression length as a fraction of all steps (p * tau steps per round)")
     mu: float = opt(0.7, "fraction of the local data relabelled by the ensemble each round")
+    codec: str = opt("fp32", "how the models travel at each gather: fp32, fp16, bf16, int8, int4 or int2 "
+                             "(whole models: no top-k)")
 
     def __post_init__(self):
         super().__post_init__()
@@ -46,6 +50,8 @@ class ECDNNConfig(RoundsConfig):
         require(self.beta >= 0, "method.beta", self.beta, "must be >= 0")
         require(0 < self.p <= 1, "method.p", self.p, "must be in (0, 1]")
         require(0 < self.mu <= 1, "method.mu", self.mu, "must be in (0, 1]")
+        require(not parse_codec(self.codec, "method.codec").sparse, "method.codec", self.codec,
+                "ec_dnn gathers whole models: fp32, fp16, bf16, int8, int4 or int2")
 
 
 @METHODS.register("ec_dnn")
@@ -57,6 +63,7 @@ class ECDNN(Method):
 
     def setup(self, model):
         self.model = model
+        self.codec = parse_codec(self.cfg.codec, seed=self.ctx.cfg.train.seed * 1000 + self.ctx.comm.rank)
         n, classes = len(self.ctx.data.y_train), self.ctx.data.num_classes
         self.pseudo = torch.zeros(n, classes, device=self.ctx.device)   # ensemble outputs ybar
         self.target = torch.zeros(n, classes, device=self.ctx.device)   # compressed models' mean output z
@@ -91,7 +98,7 @@ class ECDNN(Method):
             self._end_round((step + 1) // self.cfg.tau, step + 1)
 
     def _end_round(self, round_no: int, step: int) -> None:
-        members = gather_models(self.ctx.comm, self.model, tag="params")
+        members = gather_models(self.ctx.comm, self.model, tag="params", codec=self.codec)
         ids = self._relabel_subset(round_no)
         x, y = self._local(ids)
         probs = Ensemble(members).member_probs(x)
@@ -106,7 +113,7 @@ class ECDNN(Method):
             self.rounds.write(round_no, step, local, Ensemble(members, self.test_weights), ensemble=self.cfg.ensemble)
 
     def _cache_compressed_outputs(self) -> None:
-        members = gather_models(self.ctx.comm, self.model, tag="params")
+        members = gather_models(self.ctx.comm, self.model, tag="params", codec=self.codec)
         ids = self.relabelled.nonzero().squeeze(1)
         x, _ = self._local(ids)
         self.target[ids] = Ensemble(members).member_probs(x).mean(0)
@@ -135,7 +142,7 @@ class ECDNN(Method):
 
     # ---- reporting and resuming -----------------------------------------------------------------
     def global_model(self, final: bool):
-        members = gather_models(self.ctx.comm, self.model, tag="params" if final else "eval")
+        members = gather_models(self.ctx.comm, self.model, tag="params" if final else "eval", codec=self.codec)
         weights = self.test_weights if self.test_weights is not None else torch.full((len(members),), 1 / len(members))
         return Ensemble(members, weights)
 

@@ -120,7 +120,8 @@ class EDL(Allreduce):
         from lowband.distill.teacher import token_from_env
 
         c = self.cfg
-        rc = ReaderConfig(ut=c.ut, lt=c.lt, depth=c.depth, group=c.request_batches, initial=c.teachers, max_teachers=c.max_teachers,
+        rc = ReaderConfig(ut=c.ut, lt=c.lt, depth=c.depth, group=c.request_batches, initial=c.teachers,
+                          max_teachers=c.max_teachers,
                           wait_s=c.teacher_timeout_s, request_timeout_s=c.request_timeout_s, token=token_from_env(None))
         coord = Coordinator(c.coordinator or os.environ.get(ENV, ""), lease_s=c.lease_s)
         student = f"{socket.gethostname()}-{os.getpid()}-rank{self.ctx.comm.rank}"
@@ -161,7 +162,8 @@ class EDL(Allreduce):
         s = self.reader.stats
         sent, recv = s["bytes_sent"], s["bytes_recv"]
         seen = self._bytes_seen
-        self.ctx.comm.count("soft-labels", sent=sent - seen[0], recv=recv - seen[1])
+        # teachers are processes of their own, outside the students' sites: every request crosses
+        self.ctx.comm.count("soft-labels", sent=sent - seen[0], recv=recv - seen[1], inter=sent - seen[0])
         self._bytes_seen = (sent, recv)
 
     def loss(self, batch, outputs, loss):

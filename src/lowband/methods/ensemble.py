@@ -11,8 +11,8 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from lowband.config import MethodConfig, opt
 from lowband.comm.averaging import gather_models
+from lowband.config import MethodConfig, opt
 from lowband.distill.ensemble import Ensemble
 from lowband.methods.base import Method
 from lowband.registry import METHODS

@@ -19,8 +19,8 @@ from lowband.comm.compress import SPEC_HELP, parse_codec
 from lowband.config import opt
 from lowband.methods.base import Method
 from lowband.methods.outer import Fragment
-from lowband.models.flat import state_tensors
 from lowband.methods.rounds import RoundLog, RoundsConfig
+from lowband.models.flat import state_tensors
 from lowband.registry import METHODS
 
 

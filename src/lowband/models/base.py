@@ -31,8 +31,7 @@ class Classifier(nn.Module):
 def build_model(cfg: ModelConfig, in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """Build `cfg.name` (a registered name or `package.module:factory`) and check it fits the data."""
     if ":" in cfg.name:
-        factory = _import_factory(cfg.name)
-        model = factory(in_shape=in_shape, num_classes=num_classes)
+        model = _call_factory(cfg.name, in_shape, num_classes)
     else:
         model = MODELS.get(cfg.name)(cfg, in_shape, num_classes)
     _check_fits(model, cfg.name, in_shape, num_classes)
@@ -41,10 +40,27 @@ def build_model(cfg: ModelConfig, in_shape: tuple[int, ...], num_classes: int) -
 
 def _import_factory(spec: str):
     module_name, _, attr = spec.partition(":")
+    if not module_name or not attr:
+        raise ConfigError("model.name", spec, "expected package.module:factory")
     try:
-        return getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise ConfigError("model.name", spec, f"could not import the factory ({e})") from None
+        factory = getattr(importlib.import_module(module_name), attr)
+    except Exception as e:  # noqa: BLE001 - user code: any import-time failure is the user's to fix
+        raise ConfigError("model.name", spec, f"could not import the factory ({type(e).__name__}: {e})") from None
+    if not callable(factory):
+        raise ConfigError("model.name", spec, f"{attr} is not callable")
+    return factory
+
+
+def _call_factory(spec: str, in_shape, num_classes: int) -> nn.Module:
+    """factory(in_shape=..., num_classes=...), whose failure or non-module result is one line."""
+    factory = _import_factory(spec)
+    try:
+        model = factory(in_shape=in_shape, num_classes=num_classes)
+    except Exception as e:  # noqa: BLE001 - user code
+        raise ConfigError("model.name", spec, f"factory(in_shape=, num_classes=) failed ({type(e).__name__}: {e})") from None
+    if not isinstance(model, nn.Module):
+        raise ConfigError("model.name", spec, f"factory returned {type(model).__name__}, expected a torch.nn.Module")
+    return model
 
 
 def _check_fits(model: nn.Module, name: str, in_shape, num_classes: int) -> None:
@@ -53,10 +69,12 @@ def _check_fits(model: nn.Module, name: str, in_shape, num_classes: int) -> None
     try:
         with torch.no_grad():
             out = model(torch.zeros(2, *in_shape))
-    except RuntimeError as e:
+    except Exception as e:  # noqa: BLE001 - user code
         raise ConfigError("model.name", name, f"does not accept inputs of shape {tuple(in_shape)} ({e})") from None
     finally:
         model.train(was_training)
+    if not isinstance(out, torch.Tensor):
+        raise ConfigError("model.name", name, f"gives {type(out).__name__}, expected a tensor of logits")
     if tuple(out.shape) != (2, num_classes):
         raise ConfigError("model.name", name, f"gives outputs {tuple(out.shape)}, expected (batch, {num_classes})")
 

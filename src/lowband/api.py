@@ -1,0 +1,191 @@
+"""The Python API: train, compare and load models from a script or a notebook.
+
+    >>> import lowband
+    >>> run = lowband.train(method="local_sgd", workers=2, epochs=1, **{"method.tau": 4})
+    >>> run.test_acc, run.bytes_sent_per_worker, run.run_dir
+    >>> model = lowband.load_model(run.run_dir)          # a torch.nn.Module, in eval mode
+    >>> result = lowband.compare(["allreduce", "local_sgd:tau=16"], workers=2, epochs=2)
+    >>> print(result.table)
+
+Settings come as in the command line: a config (a TOML path, a dict of tables or a Config),
+then shortcut keywords (`workers`, `epochs`, `dataset`, `model`, `lr`, `batch_size`, `seed`,
+`partition`, `samples`, `link`, `loggers`), then dotted keys (`**{"optim.lr": 0.1}`). A bad
+value raises `lowband.ConfigError` (a `lowband.LowbandError`) before any worker starts; a run
+whose workers fail raises `lowband.RunFailed`. The workers are real processes, as with the CLI.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass, field
+
+from lowband import config as C
+from lowband.errors import ConfigError, RunFailed
+
+SHORTCUTS = {"workers": "train.workers", "epochs": "train.epochs", "batch_size": "train.batch_size",
+             "seed": "train.seed", "lr": "optim.lr", "dataset": "data.name", "model": "model.name",
+             "partition": "data.partition", "samples": "data.num_samples", "link": "link.rate",
+             "loggers": "train.loggers"}
+
+__all__ = ["Comparison", "Run", "compare", "load_model", "train"]
+
+
+@dataclass
+class Run:
+    """A finished run: where it is and its final figures (from metrics.jsonl)."""
+
+    run_dir: str
+    method: str
+    val_acc: float | None  # the global model's final validation accuracy (rank 0's model without one)
+    test_acc: float | None
+    bytes_sent_per_worker: float  # training traffic, mean over workers, whole run
+    epochs: int
+    records: list[dict] = field(repr=False, default_factory=list)
+
+    @classmethod
+    def from_dir(cls, run_dir: str) -> Run:
+        """The run in `run_dir` (finished, or stopped: its last records)."""
+        from lowband.metrics import read_metrics
+        from lowband.runs import read_run_config
+
+        cfg = read_run_config(run_dir)
+        records = read_metrics(run_dir)
+        done = [r for r in records if r.get("test_acc") is not None]
+        end, last = (done[-1] if done else {}), (records[-1] if records else {})
+        return cls(run_dir, cfg.method.name, end.get("val_acc"), end.get("test_acc"),
+                   last.get("bytes_sent_per_worker", 0.0), last.get("epoch", 0), records)
+
+    @property
+    def config(self) -> C.Config:
+        from lowband.runs import read_run_config
+
+        return read_run_config(self.run_dir)
+
+    def model(self, local: bool = False):
+        """The run's final model (see `load_model`)."""
+        return load_model(self.run_dir, local=local)
+
+
+@dataclass
+class Comparison:
+    """A finished comparison: its directory, one Run per method, and the comparison table as text."""
+
+    folder: str
+    runs: list[Run]
+    table: str = field(repr=False, default="")
+
+
+def resolve(config=None, method: str | None = None, overrides: dict | None = None) -> C.Config:
+    """A validated Config from a config (TOML path, dict or Config), a method and keyword overrides.
+
+    >>> resolve(method="allreduce", overrides={"epochs": 3, "optim.lr": 0.1}).optim.lr
+    0.1
+    """
+    from lowband.runs import method_configs
+
+    if isinstance(config, C.Config):
+        raw = C.to_dict(config)
+    elif isinstance(config, (str, os.PathLike)):
+        raw = C.read_toml(os.fspath(config))
+    elif config is None or isinstance(config, dict):
+        raw = dict(config or {})
+    else:
+        raise ConfigError("config", config, "must be a TOML path, a dict of tables or a lowband Config")
+    if method:
+        raw = C.merge(raw, {"method": {"name": method}})
+    for key, value in (overrides or {}).items():
+        path = SHORTCUTS.get(key, key).split(".")
+        if len(path) < 2:
+            raise ConfigError(key, value, "unknown keyword; use SECTION.KEY (e.g. **{'optim.lr': 0.1}) or one of "
+                                          + ", ".join(SHORTCUTS))
+        raw = C.merge(raw, C.nest(path, value))
+    return C.from_dict(raw, method_configs())
+
+
+def train(method: str | None = None, config=None, *, run_dir: str | None = None, out: str = "runs",
+          quiet: bool = False, **overrides) -> Run:
+    """Train one method with real worker processes and return the finished `Run`.
+
+    >>> run = lowband.train(method="allreduce", workers=2, epochs=3, dataset="mnist1d")
+    >>> run = lowband.train(method="local_sgd", workers=2, epochs=1, **{"method.tau": 4})
+    >>> run = lowband.train(config="my.toml", run_dir="runs/mine", quiet=True)
+
+    `quiet`: no per-epoch lines on the console (train.log still gets them).
+    Raises ConfigError (bad settings; nothing is started) or RunFailed (a worker failed).
+    """
+    from lowband import runs
+    from lowband.catalog import load_all
+
+    load_all()
+    cfg = resolve(config, method, overrides)
+    with _quiet(quiet):
+        code, where = runs.start(cfg, run_dir, out=out)
+    if code != 0:
+        raise RunFailed(code, where)
+    return Run.from_dir(where)
+
+
+def compare(methods: list[str], config=None, *, out: str = "runs", quiet: bool = False, **overrides) -> Comparison:
+    """Train several methods on the same data, model and seed, one after another; the comparison table.
+
+    >>> result = lowband.compare(["allreduce", "local_sgd:tau=16", "ec_dnn:ensemble=margin"], workers=4, epochs=10)
+    >>> print(result.table)
+    >>> best = max(result.runs, key=lambda r: r.val_acc)
+
+    Methods are named as in `lowband compare --methods` (NAME or NAME:KEY=VALUE[:...]).
+    Raises ConfigError before anything runs, or RunFailed when any run failed (its `run_dir`
+    is then the comparison directory).
+    """
+    from lowband import compare as cmp
+    from lowband import plan as P
+    from lowband.catalog import load_all
+    from lowband.runs import method_configs, world_size
+
+    load_all()
+    if isinstance(methods, str) or not methods:
+        raise ConfigError("methods", methods, "must be a non-empty list of method specs, e.g. ['allreduce']")
+    base = C.to_dict(resolve(config, cmp.parse_spec(methods[0])[0], overrides))
+    folder = cmp.new_folder(out)
+    plan = P.make_plan(list(methods), base, {}, folder, method_configs(), check=world_size, layout=cmp.layout)
+    with _quiet(quiet):
+        code, folder, rows = cmp.compare(plan, folder)
+    if code != 0:
+        raise RunFailed(code, folder)
+    return Comparison(folder, [Run.from_dir(r["run_dir"]) for r in rows], cmp.format_table(rows))
+
+
+def load_model(run_dir: str, local: bool = False):
+    """A finished run's final model as a torch.nn.Module in eval mode, rebuilt from the run's config.
+
+    >>> model = lowband.load_model("runs/allreduce-20261121-101500")
+    >>> logits = model(x)            # x shaped like the run's data: (batch, *in_shape)
+
+    The global model where the method has one (an ensemble run's as its members and weights),
+    else rank 0's; `local=True`: the best local model (model_L.safetensors) instead.
+    """
+    from lowband.churn import load_final_model
+    from lowband.data.base import read_dataset
+    from lowband.runs import read_run_config
+
+    cfg = read_run_config(run_dir)
+    data = read_dataset(cfg.data)
+    return load_final_model(run_dir, data.in_shape, data.num_classes,
+                            "model_L.safetensors" if local else "model.safetensors")
+
+
+class _quiet:
+    """Sets LOWBAND_QUIET for the workers started inside (restores it after)."""
+
+    def __init__(self, on: bool):
+        self.on, self.before = on, None
+
+    def __enter__(self):
+        self.before = os.environ.get("LOWBAND_QUIET")
+        if self.on:
+            os.environ["LOWBAND_QUIET"] = "1"
+
+    def __exit__(self, *exc):
+        if self.before is None:
+            os.environ.pop("LOWBAND_QUIET", None)
+        else:
+            os.environ["LOWBAND_QUIET"] = self.before

@@ -1,0 +1,89 @@
+"""Your own data: `data.name = "package.module:factory"` or `data.name = "path/to/data.npz"`.
+
+The factory is called with no arguments and returns the four arrays (torch tensors or numpy
+arrays) as a tuple `(x_train, y_train, x_test, y_test)` or a dict with those keys:
+x float, shaped (N, *in_shape), e.g. (N, 1, 40) or (N, 3, 32, 32); y integer class labels
+0..C-1, shaped (N,). An .npz file holds the same four arrays under those names
+(`numpy.savez(path, x_train=..., y_train=..., x_test=..., y_test=...)`). The number of classes
+is the largest label plus one. Anything else stops the command with one line naming data.name.
+"""
+
+from __future__ import annotations
+
+import importlib
+import os
+
+import numpy as np
+import torch
+
+from lowband.errors import ConfigError
+
+KEYS = ("x_train", "y_train", "x_test", "y_test")
+
+
+def is_custom(name: str) -> bool:
+    return name.endswith(".npz") or name.startswith("npz:") or ":" in name
+
+
+def load_custom(name: str) -> tuple:
+    """The data set a factory spec or an .npz path names, as (x_train, y_train, x_test, y_test, classes)."""
+    if name.endswith(".npz") or name.startswith("npz:"):
+        return from_npz(name)
+    return from_factory(name)
+
+
+def from_npz(name: str) -> tuple:
+    path = name.removeprefix("npz:")
+    if not os.path.isfile(path):
+        raise ConfigError("data.name", name, "no such .npz file")
+    try:
+        with np.load(path, allow_pickle=False) as f:
+            missing = [k for k in KEYS if k not in f.files]
+            if missing:
+                raise ConfigError("data.name", name, f"the .npz lacks {', '.join(missing)} (needs {', '.join(KEYS)}; "
+                                                     f"it has {', '.join(f.files) or 'nothing'})")
+            arrays = [f[k] for k in KEYS]
+    except (OSError, ValueError) as e:
+        raise ConfigError("data.name", name, f"not a readable .npz file ({e})") from None
+    return tensors(name, arrays)
+
+
+def from_factory(spec: str) -> tuple:
+    module_name, _, attr = spec.partition(":")
+    try:
+        factory = getattr(importlib.import_module(module_name), attr)
+    except (ImportError, AttributeError) as e:
+        raise ConfigError("data.name", spec, f"could not import the factory ({e})") from None
+    if not callable(factory):
+        raise ConfigError("data.name", spec, f"is a {type(factory).__name__}, not a callable factory")
+    try:
+        out = factory()
+    except Exception as e:  # the user's code: any failure is reported on one line
+        raise ConfigError("data.name", spec, f"the factory raised {type(e).__name__}: {e}") from None
+    if isinstance(out, dict) and all(k in out for k in KEYS):
+        arrays = [out[k] for k in KEYS]
+    elif isinstance(out, (tuple, list)) and len(out) == 4:
+        arrays = list(out)
+    else:
+        raise ConfigError("data.name", spec, f"the factory returned {type(out).__name__}; expected "
+                                             "(x_train, y_train, x_test, y_test) or a dict with those keys")
+    return tensors(spec, arrays)
+
+
+def tensors(name: str, arrays: list) -> tuple:
+    """(x_train, y_train, x_test, y_test, num_classes) after checking shapes and types; x float32, y int64."""
+    try:
+        x_tr, y_tr, x_te, y_te = (torch.as_tensor(np.asarray(a)) for a in arrays)
+    except (TypeError, ValueError, RuntimeError) as e:
+        raise ConfigError("data.name", name, f"the arrays are not numeric ({e})") from None
+    for key, x, y in (("train", x_tr, y_tr), ("test", x_te, y_te)):
+        if x.dim() < 2 or y.dim() != 1 or len(x) != len(y) or len(y) == 0:
+            raise ConfigError("data.name", name, f"x_{key} {tuple(x.shape)} and y_{key} {tuple(y.shape)} do not fit: "
+                                                 "expected x (N, *in_shape) and y (N,) with N > 0")
+        if y.is_floating_point() or y.dtype == torch.bool or int(y.min()) < 0:
+            raise ConfigError("data.name", name, f"y_{key} must hold integer class labels 0..C-1")
+    if x_tr.shape[1:] != x_te.shape[1:]:
+        raise ConfigError("data.name", name, f"x_train samples {tuple(x_tr.shape[1:])} and x_test samples "
+                                             f"{tuple(x_te.shape[1:])} differ in shape")
+    classes = int(max(y_tr.max(), y_te.max())) + 1
+    return x_tr.float().contiguous(), y_tr.long(), x_te.float().contiguous(), y_te.long(), classes

@@ -1,0 +1,34 @@
+"""Data factories for tests of `--dataset package.module:factory`."""
+
+import numpy as np
+import torch
+
+
+def blobs(n=300, seed=0):
+    """Two well-separated classes of 8 features; 3/4 train, 1/4 test."""
+    g = torch.Generator().manual_seed(seed)
+    y = torch.arange(n) % 2
+    x = torch.randn(n, 1, 8, generator=g) + 3.0 * y.view(-1, 1, 1).float()
+    k = n * 3 // 4
+    return x[:k], y[:k], x[k:], y[k:]
+
+
+def as_dict():
+    x_tr, y_tr, x_te, y_te = blobs()
+    return {"x_train": x_tr.numpy(), "y_train": y_tr.numpy(), "x_test": x_te.numpy(), "y_test": y_te.numpy()}
+
+
+def raises():
+    raise RuntimeError("disk on fire")
+
+
+def three_things():
+    return 1, 2, 3
+
+
+def float_labels():
+    x_tr, y_tr, x_te, y_te = blobs()
+    return x_tr, y_tr.float(), x_te, y_te
+
+
+NOT_CALLABLE = np.zeros(3)

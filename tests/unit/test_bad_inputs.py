@@ -1,0 +1,104 @@
+"""Hostile or careless input to `lowband train`: one line, exit code 2, no traceback, no run directory."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from lowband.cli import main
+
+FACTORIES = '''
+def raises(in_shape, num_classes):
+    raise ValueError("boom")
+not_callable = 3
+def returns_none(in_shape, num_classes):
+    return None
+def other_args(width):
+    return width
+'''
+
+
+@pytest.fixture
+def factories(tmp_path, monkeypatch):
+    (tmp_path / "badfactories.py").write_text(FACTORIES)
+    (tmp_path / "syntaxbad.py").write_text("def (:\n")
+    (tmp_path / "importbad.py").write_text("import no_such_module_here\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+
+
+CASES = {
+    "method-name-list": (["--set", "method.name=[1]"], "method.name"),
+    "method-name-table": (["--set", "method.name={a=1}"], "method.name"),
+    "method-empty": (["--method", ""], "method.name"),
+    "model-name-list": (["--set", "model.name=[1]"], "model.name"),
+    "seed-negative": (["--seed", "-1"], "train.seed"),
+    "seed-huge": (["--seed", "99999999999999999999999"], "train.seed"),
+    "seed-2**32": (["--set", "train.seed=4294967296"], "train.seed"),
+    "timeout-inf": (["--set", "train.timeout_s=inf"], "train.timeout_s"),
+    "timeout-nan": (["--set", "train.timeout_s=nan"], "train.timeout_s"),
+    "lr-inf": (["--lr", "inf"], "optim.lr"),
+    "lr-1e30": (["--lr", "1e30"], "optim.lr"),
+    "weight-decay-inf": (["--set", "optim.weight_decay=inf"], "optim.weight_decay"),
+    "warmup-inf": (["--set", "optim.warmup_epochs=inf"], "optim.warmup_epochs"),
+    "alpha-inf": (["--partition", "dirichlet", "--set", "data.alpha=inf"], "data.alpha"),
+    "target-nan": (["--set", "train.target_accuracy=nan"], "train.target_accuracy"),
+    "workers-100000": (["--workers", "100000"], "train.workers"),
+    "workers-1e8": (["--workers", "100000000"], "train.workers"),
+    "factory-raises": (["--model", "badfactories:raises"], "model.name"),
+    "factory-not-callable": (["--model", "badfactories:not_callable"], "model.name"),
+    "factory-returns-none": (["--model", "badfactories:returns_none"], "model.name"),
+    "factory-other-args": (["--model", "badfactories:other_args"], "model.name"),
+    "factory-syntax-error": (["--model", "syntaxbad:f"], "model.name"),
+    "factory-import-error": (["--model", "importbad:f"], "model.name"),
+    "factory-no-module": (["--model", ":factory"], "model.name"),
+}
+
+
+@pytest.mark.parametrize("args, field", list(CASES.values()), ids=list(CASES))
+def test_bad_value_is_one_line_exit_2_and_no_run_dir(tmp_path, capsys, factories, args, field):
+    out = tmp_path / "runs"
+    code = main(["train", "--out", str(out), "--samples", "200", "--epochs", "1", *args])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and err.startswith("lowband: error: ") and field in err, err
+    assert not out.exists()
+
+
+def _config_file(tmp_path, kind: str) -> str:
+    path = tmp_path / "bad.toml"
+    if kind == "random-bytes":
+        path.write_bytes(bytes(range(256)) * 4)
+    elif kind == "latin-1":
+        path.write_bytes("[train]\n# caf\u00e9\nepochs = 2\n".encode("latin-1"))
+    elif kind == "directory":
+        path.mkdir()
+    elif kind == "method-name-list":
+        path.write_text('[method]\nname = ["a"]\n')
+    elif kind == "table-replaced-by-flags":
+        path.write_text("train = 5\n")
+    elif kind == "unreadable":
+        path.write_text("[train]\n")
+        path.chmod(0)
+        if os.access(path, os.R_OK):  # root reads anything: make it unreadable another way
+            path.unlink()
+            os.symlink(path, path)  # a symlink loop: open() fails with ELOOP
+    return str(path)
+
+
+@pytest.mark.parametrize("kind", ["random-bytes", "latin-1", "directory", "method-name-list",
+                                  "table-replaced-by-flags", "unreadable"])
+def test_bad_config_file_is_one_line_exit_2_and_no_run_dir(tmp_path, capsys, kind):
+    out = tmp_path / "runs"
+    code = main(["train", "--config", _config_file(tmp_path, kind), "--out", str(out), "--epochs", "1"])
+    err = capsys.readouterr().err
+    assert code == 2, err
+    assert err.count("\n") == 1 and err.startswith("lowband: error: "), err
+    assert not out.exists()
+
+
+def test_resume_of_a_binary_config_is_one_line(tmp_path, capsys):
+    (tmp_path / "config.toml").write_bytes(b"\xff\xfe\x00garbage\x80")
+    assert main(["train", "--resume", str(tmp_path)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "--resume" in err and "UTF-8" in err, err

@@ -1,0 +1,115 @@
+"""report, churn and --target-from on damaged run directories: one line per problem, naming file and
+line, and everything else still read."""
+
+from __future__ import annotations
+
+import json
+import os
+
+import pytest
+
+from lowband.cli import main
+from lowband.metrics import read_metrics
+from lowband.report import build
+from tests.unit.test_report import make_comparison, read, table
+
+GOOD = json.dumps({"epoch": 1, "test_acc": 0.5, "val_acc": 0.5})
+
+
+@pytest.mark.parametrize("bad, why", [
+    ("{not json", "not JSON"), ("[1, 2]", "not an object"), ('{"epoch": "two"}', "not an integer"),
+    ('{"epoch": 2, "val_acc": 0.6', "not JSON"),  # the half line a crash leaves
+], ids=["garbage", "list", "epoch-string", "truncated"])
+def test_damaged_metric_lines_are_skipped_with_file_and_line(tmp_path, capsys, bad, why):
+    (tmp_path / "metrics.jsonl").write_text(f"{GOOD}\n{bad}\n{GOOD}\n")
+    assert len(read_metrics(str(tmp_path))) == 2
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and f"{tmp_path / 'metrics.jsonl'} line 2" in err[0] and why in err[0]
+
+
+def test_binary_metrics_are_skipped_line_by_line(tmp_path, capsys):
+    (tmp_path / "metrics.jsonl").write_bytes(GOOD.encode() + b"\n\xff\xfe\x00\x81\n")
+    assert len(read_metrics(str(tmp_path))) == 1
+    assert "line 2: not UTF-8" in capsys.readouterr().err
+
+
+def _damage_one_run(folder, text: str) -> None:
+    run = folder / "allreduce-seed1" / "metrics.jsonl"
+    lines = run.read_text().splitlines()
+    run.write_text("\n".join([lines[0], text, *lines[1:]]) + "\n")
+
+
+@pytest.mark.parametrize("text, why", [
+    ("\x00garbage", "not JSON"), ('{"epoch": 4, "val_acc": 0.9}', "no time.epoch_train_s"),
+    ('{"epoch": 4, "time": 3}', "no time.epoch_train_s"),
+])
+def test_report_skips_bad_records_and_still_reports(tmp_path, capsys, text, why):
+    folder = make_comparison(tmp_path / "cmp")
+    _damage_one_run(folder, text)
+    md = read(build([str(folder)]))
+    assert table(md)["allreduce"][1] == "2"  # both seeds still counted
+    err = capsys.readouterr().err.splitlines()
+    assert len(err) == 1 and "allreduce-seed1/metrics.jsonl line 2" in err[0] and why in err[0]
+
+
+def test_report_skips_summary_rows_without_a_run_dir(tmp_path, capsys):
+    folder = make_comparison(tmp_path / "cmp")
+    summary = folder / "summary.csv"
+    lines = summary.read_text().splitlines()
+    summary.write_text("\n".join([*lines, "allreduce,allreduce,9,4,ok,"]) + "\n")
+    read(build([str(folder)]))
+    err = capsys.readouterr().err
+    assert f"{summary} line {len(lines) + 1}: no run_dir" in err and err.count("\n") == 1
+
+
+def test_report_of_a_binary_summary_is_one_line(tmp_path, capsys):
+    folder = make_comparison(tmp_path / "cmp")
+    (folder / "summary.csv").write_bytes(b"\xff\xfe\x00\x81" * 50)
+    assert main(["report", str(folder)]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "summary.csv is unreadable" in err
+
+
+def test_target_from_a_run_with_a_broken_line_reads_the_rest(tmp_path, capsys):
+    from lowband.cli import final_accuracy
+
+    (tmp_path / "metrics.jsonl").write_text(GOOD + "\n{broken\n" + json.dumps({"epoch": 2, "test_acc": 0.7}) + "\n")
+    assert final_accuracy(str(tmp_path)) == 0.7
+    assert "line 2" in capsys.readouterr().err
+
+
+def _run_with_model(tmp_path, name: str, model_bytes: bytes | None = None) -> str:
+    from lowband import checkpoint, runs
+    from lowband.models import build_model
+    from tests.unit.test_config import build as build_config
+
+    run = str(tmp_path / name)
+    os.makedirs(run)
+    cfg = build_config({"data": {"num_samples": 200, "cache_dir": os.environ["LOWBAND_TEST_CACHE"]}})
+    runs.write_config(cfg, run)
+    path = os.path.join(run, "model.safetensors")
+    if model_bytes is None:
+        checkpoint.save_model(build_model(cfg.model, (1, 40), 10).state_dict(), path)
+    else:
+        with open(path, "wb") as f:
+            f.write(model_bytes)
+    return run
+
+
+@pytest.mark.parametrize("case", ["garbage-model", "nonexistent", "changed-config"])
+def test_churn_of_a_damaged_run_is_one_line(tmp_path, capsys, case):
+    a = _run_with_model(tmp_path, "a")
+    if case == "garbage-model":
+        b, says = _run_with_model(tmp_path, "b", b"\x00garbage" * 10), "model.safetensors is unreadable"
+    elif case == "nonexistent":
+        b, says = str(tmp_path / "nope"), "is not a run directory"
+    else:
+        b = _run_with_model(tmp_path, "b")
+        with open(os.path.join(b, "config.toml")) as f:
+            text = f.read().replace('name = "cnn1d"', 'name = "mlp"')
+        with open(os.path.join(b, "config.toml"), "w") as f:
+            f.write(text)
+        says = "does not fit the model"
+    assert main(["churn", a, b]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and says in err and "--resume" not in err, err

@@ -1,0 +1,46 @@
+"""A resume with a world size other than the run's is refused with one line."""
+
+from __future__ import annotations
+
+import os
+
+import pytest
+
+from lowband import checkpoint, runs
+from lowband.cli import main
+from lowband.errors import UsageError
+from tests.unit.test_config import build
+
+
+def _run(tmp_path, workers: int, ranks) -> str:
+    run = str(tmp_path / "run")
+    os.makedirs(run)
+    runs.write_config(build({"train": {"workers": workers}}), run)
+    for rank in ranks:
+        checkpoint.save_state({"e": 1}, checkpoint.rank_path(run, rank, 1))
+    return run
+
+
+def test_same_world_size_resumes(tmp_path):
+    runs.check_resume_world(_run(tmp_path, 2, [0, 1]), 2)
+
+
+@pytest.mark.parametrize("workers, ranks, world, says", [
+    (2, [0, 1], 3, "the run has 2 worker(s), this resume would start 3"),
+    (4, [0, 1, 2, 3], 2, "the run has 4 worker(s), this resume would start 2"),
+    (4, [0, 1], 4, "checkpoints are of ranks [0, 1]"),  # an old torchrun run that recorded the default
+    (2, [0, 1, 2, 3], 2, "checkpoints are of ranks [0, 1, 2, 3]"),
+])
+def test_other_world_size_is_refused(tmp_path, workers, ranks, world, says):
+    with pytest.raises(UsageError, match=r"^--resume .*") as e:
+        runs.check_resume_world(_run(tmp_path, workers, ranks), world)
+    assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_cli_resume_of_a_mismatched_run_is_exit_2_without_touching_it(tmp_path, capsys):
+    run = _run(tmp_path, 4, [0, 1])
+    before = sorted(os.listdir(run))
+    assert main(["train", "--resume", run]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "ranks [0, 1]" in err
+    assert sorted(os.listdir(run)) == before

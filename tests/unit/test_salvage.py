@@ -1,0 +1,51 @@
+"""Independent models (codistillation, AFSD): a lost rank is named, the best survivor's model kept."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+from lowband import launch, runs
+from lowband.rundir import RunDir
+
+
+def _run(tmp_path, finished: dict[int, float]) -> RunDir:
+    run = RunDir(str(tmp_path))
+    for rank, acc in finished.items():
+        with open(run.stream_path("metrics", rank=rank), "w") as f:
+            f.write(json.dumps({"epoch": 1, "val_acc": 0.1}) + "\n" + json.dumps({"epoch": 2, "val_acc": acc}) + "\n")
+        with open(run.model_path(rank), "w") as f:
+            f.write(f"model of rank {rank}")
+    return run
+
+
+def test_lost_rank_0_gets_the_best_survivors_model(tmp_path, capsys):
+    run = _run(tmp_path, {1: 0.5, 2: 0.8, 3: 0.7})
+    assert runs.salvage(run.path, 4, 137) == 137
+    with open(run.model_path(0)) as f:
+        assert f.read() == "model of rank 2"
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "lost worker(s) 0" in err[0] and "rank 2's model" in err[0] and "3 of 4" in err[0]
+
+
+def test_lost_other_rank_keeps_rank_0s_model_and_fails(tmp_path, capsys):
+    run = _run(tmp_path, {0: 0.5, 1: 0.9})
+    assert runs.salvage(run.path, 3, 0) == 1
+    with open(run.model_path(0)) as f:
+        assert f.read() == "model of rank 0"
+    assert "lost worker(s) 2" in capsys.readouterr().err
+
+
+def test_nothing_lost_changes_nothing(tmp_path, capsys):
+    run = _run(tmp_path, {0: 0.5, 1: 0.9})
+    assert runs.salvage(run.path, 2, 0) == 0
+    assert capsys.readouterr().err == ""
+    assert sorted(os.listdir(run.path)) == ["metrics.jsonl", "metrics.rank1.jsonl", "model.rank1.safetensors",
+                                            "model.safetensors"]
+
+
+def test_keep_going_still_returns_the_lost_workers_code():
+    procs = [subprocess.Popen([sys.executable, "-c", f"import sys; sys.exit({c})"]) for c in (0, 3, 0)]
+    assert launch.supervise(procs, keep_going=True) == 3
