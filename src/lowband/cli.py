@@ -260,9 +260,20 @@ def resume_config(args) -> C.Config:
     changes = {"epochs": args.__dict__["train.epochs"], "loggers": args.loggers}
     changes = {k: v for k, v in changes.items() if v is not None}
     if changes:
+        say_schedule_replanned(cfg, changes.get("epochs", cfg.train.epochs))
         cfg.train = C.build(C.TrainConfig, {**C.to_dict(cfg)["train"], **changes}, "train")
         runs.write_config(cfg, args.resume)
     return cfg
+
+
+def say_schedule_replanned(cfg: C.Config, epochs: int) -> None:
+    """Extending a run re-plans its learning-rate schedule over the new total (one line on stderr):
+    a cosine curve is stretched, so the rate rises again from where the shorter curve had brought it."""
+    if epochs == cfg.train.epochs or cfg.optim.schedule != "cosine":
+        return
+    print(f"lowband: note: train.epochs {cfg.train.epochs} -> {epochs}: the cosine learning-rate schedule is "
+          f"re-planned over {epochs} epochs, so from the resumed epoch the rate follows the longer curve "
+          f"(it rises again if the run had finished)", file=sys.stderr)
 
 
 def cmd_compare(args) -> int:

@@ -71,17 +71,21 @@ def initial_model(name: str = "cnn1d") -> torch.nn.Module:
     return build_model(ModelConfig(name=name), IN_SHAPE, CLASSES)
 
 
-def allreduce_trace(out_dir: str, steps: str, batch: str, model_name: str = "cnn1d") -> None:
-    """Train with the allreduce method on fixed batches; record params and cross-rank spread."""
+def allreduce_trace(out_dir: str, steps: str, batch: str, model_name: str = "cnn1d", sites: str = "") -> None:
+    """Train with the allreduce method on fixed batches; record params and cross-rank spread.
+    `sites` ('0,0,1,1'): each rank's site, and the hierarchical allreduce through the site leaders."""
     torch.set_num_threads(1)
     steps, batch = int(steps), int(batch)
     comm = Communicator.from_env(torch.device("cpu"), "gloo", timeout_s=60)
+    mcfg = AllreduceConfig(hierarchical=bool(sites))
+    if sites:
+        comm.site_of = [int(s) for s in sites.split(",")]
     torch.manual_seed(1000 + comm.rank)  # different init per rank: setup must make them equal
     model = build_model(ModelConfig(name=model_name), IN_SHAPE, CLASSES)
     if comm.rank == 0:
         model.load_state_dict(initial_model(model_name).state_dict())
-    ctx = Context(Config(method=AllreduceConfig()), comm, torch.device("cpu"), logging.getLogger("t"), out_dir, steps)
-    method = Allreduce(AllreduceConfig(), ctx)
+    ctx = Context(Config(method=mcfg), comm, torch.device("cpu"), logging.getLogger("t"), out_dir, steps)
+    method = Allreduce(mcfg, ctx)
     model = method.setup(model)
     opt = torch.optim.SGD(model.parameters(), lr=0.1, momentum=0.9)
     xs, ys = fixed_batches(steps, batch * comm.world)

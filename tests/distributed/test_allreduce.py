@@ -64,3 +64,19 @@ def test_batchnorm_buffers_follow_rank_zero_and_are_counted(tmp_path):
     buffer_bytes = 2 * 16 * 4  # running_mean and running_var of BatchNorm1d(16), float32
     assert sum(r["stats"]["buffers"]["sent"] for r in ranks) == steps * (world - 1) * buffer_bytes
     assert sum(r["stats"]["buffers"]["recv"] for r in ranks) == steps * (world - 1) * buffer_bytes
+
+
+def test_hierarchical_allreduce_matches_the_flat_one_and_crosses_sites_from_the_leaders_only(tmp_path):
+    code = run_workers("tests.distributed.helpers:allreduce_trace",
+                       [str(tmp_path), str(STEPS), str(BATCH), "cnn1d", "0,0,1,1"], 4, str(tmp_path))
+    assert code == 0
+    ranks = [json.loads((tmp_path / f"rank{r}.json").read_text()) for r in range(4)]
+    assert all(r["spread"] == [0.0] * STEPS for r in ranks)
+    trace = torch.load(tmp_path / "trace.pt", weights_only=True)
+    torch.testing.assert_close(trace, reference_trace(4, "cnn1d"), rtol=1e-4, atol=1e-5)
+    p = sum(q.numel() for q in initial_model().parameters()) * 4
+    grad = [r["stats"]["grad"] for r in ranks]
+    # leaders 0 and 2: a two-rank ring across the sites (p each way) and the broadcast into their site;
+    # ranks 1 and 3: one send into their leader, nothing across
+    assert [g["inter"] for g in grad] == [STEPS * p, 0, STEPS * p, 0]
+    assert [g["sent"] for g in grad] == [2 * STEPS * p, STEPS * p, 2 * STEPS * p, STEPS * p]

@@ -152,3 +152,24 @@ def test_checkpoint_writes_wait_on_the_link_they_cross(tmp_path):
         comm.link = LinkModel(LinkSpec(8e9), UNLIMITED)
         CheckpointStore(str(tmp_path / str(len(queued))), comm).publish(0, 1, {"w": torch.zeros(10)})
         assert dict(comm.link.free_at).keys() == queued
+
+
+def test_hierarchical_allreduce_sends_across_sites_from_the_leaders_only():
+    from lowband.comm.hierarchy import Hierarchy
+
+    comms = world()
+    for c in comms:
+        Hierarchy(c).allreduce(tensor(), "grad")
+    assert inter(comms, "grad") == [400, 0, 400, 0]  # two leaders' ring: 2(S-1)/S * 400 each
+    # leaders: the ring plus the site broadcast; the others: their tree-reduce send into the leader
+    assert [c.stats["grad"].sent for c in comms] == [800, 400, 800, 400]
+    assert [c.stats["grad"].recv for c in comms] == [800, 400, 800, 400]
+
+
+def test_hierarchical_allreduce_without_a_site_map_is_the_flat_ring():
+    from lowband.comm.hierarchy import Hierarchy
+
+    comms = world(site_of=None)
+    for c in comms:
+        Hierarchy(c).allreduce(tensor(), "grad")
+    assert inter(comms, "grad") == [600] * 4 and [c.stats["grad"].sent for c in comms] == [600] * 4

@@ -8,6 +8,7 @@ backend hides are counted with the ring model, per rank, for a tensor of S bytes
   allreduce   sent = recv = 2(K-1)/K * S      (reduce-scatter then all-gather around a ring)
   all_gather  sent = recv = (K-1) * S         (S is one rank's part)
   broadcast   a chain from src: every rank but the last forwards S, every rank but src receives S
+  reduce      a tree into dst: every rank but dst sends S once (counted as sent to dst), dst receives (K-1) * S
 Collectives over K = 1 move nothing and count nothing.
 
 Bytes across sites (lowband.comm.sites). Each tag also counts `inter`: the bytes this rank sent
@@ -220,6 +221,14 @@ class Communicator:
             self._timed(tag, sent, recv, lambda: dist.broadcast(tensor, src=self._peer(src), group=self.group))
         return tensor
 
+    def reduce(self, tensor: torch.Tensor, dst: int, tag: str) -> torch.Tensor:
+        """Sum `tensor` across ranks into rank `dst`'s copy (other ranks' copies are left undefined)."""
+        if self.world > 1:
+            sent = _nbytes(tensor) if self.rank != dst else 0
+            recv = (self.world - 1) * _nbytes(tensor) if self.rank == dst else 0
+            self._timed(tag, sent, recv, lambda: dist.reduce(tensor, dst=self._peer(dst), group=self.group), to=dst)
+        return tensor
+
     def all_gather(self, tensor: torch.Tensor, tag: str) -> list[torch.Tensor]:
         """Every rank's `tensor` (same shape on all ranks), in rank order."""
         if self.world == 1:
@@ -310,8 +319,11 @@ class Communicator:
         return [bytes(p[:n].cpu().numpy().tobytes()) for p, n in zip(parts, lengths)]
 
     # ---- data parallel ----------------------------------------------------------------------
-    def data_parallel(self, module: torch.nn.Module, tag: str = "grad") -> torch.nn.Module:
-        """Wrap `module` in DDP whose gradient allreduce is counted under `tag`.
+    def data_parallel(self, module: torch.nn.Module, tag: str = "grad", reducer=None) -> torch.nn.Module:
+        """Wrap `module` in DDP whose gradient allreduce is counted under `tag`. `reducer`: an object
+        whose `allreduce(tensor, tag)` sums over this communicator's ranks its own way (such as
+        comm/hierarchy.py's Hierarchy), run to completion in the hook; None: the flat ring, overlapped
+        with the backward pass.
 
         DDP's own initial broadcast and per-forward buffer broadcast would move uncounted bytes,
         so both are off here: we broadcast parameters and buffers ourselves (tag "init"), and
@@ -327,7 +339,10 @@ class Communicator:
             warnings.simplefilter("ignore", FutureWarning)
             ddp = DistributedDataParallel(module, device_ids=ids, broadcast_buffers=False, init_sync=False,
                                           process_group=self.group)
-        ddp.register_comm_hook((self, tag), _counted_allreduce_hook)
+        if reducer is None:
+            ddp.register_comm_hook((self, tag), _counted_allreduce_hook)
+        else:
+            ddp.register_comm_hook((self, reducer, tag), _reducer_hook)
         return ddp
 
     def settle_async(self, tag: str) -> None:
@@ -392,3 +407,14 @@ def _counted_allreduce_hook(state, bucket):
         return fut.then(lambda f: f.value()[0])
     ready = comm.link.reserve("ring", size, inter)  # a modelled link delays completion, not the backward pass
     return fut.then(lambda f: (LinkModel.wait_until(ready), f.value()[0])[1])
+
+
+def _reducer_hook(state, bucket):
+    """DDP comm hook: the mean of the gradients by the caller's reducer, finished before it returns."""
+    comm, reducer, tag = state
+    buf = bucket.buffer()
+    buf.div_(comm.world)
+    reducer.allreduce(buf, tag)
+    done: torch.futures.Future = torch.futures.Future()
+    done.set_result(buf)
+    return done

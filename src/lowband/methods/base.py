@@ -45,7 +45,7 @@ class Context:
     comm: Communicator
     device: torch.device
     log: logging.Logger
-    run: RunDir | str
+    run: RunDir  # a path is accepted too, and made a RunDir
     steps_per_epoch: int
     data: TensorData | None = None
     shard: torch.Tensor | None = None

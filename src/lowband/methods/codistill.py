@@ -96,7 +96,7 @@ class Codistill(Method):
         return [torch.as_tensor(np.sort(part)) for shard in per_model for part in np.array_split(rng.permutation(shard), g)]
 
     # ---- set-up --------------------------------------------------------------------------------
-    def setup(self, model):
+    def setup(self, model: torch.nn.Module) -> torch.nn.Module:
         comm, g = self.ctx.comm, self.cfg.group_size
         self.model_id, self.models = comm.rank // g, comm.world // g
         self.group = comm.split(self.groups(self.cfg, comm.world))

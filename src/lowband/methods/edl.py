@@ -10,6 +10,7 @@ that died. The same method runs the paper's two baselines, so all three share on
   mode = edl     teachers on other processes or machines (the paper's system)
   mode = online  the teacher in the student's own process, its forward pass before every step
   mode = ntrain  the student alone on the hard labels ("N-training")
+The mode only picks the teacher source (distill/sources.py); the rest of the method is shared.
 """
 
 from __future__ import annotations
@@ -25,8 +26,8 @@ import torch
 
 from lowband.comm import launched_by_torchrun
 from lowband.config import opt
-from lowband.data import Batch
 from lowband.distill.losses import kd_loss
+from lowband.distill.sources import InProcessTeacher, NoTeacher, RemoteTeachers, TeacherSource
 from lowband.errors import require
 from lowband.methods.allreduce import Allreduce, AllreduceConfig
 from lowband.registry import METHODS
@@ -95,16 +96,19 @@ class EDL(Allreduce):
         return edl_services(cfg)
 
     def setup(self, model):
-        self.reader, self.teacher = None, None
-        self._bytes_seen = (0, 0)  # the reader's byte counters already handed to the communicator
         self.timeline = self.ctx.run.stream("distill", per_rank=True)
         self.samples_log = self.ctx.run.stream("samples", per_rank=True)
-        if self.cfg.mode == "online":
-            self.teacher = self._load_teacher().to(self.ctx.device)
-        elif self.cfg.mode == "edl":
-            self.reader = self._make_reader(student_rate(model, self.ctx))
-        self.epoch_started = None
+        self.source = self._make_source(model)
         return super().setup(model)
+
+    def _make_source(self, model) -> TeacherSource:
+        """The teacher source `method.mode` names (distill/sources.py)."""
+        if self.cfg.mode == "ntrain":
+            return NoTeacher()
+        if self.cfg.mode == "online":
+            return InProcessTeacher(self._load_teacher().to(self.ctx.device))
+        reader = self._make_reader(student_rate(model, self.ctx))
+        return RemoteTeachers(reader, self.ctx.comm, self.ctx.steps_per_epoch, self.ctx.cfg.train.epochs, self.ctx.device)
 
     def _load_teacher(self):
         from lowband.distill.serve import load_teacher
@@ -131,43 +135,13 @@ class EDL(Allreduce):
 
     # ---- hooks ----------------------------------------------------------------------------------
     def batches(self, epoch: int, source):
-        self.epoch_started = time.perf_counter()
         self.consumed: list[torch.Tensor] = []
-        if self.cfg.mode == "ntrain":
-            yield from self._logged(source.epoch(epoch))
-        elif self.cfg.mode == "online":
-            for batch in self._logged(source.epoch(epoch)):
-                with torch.no_grad():
-                    logits = self.teacher(batch.x)
-                yield batch.with_logits(logits)
-        else:
-            yield from self._remote(epoch, source)
-
-    def _logged(self, batches):
-        for batch in batches:
+        for batch in self.source.batches(epoch, source):
             self.consumed.append(batch.ids)
             yield batch
 
-    def _remote(self, epoch: int, source):
-        self.reader.feed(epoch, source.epoch(epoch))
-        if epoch < self.ctx.cfg.train.epochs:  # prefetch across the epoch boundary
-            self.reader.feed(epoch + 1, source.epoch(epoch + 1))
-        for step in range(self.ctx.steps_per_epoch):
-            item, logits = self.reader.get(epoch, step)
-            self.consumed.append(item.ids)
-            self._count_bytes()
-            yield Batch(item.x, item.y, item.ids, logits.to(self.ctx.device))
-
-    def _count_bytes(self) -> None:
-        s = self.reader.stats
-        sent, recv = s["bytes_sent"], s["bytes_recv"]
-        seen = self._bytes_seen
-        # teachers are processes of their own, outside the students' sites: every request crosses
-        self.ctx.comm.count("soft-labels", sent=sent - seen[0], recv=recv - seen[1], inter=sent - seen[0])
-        self._bytes_seen = (sent, recv)
-
     def loss(self, batch, outputs, loss):
-        if self.cfg.mode == "ntrain":
+        if batch.logits is None:  # N-training
             return loss
         c = self.cfg
         return kd_loss(outputs, batch.logits, batch.y, c.alpha, c.beta, c.temperature, hard=loss)
@@ -175,20 +149,13 @@ class EDL(Allreduce):
     def end_epoch(self, epoch: int) -> dict:
         if self.cfg.log_samples:
             self.samples_log.write({"epoch": epoch, "ids": torch.cat(self.consumed).tolist()})
-        if self.reader is None:
-            return {}
-        timeline = self.reader.take_timeline()
+        figures, timeline = self.source.end_epoch()
         self.timeline.write_many([{"epoch": epoch, **point} for point in timeline])
-        s = self.reader.stats
-        buffer = [p["buffer"] for p in timeline] or [0]
-        return {"distill": {"teachers": len(self.reader.links), "teachers_max": max((p["teachers"] for p in timeline), default=0),
-                            "buffer_mean": round(sum(buffer) / len(buffer), 2), "buffer_max": max(buffer),
-                            "resent": s["resent"], "teacher_failures": s["teacher_failures"],
-                            "batches_sent": s["batches_sent"], "starved_s": round(s["starved_s"], 3)}}
+        return figures
 
     def close(self) -> None:
-        if self.reader is not None:
-            self.reader.close()
+        if hasattr(self, "source"):
+            self.source.close()
 
 
 def check_fits(data, in_shape, classes: int, path: str) -> None:
