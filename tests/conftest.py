@@ -61,12 +61,14 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = 1
 
 
-@pytest.fixture(autouse=True)
-def _env(monkeypatch, tmp_path_factory):
-    # workers must import the tests package, and every test shares one data cache
-    monkeypatch.setenv("PYTHONPATH", ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
-    cache = tmp_path_factory.getbasetemp().parent / "lowband-cache"
-    monkeypatch.setenv("LOWBAND_TEST_CACHE", str(cache))
+@pytest.fixture(autouse=True, scope="session")
+def _env(tmp_path_factory):
+    # workers must import the tests package, and every test shares one data cache (session-wide, so
+    # that module-scoped fixtures can start runs too)
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setenv("PYTHONPATH", ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
+        mp.setenv("LOWBAND_TEST_CACHE", str(tmp_path_factory.getbasetemp().parent / "lowband-cache"))
+        yield
 
 
 def cli(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:

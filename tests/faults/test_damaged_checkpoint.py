@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import shutil
 
 import pytest
 import torch
@@ -29,12 +30,19 @@ def _empty(path: str) -> None:
     open(path, "wb").close()
 
 
-@pytest.mark.parametrize("harm", [_flip, _truncate, _empty], ids=["flipped", "truncated", "empty"])
-def test_resume_skips_a_damaged_newest_checkpoint(tmp_path, harm):
-    run = str(tmp_path / "run")
-    done = cli("train", "--method", "allreduce", "--workers", "2", "--epochs", "2", "--run-dir", run,
-               *small(tmp_path))
+@pytest.fixture(scope="module")
+def finished(tmp_path_factory) -> str:
+    """A finished 2-epoch run that each case copies and damages (trained once for the module)."""
+    run = str(tmp_path_factory.mktemp("finished") / "run")
+    done = cli("train", "--method", "allreduce", "--workers", "2", "--epochs", "2", "--run-dir", run, *small(run))
     assert done.returncode == 0, done.stderr
+    return run
+
+
+@pytest.mark.parametrize("harm", [_flip, _truncate, _empty], ids=["flipped", "truncated", "empty"])
+def test_resume_skips_a_damaged_newest_checkpoint(tmp_path, finished, harm):
+    run = str(tmp_path / "run")
+    shutil.copytree(finished, run)
     intact = checkpoint.load_state(checkpoint.rank_path(run, 1, 1))["model"]
     harm(checkpoint.rank_path(run, 1, 2))
     again = cli("train", "--resume", run)
