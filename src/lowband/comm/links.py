@@ -73,17 +73,6 @@ def parse_link(text: str, field: str = "--link") -> LinkSpec:
     return LinkSpec(float(rate.group(1)) * RATE_UNITS[rate.group(2).lower()], latency)
 
 
-def to_env(spec: LinkSpec) -> str:
-    return f"{spec.rate_bps},{spec.latency_s}"
-
-
-def from_env(text: str | None) -> LinkSpec | None:
-    if not text:
-        return None
-    rate, latency = text.split(",")
-    return LinkSpec(float(rate), float(latency))
-
-
 UNLIMITED = LinkSpec(float("inf"))
 
 
@@ -189,7 +178,7 @@ class NetnsLinks:
         return ["ip", "netns", "exec", self.namespace(rank)]
 
     def env(self, rank: int) -> dict:
-        return {"GLOO_SOCKET_IFNAME": "eth0", "LOWBAND_LINK_MODE": "netns"}
+        return {"GLOO_SOCKET_IFNAME": "eth0"}
 
     def close(self) -> None:
         for kind, name in reversed(self.created):
