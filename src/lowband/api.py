@@ -161,16 +161,27 @@ def load_model(run_dir: str, local: bool = False):
     >>> logits = model(x)            # x shaped like the run's data: (batch, *in_shape)
 
     The global model where the method has one (an ensemble run's as its members and weights),
-    else rank 0's; `local=True`: the best local model (model_L.safetensors) instead.
+    else rank 0's; `local=True`: the best local model (model_L.safetensors) instead. The input shape
+    and classes come from the file's metadata (lowband version, method, model options, in_shape,
+    num_classes), so the data set is not read.
     """
-    from lowband.churn import load_final_model
-    from lowband.data.base import read_dataset
-    from lowband.runs import read_run_config
+    import json
+    import os
 
-    cfg = read_run_config(run_dir)
-    data = read_dataset(cfg.data)
-    return load_final_model(run_dir, data.in_shape, data.num_classes,
-                            "model_L.safetensors" if local else "model.safetensors")
+    from lowband.checkpoint import model_metadata
+    from lowband.churn import load_final_model
+
+    name = "model_L.safetensors" if local else "model.safetensors"
+    meta = model_metadata(os.path.join(run_dir, name))
+    if "in_shape" in meta and "num_classes" in meta:  # written by lowband since 0.1.0
+        in_shape, classes = tuple(json.loads(meta["in_shape"])), int(meta["num_classes"])
+    else:  # an older run: the shapes from its data set
+        from lowband.data.base import read_dataset
+        from lowband.runs import read_run_config
+
+        data = read_dataset(read_run_config(run_dir).data)
+        in_shape, classes = data.in_shape, data.num_classes
+    return load_final_model(run_dir, in_shape, classes, name)
 
 
 class _quiet:

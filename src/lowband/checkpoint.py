@@ -14,6 +14,7 @@ import os
 import re
 
 import torch
+from safetensors import safe_open
 from safetensors.torch import save_file
 
 from lowband.errors import UsageError
@@ -81,9 +82,27 @@ def load_state(path: str) -> dict:
         raise UsageError(f"checkpoint {path} is unreadable ({type(e).__name__}: {e})") from None
 
 
-def save_model(state_dict: dict, path: str) -> None:
+def save_model(state_dict: dict, path: str, metadata: dict[str, str] | None = None) -> None:
+    """A model as safetensors, with `metadata` (strings) in its header, readable like every other
+    run file (safetensors itself creates files 0600)."""
     tensors = {k: v.detach().cpu().contiguous().clone() for k, v in state_dict.items()}
-    _atomic(path, lambda tmp: save_file(tensors, tmp))
+
+    def write(tmp: str) -> None:
+        save_file(tensors, tmp, metadata=metadata)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+
+    _atomic(path, write)
+
+
+def model_metadata(path: str) -> dict[str, str]:
+    """The metadata in a safetensors file's header ({} when it has none or cannot be read)."""
+    try:
+        with safe_open(path, "pt") as f:
+            return dict(f.metadata() or {})
+    except Exception:  # noqa: BLE001 - a damaged file has no usable metadata; loading it says why
+        return {}
 
 
 def rank_path(run_dir: str, rank: int, epoch: int) -> str:

@@ -98,10 +98,15 @@ class ModelConfig:
     name: str = opt("cnn1d", "mlp, cnn1d, cnn2d, resnet20, resnet32, vgg16, nin, cnn13, or package.module:factory")
     hidden: int = opt(256, "mlp: hidden width")
     channels: int = opt(25, "cnn1d: channels of each convolution (25 in the MNIST-1D paper; wider makes a teacher)")
+    kwargs: dict = opt({}, "package.module:factory models: keyword arguments for the factory, e.g. "
+                           "--set model.kwargs.width=128 (a [model.kwargs] table in TOML)")
 
     def __post_init__(self):
         require(self.hidden >= 1, "model.hidden", self.hidden, "must be >= 1")
         require(self.channels >= 1, "model.channels", self.channels, "must be >= 1")
+        require(not self.kwargs or ":" in self.name, "model.kwargs", self.kwargs,
+                f"only a package.module:factory model takes keyword arguments; {self.name} has model.hidden "
+                f"and model.channels")
 
 
 @dataclass(kw_only=True)
@@ -319,6 +324,13 @@ def to_toml(cfg: Config) -> str:
     return tomli_w.dumps(to_dict(cfg))
 
 
+def _inline(value) -> str:
+    """A value as TOML on one line (tables inline)."""
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {_inline(v)}" for k, v in value.items()) + "}"
+    return tomli_w.dumps({"v": value})[4:].strip()
+
+
 def describe(cfg: Config) -> str:
     """The whole configuration as TOML with each field's help as a comment."""
     lines = []
@@ -326,7 +338,7 @@ def describe(cfg: Config) -> str:
         obj = getattr(cfg, section)
         lines.append(f"[{section}]")
         for f in fields(obj):
-            value = tomli_w.dumps({"v": getattr(obj, f.name)})[4:].strip()
+            value = _inline(getattr(obj, f.name))
             lines.append(f"{f.name} = {value}".ljust(34) + f"  # {f.metadata.get('help', '')}")
         lines.append("")
     return "\n".join(lines)

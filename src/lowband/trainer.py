@@ -239,9 +239,22 @@ class Trainer:
         glob = self.final_global
         if self.scope.rank == 0:
             final = glob if glob is not None else self.method.local_model()
-            checkpoint.save_model(final.state_dict(), self.run.model_path(self.rank))
+            checkpoint.save_model(final.state_dict(), self.run.model_path(self.rank), self._model_metadata())
         if glob is not None and self.rank == self.best_local_rank:
-            checkpoint.save_model(self.method.local_model().state_dict(), self.run.local_model_path())
+            checkpoint.save_model(self.method.local_model().state_dict(), self.run.local_model_path(),
+                                  self._model_metadata())
+
+    def _model_metadata(self) -> dict[str, str]:
+        """What a reader needs to rebuild the model without the data set: written into model.safetensors."""
+        import json
+        from dataclasses import asdict
+
+        from lowband import __version__
+
+        data = self.plan.data
+        return {"lowband_version": __version__, "method": self.cfg.method.name,
+                "model": json.dumps(asdict(self.cfg.model)), "in_shape": json.dumps(list(data.in_shape)),
+                "num_classes": str(data.num_classes)}
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def _save_checkpoint(self, epoch: int) -> None:

@@ -59,6 +59,19 @@ def test_python_api_trains_and_loads_the_model_it_scored(tmp_path):
     with torch.no_grad():
         acc = (model(data.x_test).argmax(1) == data.y_test).double().mean().item()
     assert acc == run.test_acc  # the loaded model is the one the record scored
+    import json
+    import os
+    import stat
+
+    from lowband.checkpoint import model_metadata
+
+    path = os.path.join(run.run_dir, "model.safetensors")
+    meta = model_metadata(path)
+    assert (meta["method"], meta["lowband_version"], json.loads(meta["in_shape"]), int(meta["num_classes"])) == (
+        "local_sgd", lowband.__version__, list(data.in_shape), data.num_classes)
+    assert json.loads(meta["model"])["name"] == run.config.model.name
+    mode = stat.S_IMODE(os.stat(path).st_mode)
+    assert mode == stat.S_IMODE(os.stat(os.path.join(run.run_dir, "config.toml")).st_mode)  # like every run file
 
 
 def test_python_api_compares_methods_and_returns_their_runs(tmp_path):

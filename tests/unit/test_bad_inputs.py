@@ -52,6 +52,9 @@ CASES = {
     "factory-syntax-error": (["--model", "syntaxbad:f"], "model.name"),
     "factory-import-error": (["--model", "importbad:f"], "model.name"),
     "factory-no-module": (["--model", ":factory"], "model.name"),
+    "kwargs-rejected": (["--model", "badfactories:raises", "--set", "model.kwargs.width=3"], "model.kwargs"),
+    "kwargs-builtin-model": (["--set", "model.kwargs.width=3"], "model.kwargs"),
+    "kwargs-not-a-table": (["--model", "badfactories:raises", "--set", "model.kwargs=3"], "model.kwargs"),
 }
 
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+import tomllib
 import torch
 
 from lowband.catalog import load_all
@@ -59,3 +60,24 @@ def test_user_model_plugs_in_by_factory_path():
     assert model(torch.randn(4, 1, 40)).shape == (4, 10)
     with pytest.raises(ConfigError, match="could not import"):
         build_model(ModelConfig(name="tests.nowhere:factory"), (1, 40), 10)
+
+
+def test_model_kwargs_reach_a_user_factory_and_the_saved_config(tmp_path, monkeypatch):
+    from lowband import config as C
+    from lowband.runs import method_configs
+
+    (tmp_path / "widefactory.py").write_text(
+        "import torch\n"
+        "def make(in_shape, num_classes, width=4, depth=1):\n"
+        "    layers = [torch.nn.Flatten(), torch.nn.Linear(in_shape[-1], width)]\n"
+        "    layers += [torch.nn.Linear(width, width) for _ in range(depth - 1)]\n"
+        "    return torch.nn.Sequential(*layers, torch.nn.Linear(width, num_classes))\n")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    cfg = C.from_dict({"method": {"name": "single"}, "model": {"name": "widefactory:make", "kwargs": {"width": 7}}},
+                      method_configs())
+    model = build_model(cfg.model, (1, 40), 10)
+    assert model[1].out_features == 7 and len(model) == 3  # width given, depth its default
+    again = C.from_dict(tomllib.loads(C.to_toml(cfg)), method_configs())
+    assert again.model.kwargs == {"width": 7}  # what load_model rebuilds from
+    assert "kwargs = {width = 7}" in C.describe(cfg)
+    assert build_model(ModelConfig(name="widefactory:make"), (1, 40), 10)[1].out_features == 4

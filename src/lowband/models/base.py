@@ -31,7 +31,7 @@ class Classifier(nn.Module):
 def build_model(cfg: ModelConfig, in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
     """Build `cfg.name` (a registered name or `package.module:factory`) and check it fits the data."""
     if ":" in cfg.name:
-        model = _call_factory(cfg.name, in_shape, num_classes)
+        model = _call_factory(cfg.name, in_shape, num_classes, cfg.kwargs)
     else:
         model = MODELS.get(cfg.name)(cfg, in_shape, num_classes)
     _check_fits(model, cfg.name, in_shape, num_classes)
@@ -51,11 +51,15 @@ def _import_factory(spec: str):
     return factory
 
 
-def _call_factory(spec: str, in_shape, num_classes: int) -> nn.Module:
-    """factory(in_shape=..., num_classes=...), whose failure or non-module result is one line."""
+def _call_factory(spec: str, in_shape, num_classes: int, kwargs: dict | None = None) -> nn.Module:
+    """factory(in_shape=..., num_classes=..., **model.kwargs), whose failure or non-module result is one line."""
     factory = _import_factory(spec)
+    kwargs = kwargs or {}
     try:
-        model = factory(in_shape=in_shape, num_classes=num_classes)
+        model = factory(in_shape=in_shape, num_classes=num_classes, **kwargs)
+    except TypeError as e:
+        field, value = ("model.kwargs", kwargs) if kwargs else ("model.name", spec)
+        raise ConfigError(field, value, f"factory(in_shape=, num_classes=, **model.kwargs) failed (TypeError: {e})") from None
     except Exception as e:  # noqa: BLE001 - user code
         raise ConfigError("model.name", spec, f"factory(in_shape=, num_classes=) failed ({type(e).__name__}: {e})") from None
     if not isinstance(model, nn.Module):
