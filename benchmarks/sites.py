@@ -40,8 +40,8 @@ def main() -> None:
     print(f"{'method':<38}{'sent/worker':>14}{'inter-site/worker':>19}{'train s':>10}{'val acc':>9}  status")
     by = {}
     for r in rows:
-        by[r["method"]] = r
-        print(f"{r['method']:<38}{float(r['bytes_sent_per_worker']) / 1e6:>11.4f} MB"
+        by[r["label"]] = r
+        print(f"{r['label']:<38}{float(r['bytes_sent_per_worker']) / 1e6:>11.4f} MB"
               f"{float(r['bytes_inter_per_worker']) / 1e6:>16.4f} MB{float(r['train_s']):>10.1f}"
               f"{float(r['val_acc'] or 'nan'):>9.4f}  {r['status']}")
     flat, tree = by.get("allreduce"), by.get("allreduce:hierarchical=true")
