@@ -32,3 +32,30 @@ def float_labels():
 
 
 NOT_CALLABLE = np.zeros(3)
+
+
+class Pairs:
+    """A map-style data set of (numpy x, int y) items, as a user's torch Dataset would give."""
+
+    def __init__(self, x, y):
+        self.x, self.y = x, y
+
+    def __len__(self):
+        return len(self.y)
+
+    def __getitem__(self, i):
+        return self.x[i].numpy(), int(self.y[i])
+
+
+def datasets():
+    x_tr, y_tr, x_te, y_te = blobs()
+    return torch.utils.data.TensorDataset(x_tr, y_tr), Pairs(x_te, y_te)
+
+
+def datasets_dict():
+    train, test = datasets()
+    return {"train": train, "test": test}
+
+
+def bad_items():
+    return Pairs(torch.zeros(4, 1, 2), torch.arange(4)), [1, 2, 3]

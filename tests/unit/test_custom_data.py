@@ -18,7 +18,8 @@ def test_a_factory_and_an_npz_give_the_factory_tensors(tmp_path):
     x_tr, y_tr, x_te, y_te = mydata.blobs()
     path = tmp_path / "d.npz"
     np.savez(path, **mydata.as_dict())
-    for name in ("tests.mydata:blobs", "tests.mydata:as_dict", str(path), f"npz:{path}"):
+    for name in ("tests.mydata:blobs", "tests.mydata:as_dict", str(path), f"npz:{path}", "tests.mydata:datasets",
+                 "tests.mydata:datasets_dict"):
         d = read_dataset(DataConfig(name=name))
         assert torch.equal(d.x_train, x_tr) and torch.equal(d.y_test, y_te) and d.num_classes == 2, name
         assert d.x_train.dtype == torch.float32 and d.y_train.dtype == torch.int64
@@ -32,6 +33,7 @@ def test_a_factory_and_an_npz_give_the_factory_tensors(tmp_path):
     ("tests.mydata:three_things", "expected (x_train, y_train, x_test, y_test)"),
     ("tests.mydata:float_labels", "must hold integer class labels"),
     ("tests.mydata:nope", "could not import the factory"),
+    ("tests.mydata:bad_items", "the test Dataset's items are not (x, y) pairs"),
     ("missing.npz", "no such .npz file"),
 ])
 def test_bad_factories_name_data_name_and_the_problem(name, fragment):

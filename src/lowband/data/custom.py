@@ -3,7 +3,9 @@
 The factory is called with no arguments and returns the four arrays (torch tensors or numpy
 arrays) as a tuple `(x_train, y_train, x_test, y_test)` or a dict with those keys:
 x float, shaped (N, *in_shape), e.g. (N, 1, 40) or (N, 3, 32, 32); y integer class labels
-0..C-1, shaped (N,). An .npz file holds the same four arrays under those names
+0..C-1, shaped (N,). It may instead return two map-style torch Datasets `(train, test)` (or a
+dict with keys train and test) whose items are `(x, y)` pairs; they are read once, into memory.
+An .npz file holds the four arrays under those names
 (`numpy.savez(path, x_train=..., y_train=..., x_test=..., y_test=...)`). The number of classes
 is the largest label plus one. Anything else stops the command with one line naming data.name.
 """
@@ -64,10 +66,34 @@ def from_factory(spec: str) -> tuple:
         arrays = [out[k] for k in KEYS]
     elif isinstance(out, (tuple, list)) and len(out) == 4:
         arrays = list(out)
+    elif isinstance(out, dict) and set(out) == {"train", "test"} and all(map(is_dataset, out.values())):
+        arrays = from_datasets(spec, out["train"], out["test"])
+    elif isinstance(out, (tuple, list)) and len(out) == 2 and all(map(is_dataset, out)):
+        arrays = from_datasets(spec, *out)
     else:
         raise ConfigError("data.name", spec, f"the factory returned {type(out).__name__}; expected "
-                                             "(x_train, y_train, x_test, y_test) or a dict with those keys")
+                                             "(x_train, y_train, x_test, y_test), a dict with those keys, "
+                                             "or two torch Datasets (train, test)")
     return tensors(spec, arrays)
+
+
+def is_dataset(obj) -> bool:
+    """A map-style data set (len and indexing), not an array of numbers."""
+    return hasattr(obj, "__len__") and hasattr(obj, "__getitem__") and not isinstance(obj, (torch.Tensor, np.ndarray))
+
+
+def from_datasets(spec: str, train, test) -> list:
+    """[x_train, y_train, x_test, y_test] read from two Datasets of (x, y) items."""
+    arrays = []
+    for part, ds in (("train", train), ("test", test)):
+        try:
+            items = [ds[i] for i in range(len(ds))]
+            arrays.append(torch.stack([torch.as_tensor(np.asarray(x)) for x, _ in items]))
+            arrays.append(torch.as_tensor([int(y) for _, y in items]))
+        except Exception as e:  # noqa: BLE001 - the user's data set: any failure is one line
+            raise ConfigError("data.name", spec, f"the {part} Dataset's items are not (x, y) pairs of an array and "
+                                                 f"a class label ({type(e).__name__}: {e})") from None
+    return arrays
 
 
 def tensors(name: str, arrays: list) -> tuple:
