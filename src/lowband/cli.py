@@ -416,9 +416,14 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command != "coordinator":  # it needs no model or method: start in a fraction of a second
             load_all()
-        return {"train": cmd_train, "compare": cmd_compare, "config": cmd_config, "list": cmd_list,
+        code = {"train": cmd_train, "compare": cmd_compare, "config": cmd_config, "list": cmd_list,
                 "churn": cmd_churn, "report": cmd_report, "distill": cmd_distill, "teacher": cmd_teacher,
                 "coordinator": cmd_coordinator}[args.command](args)
+        sys.stdout.flush()  # a closed pipe shows here, inside the handler below, not at exit
+        return code
+    except BrokenPipeError:  # `lowband list | head -3`: the reader left; no traceback
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141  # as a shell reports a process ended by SIGPIPE
     except UsageError as e:
         print(f"lowband: error: {e}", file=sys.stderr)
         return 2

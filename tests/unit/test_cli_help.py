@@ -32,3 +32,15 @@ def test_list_shows_each_method_with_its_options_defaults_and_help(capsys):
     for name in METHODS.names():
         assert any(line.startswith(name + "  ") for line in out.splitlines()), name
     assert "    tau = 64" in out and "local steps per round" in out  # ec_dnn's option, default and help
+
+
+@pytest.mark.parametrize("command", [["list"], ["config"]])
+def test_a_reader_that_leaves_early_gets_no_traceback(command):
+    import subprocess
+    import sys
+
+    p = subprocess.Popen([sys.executable, "-m", "lowband", *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+    p.stdout.close()  # like `| head -0`: gone before the first line (the command takes a second to import)
+    err = p.stderr.read().decode()
+    p.wait(timeout=60)
+    assert "Traceback" not in err and err == "" and p.returncode == 141
