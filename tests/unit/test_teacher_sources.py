@@ -75,3 +75,17 @@ def test_remote_teachers_prefetch_the_next_epoch_count_every_byte_and_report():
     assert len(timeline) == 2
     source.close()
     assert reader.closed == 1
+
+
+def test_a_modelled_link_holds_the_student_to_the_links_rate(monkeypatch):
+    from lowband.comm.links import LinkModel, LinkSpec
+
+    waited = []
+    monkeypatch.setattr(LinkModel, "wait_until", staticmethod(waited.append))
+    comm = Communicator()
+    comm.link = LinkModel(LinkSpec(8000.0, latency_s=5.0))  # 1000 bytes/s; the latency is hidden by the prefetch
+    source = RemoteTeachers(FakeReader(), comm, steps_per_epoch=2, last_epoch=1, device=torch.device("cpu"))
+    list(source.batches(1, Loader()))
+    # 100 bytes out per batch (30 back, on the other direction's queue): 0.1 s of wire each, queued
+    assert len(waited) == 2 and 0.099 < waited[1] - waited[0] < 0.101
+    assert waited[-1] == comm.link.free_at["teachers-out"]  # the rate only: no 5 s latency per batch

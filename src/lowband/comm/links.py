@@ -85,9 +85,10 @@ class LinkModel:
         self.free_at: dict = defaultdict(float)
         self.lock = threading.Lock()
 
-    def reserve(self, link, nbytes: float, inter: bool = True) -> float:
+    def reserve(self, link, nbytes: float, inter: bool = True, pipelined: bool = False) -> float:
         """Queue `nbytes` on `link` of the inter-site (or intra-site) class; returns the monotonic time
-        at which they have arrived (0: an unlimited link, nothing to wait for)."""
+        at which they have arrived (0: an unlimited link, nothing to wait for). `pipelined`: part of a
+        stream kept in flight (EDL-Dist's requests to teachers), whose latency overlaps; only the rate counts."""
         spec, key = (self.spec, link) if inter else (self.intra, ("intra", link))
         if not spec.limited:
             return 0.0
@@ -95,7 +96,7 @@ class LinkModel:
             start = max(time.monotonic(), self.free_at[key])
             done = start + spec.wire_seconds(nbytes)
             self.free_at[key] = done
-        return done + spec.latency_s
+        return done + (0.0 if pipelined else spec.latency_s)
 
     @staticmethod
     def wait_until(t: float) -> None:

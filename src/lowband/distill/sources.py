@@ -11,6 +11,7 @@ reports its figures at the end of an epoch, and frees what it holds on `close`.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -59,7 +60,8 @@ class RemoteTeachers(TeacherSource):
 
     The reader is fed this epoch's batches and (except in the last epoch) the next epoch's, so the
     teachers keep working across the boundary. Bytes to and from teachers are tagged `soft-labels`;
-    teachers are processes of their own, outside the students' sites, so every such byte is inter-site.
+    teachers are processes of their own, outside the students' sites, so every such byte is inter-site,
+    and a modelled link (`--link`) limits the student to the rate at which it could carry them.
     """
 
     def __init__(self, reader: Any, comm: Any, steps_per_epoch: int, last_epoch: int, device: torch.device):
@@ -77,9 +79,15 @@ class RemoteTeachers(TeacherSource):
             yield Batch(item.x, item.y, item.ids, logits.to(self.device))
 
     def _count_bytes(self) -> None:
+        """Count the bytes moved since the last call; a modelled link holds the student until the link
+        could have carried them (each direction at the link's rate; latency hidden by the prefetch)."""
         sent, recv = self.reader.stats["bytes_sent"], self.reader.stats["bytes_recv"]
         new_sent, new_recv = sent - self.counted[0], recv - self.counted[1]
-        self.comm.count("soft-labels", sent=new_sent, recv=new_recv, inter=new_sent)
+        t0, link = time.perf_counter(), self.comm.link
+        if link is not None and (new_sent or new_recv):
+            link.wait_until(max(link.reserve("teachers-out", new_sent, True, pipelined=True),
+                                link.reserve("teachers-in", new_recv, True, pipelined=True)))
+        self.comm.count("soft-labels", sent=new_sent, recv=new_recv, seconds=time.perf_counter() - t0, inter=new_sent)
         self.counted = (sent, recv)
 
     def end_epoch(self) -> tuple[dict, list[dict]]:
