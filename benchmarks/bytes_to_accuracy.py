@@ -32,6 +32,8 @@ SETTINGS = [
     ("local_sgd tau=64 int4", "local_sgd:tau=64:codec=int4", []),
     ("local_sgd tau=16 topk:0.02+int2", "local_sgd:tau=16:codec=topk:0.02+int2", []),
     ("diloco tau=64", "diloco:tau=64", []),
+    ("local_sgd tau=12", "local_sgd:tau=12", []),
+    ("diloco tau=12", "diloco:tau=12", []),
 ]
 
 

@@ -153,7 +153,7 @@ def test_edl_loss_uses_its_temperature_and_weights():
     mcfg = EDLConfig(mode="online", teacher="t", temperature=3.0, alpha=0.3, beta=0.8)
     method = EDL(mcfg, context(mcfg))
     x, y = inputs()
-    out, teacher = net(0)(x), net(1)(x).detach()
+    out, teacher = net(0)(x), 5 * net(1)(x).detach()  # a confident teacher: T matters by a wide margin
     ce = F.cross_entropy(out, y)
     got = method.loss(Batch(x, y, torch.arange(12), teacher), out, ce)
     s, t = out.detach().double().numpy() / 3.0, teacher.double().numpy() / 3.0

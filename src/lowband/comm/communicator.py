@@ -409,7 +409,7 @@ def _counted_allreduce_hook(state, bucket):
     return fut.then(lambda f: (LinkModel.wait_until(ready), f.value()[0])[1])
 
 
-def _reducer_hook(state: tuple, bucket) -> torch.futures.Future:
+def _reducer_hook(state, bucket):  # no annotations: DDP checks a hook's return annotation, and ours are strings
     """DDP comm hook: the mean of the gradients by the caller's reducer, finished before it returns."""
     comm, reducer, tag = state
     buf = bucket.buffer()
