@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from lowband.errors import ConfigError
+from lowband.plugins import import_factory
 
 # built-in logger name -> (package it needs, pip install hint)
 PACKAGES = {"tensorboard": ("tensorboard", "pip install tensorboard"), "wandb": ("wandb", "pip install wandb")}
@@ -35,7 +36,7 @@ def check(names: list[str]) -> None:
     """Raise a ConfigError (one line, exit 2) for an unknown logger or one whose package is missing."""
     for name in names:
         if ":" in name:
-            _import_factory(name)
+            import_factory(name, "train.loggers")
             continue
         if name not in PACKAGES:
             raise ConfigError("train.loggers", name, "unknown logger; known: " + ", ".join(PACKAGES)
@@ -53,20 +54,11 @@ def build(names: list[str], run_dir: str, rank: int, config: dict) -> list[Logge
 
 def _factory(name: str) -> Callable[..., Logger]:
     if ":" in name:
-        return _import_factory(name)
+        return import_factory(name, "train.loggers")
     known: dict[str, Callable[..., Logger]] = {"tensorboard": TensorBoardLogger, "wandb": WandbLogger}
     return known[name]
 
 
-def _import_factory(spec: str) -> Callable[..., Logger]:
-    module_name, _, attr = spec.partition(":")
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise ConfigError("train.loggers", spec, f"could not import the factory ({e})") from None
-    if not callable(factory):
-        raise ConfigError("train.loggers", spec, "is not callable")
-    return factory
 
 
 def scalars(record: dict) -> dict[str, float | None]:

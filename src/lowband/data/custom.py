@@ -12,13 +12,13 @@ is the largest label plus one. Anything else stops the command with one line nam
 
 from __future__ import annotations
 
-import importlib
 import os
 
 import numpy as np
 import torch
 
 from lowband.errors import ConfigError
+from lowband.plugins import import_factory
 
 KEYS = ("x_train", "y_train", "x_test", "y_test")
 
@@ -51,13 +51,7 @@ def from_npz(name: str) -> tuple:
 
 
 def from_factory(spec: str) -> tuple:
-    module_name, _, attr = spec.partition(":")
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except (ImportError, AttributeError) as e:
-        raise ConfigError("data.name", spec, f"could not import the factory ({e})") from None
-    if not callable(factory):
-        raise ConfigError("data.name", spec, f"is a {type(factory).__name__}, not a callable factory")
+    factory = import_factory(spec, "data.name")
     try:
         out = factory()
     except Exception as e:  # the user's code: any failure is reported on one line

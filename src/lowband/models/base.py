@@ -2,13 +2,12 @@
 
 from __future__ import annotations
 
-import importlib
-
 import torch
 from torch import nn
 
 from lowband.config import ModelConfig
 from lowband.errors import ConfigError, UsageError
+from lowband.plugins import import_factory
 from lowband.registry import MODELS
 
 
@@ -38,22 +37,9 @@ def build_model(cfg: ModelConfig, in_shape: tuple[int, ...], num_classes: int) -
     return model
 
 
-def _import_factory(spec: str):
-    module_name, _, attr = spec.partition(":")
-    if not module_name or not attr:
-        raise ConfigError("model.name", spec, "expected package.module:factory")
-    try:
-        factory = getattr(importlib.import_module(module_name), attr)
-    except Exception as e:  # noqa: BLE001 - user code: any import-time failure is the user's to fix
-        raise ConfigError("model.name", spec, f"could not import the factory ({type(e).__name__}: {e})") from None
-    if not callable(factory):
-        raise ConfigError("model.name", spec, f"{attr} is not callable")
-    return factory
-
-
 def _call_factory(spec: str, in_shape, num_classes: int, kwargs: dict | None = None) -> nn.Module:
     """factory(in_shape=..., num_classes=..., **model.kwargs), whose failure or non-module result is one line."""
-    factory = _import_factory(spec)
+    factory = import_factory(spec, "model.name")
     kwargs = kwargs or {}
     try:
         model = factory(in_shape=in_shape, num_classes=num_classes, **kwargs)
