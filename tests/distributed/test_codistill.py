@@ -3,18 +3,15 @@
 from __future__ import annotations
 
 import os
-import signal
 import subprocess
 import sys
 
 import pytest
 import torch
 
-from lowband import checkpoint
 from lowband.metrics import read_metrics
 from tests.conftest import ROOT, small
 from tests.distributed.helpers import run_workers
-from tests.faults.test_processes import wait_for
 
 STEPS, N = 7, 3
 
@@ -46,18 +43,9 @@ def test_teachers_are_the_peers_at_the_exchange_and_stay_until_the_next(tmp_path
 
 
 def test_a_killed_peer_does_not_stop_the_others(tmp_path):
-    run = str(tmp_path / "run")
-    args = ["train", "--method", "codistill", "--workers", "3", "--epochs", "5", "--run-dir", run,
-            *small(tmp_path), "--samples", "2000", "--batch-size", "8", "--set", "method.interval=20"]
-    proc = subprocess.Popen([sys.executable, "-m", "lowband", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
-    wait_for(lambda: checkpoint.epochs_saved(run, 2) or proc.poll() is not None, 120, "rank 2's first checkpoint")
-    from tests.conftest import children
-    from tests.faults.test_processes import rank_of
+    from tests.faults.test_codistill_death import kill_codistill_rank
 
-    victim = next(pid for pid in children(proc.pid) if rank_of(pid) == 2)
-    os.kill(victim, signal.SIGKILL)
-    out, err = proc.communicate(timeout=180)
+    run, proc, out, err = kill_codistill_rank(tmp_path, 2, epochs=5)
     assert proc.returncode == 137, err  # the run lost a model, and says so last
     assert "worker 2" in err and "carry on" in err
     assert "lost worker(s) 2" in err.strip().splitlines()[-1]

@@ -15,16 +15,23 @@ from tests.conftest import ROOT, children, small
 from tests.faults.test_processes import rank_of, wait_for
 
 
-def test_killed_rank_0_leaves_the_survivors_model_and_a_nonzero_exit(tmp_path):
+def kill_codistill_rank(tmp_path, rank: int, epochs: int) -> tuple[str, subprocess.Popen, str, str]:
+    """A 3-worker codistillation run whose rank `rank` is killed after its first checkpoint, run to its end:
+    (run dir, the launcher, its stdout, its stderr)."""
     run = str(tmp_path / "run")
-    args = ["train", "--method", "codistill", "--workers", "3", "--epochs", "4", "--run-dir", run,
+    args = ["train", "--method", "codistill", "--workers", "3", "--epochs", str(epochs), "--run-dir", run,
             *small(tmp_path), "--samples", "2000", "--batch-size", "8", "--set", "method.interval=20"]
     proc = subprocess.Popen([sys.executable, "-m", "lowband", *args], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
-    wait_for(lambda: checkpoint.epochs_saved(run, 0) or proc.poll() is not None, 120, "rank 0's first checkpoint")
-    victim = next(pid for pid in children(proc.pid) if rank_of(pid) == 0)
+    wait_for(lambda: checkpoint.epochs_saved(run, rank) or proc.poll() is not None, 120, f"rank {rank}'s first checkpoint")
+    victim = next(pid for pid in children(proc.pid) if rank_of(pid) == rank)
     os.kill(victim, signal.SIGKILL)
     out, err = proc.communicate(timeout=180)
+    return run, proc, out, err
+
+
+def test_killed_rank_0_leaves_the_survivors_model_and_a_nonzero_exit(tmp_path):
+    run, proc, out, err = kill_codistill_rank(tmp_path, 0, epochs=4)
     assert proc.returncode == 128 + signal.SIGKILL, err
     last = err.strip().splitlines()[-1]
     assert "lost worker(s) 0" in last and "2 of 3 finished" in last and "done:" not in out
