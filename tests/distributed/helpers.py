@@ -170,6 +170,21 @@ def bn_mlp(in_shape, num_classes):
     return BatchNormMLP(in_shape, num_classes)
 
 
+def run_tapped(cls, mcfg, comm: Communicator, out_dir: str, steps: int):
+    """`cls(mcfg)` on `comm` from the shared initial model, `steps` fixed batches of 8 per rank with plain
+    SGD (lr 0.1), its hooks tapped: (the method, the model it returned, the tap's record)."""
+    ctx = Context(Config(method=mcfg), comm, torch.device("cpu"), logging.getLogger("t"), out_dir, steps)
+    method = cls(mcfg, ctx)
+    model = method.setup(initial_model())
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    xs, ys = fixed_batches(steps, 8 * comm.world)
+    rec: dict = {}
+    tap = Tap(method, model, rec)
+    for s in range(steps):
+        train_step(model, tap, opt, rank_batch(xs, ys, s, comm.rank, 8), s)
+    return method, model, rec
+
+
 def local_sgd_trace(out_dir: str, steps: str, tau: str) -> None:
     """MA-DNN on fixed batches; record every rank's parameters before and after each after_step."""
     from lowband.methods.local_sgd import LocalSGD, LocalSGDConfig
@@ -177,17 +192,7 @@ def local_sgd_trace(out_dir: str, steps: str, tau: str) -> None:
     torch.set_num_threads(1)
     steps, tau = int(steps), int(tau)
     comm = Communicator.from_env(torch.device("cpu"), "gloo", timeout_s=60)
-    model = initial_model()
-    mcfg = LocalSGDConfig(tau=tau, round_evals=0)
-    ctx = Context(Config(method=mcfg), comm, torch.device("cpu"), logging.getLogger("t"), out_dir, steps)
-    method = LocalSGD(mcfg, ctx)
-    model = method.setup(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    xs, ys = fixed_batches(steps, 8 * comm.world)
-    rec: dict = {}
-    tap = Tap(method, model, rec)
-    for s in range(steps):
-        train_step(model, tap, opt, rank_batch(xs, ys, s, comm.rank, 8), s)
+    _, _, rec = run_tapped(LocalSGD, LocalSGDConfig(tau=tau, round_evals=0), comm, out_dir, steps)
     torch.save({"pre": torch.stack(rec["pre"]), "post": torch.stack(rec["after"]), "stats": comm.snapshot()},
                os.path.join(out_dir, f"rank{comm.rank}.pt"))
     comm.close()
@@ -292,17 +297,7 @@ def diloco_trace(out_dir: str, steps: str, options: str) -> None:
     torch.set_num_threads(1)
     steps = int(steps)
     comm = Communicator.from_env(torch.device("cpu"), "gloo", timeout_s=60)
-    model = initial_model()
-    mcfg = DiLoCoConfig(round_evals=0, **json.loads(options))
-    ctx = Context(Config(method=mcfg), comm, torch.device("cpu"), logging.getLogger("t"), out_dir, steps)
-    method = DiLoCo(mcfg, ctx)
-    model = method.setup(model)
-    opt = torch.optim.SGD(model.parameters(), lr=0.1)
-    xs, ys = fixed_batches(steps, 8 * comm.world)
-    rec: dict = {}
-    tap = Tap(method, model, rec)
-    for s in range(steps):
-        train_step(model, tap, opt, rank_batch(xs, ys, s, comm.rank, 8), s)
+    method, _, rec = run_tapped(DiLoCo, DiLoCoConfig(round_evals=0, **json.loads(options)), comm, out_dir, steps)
     before_final = comm.snapshot()
     final = parameters_to_vector(method.global_model(final=True).parameters()).detach()
     torch.save({"pre": torch.stack(rec["pre"]), "post": torch.stack(rec["after"]), "final": final,
