@@ -14,10 +14,9 @@ Each run is one `lowband compare` call; a run takes about a minute on 2 cores.
 import argparse
 import os
 import statistics
-import subprocess
 import tempfile
 
-from common import run_compare
+from common import commit, run_compare
 
 # label, method spec, extra options. Inner lr: the default 0.05 base, x4 workers for methods that
 # average workers (the default rule); diloco's inner rate is not scaled (its outer step does the rest).
@@ -35,11 +34,6 @@ SETTINGS = [
     ("local_sgd tau=12", "local_sgd:tau=12", []),
     ("diloco tau=12", "diloco:tau=12", []),
 ]
-
-
-def commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
-    return out.stdout.strip() or "unknown"
 
 
 def mean_sd(values: list[float]) -> str:

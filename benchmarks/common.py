@@ -13,3 +13,9 @@ def run_compare(args: list[str], out: str) -> list[dict]:
     folder = max(glob.glob(os.path.join(out, "compare-*")), key=os.path.getmtime)
     with open(os.path.join(folder, "summary.csv")) as f:
         return list(csv.DictReader(f))
+
+
+def commit() -> str:
+    """The short hash of the checked-out commit, to print beside a benchmark's figures."""
+    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
+    return out.stdout.strip() or "unknown"

@@ -11,18 +11,12 @@ Run: python benchmarks/sites.py [--epochs 2] [--link 10mbit,20ms] [--seed 0]
 """
 
 import argparse
-import subprocess
 import tempfile
 
-from common import run_compare
+from common import commit, run_compare
 
 METHODS = ["allreduce", "allreduce:hierarchical=true", "local_sgd:tau=16", "diloco:tau=16",
            "diloco:tau=16:group_size=2", "codistill:group_size=2:interval=50"]
-
-
-def commit() -> str:
-    out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
-    return out.stdout.strip() or "unknown"
 
 
 def main() -> None:
