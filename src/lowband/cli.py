@@ -108,6 +108,10 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--run-dir", help="directory for this run (default OUT/METHOD-TIMESTAMP)")
     t.add_argument("--out", default="runs", help="parent directory of new run directories (default runs)")
     t.add_argument("--resume", metavar="RUN_DIR", help="continue an interrupted run from its last checkpoint")
+    t.add_argument("--allow-world-change", action="store_true",
+                   help="let --resume (or a torchrun restart) run with another number of workers: new rank r "
+                        "takes old rank r %% K's model and optimizer, byte counts carry over, the old "
+                        "checkpoints are kept in RUN_DIR/checkpoints/world-K/ (data-parallel methods only)")
     t.add_argument("--target-from", metavar="RUN_DIR",
                    help="set train.target_accuracy to that run's final test accuracy (e.g. an allreduce run)")
     c = sub.add_parser("compare", help="train several methods on the same data and seeds; table and report",
@@ -237,43 +241,53 @@ def final_accuracy(run_dir: str) -> float:
 
 def cmd_train(args) -> int:
     from lowband import runs
+    from lowband.comm import launched_by_torchrun
 
     if args.resume:
         if args.run_dir:
             raise UsageError("--resume and --run-dir both name a run directory; give one")
-        code, run_dir = runs.start(resume_config(args), args.resume, resume=True)
+        cfg, note = resume_config(args)
+        code, run_dir = runs.start(cfg, args.resume, resume=True, allow_world_change=args.allow_world_change,
+                                   note=note)
+    elif args.allow_world_change and not launched_by_torchrun():
+        raise UsageError("--allow-world-change applies to --resume RUN_DIR (or to torchrun's restarts); "
+                         "a new run takes any --workers")
     else:
-        code, run_dir = runs.start(resolve(args), args.run_dir, out=args.out)
+        code, run_dir = runs.start(resolve(args), args.run_dir, out=args.out,
+                                   allow_world_change=args.allow_world_change)
     if code == 0:
         print(f"done: {run_dir}")
     return code
 
 
-def resume_config(args) -> C.Config:
-    """The run's own config; only the epoch count may change (to extend a finished run)."""
+def resume_config(args) -> tuple[C.Config, str | None]:
+    """The run's own config, and a note on what changed; only the epoch count, the loggers and (with
+    --allow-world-change) the number of workers may change. Both wait for every check (runs.start)."""
     from lowband import runs
 
-    changed = [flag for flag, key, _ in SHORTCUTS if getattr(args, key) is not None and key != "train.epochs"]
+    may = {"train.epochs", "train.workers"} if args.allow_world_change else {"train.epochs"}
+    changed = [flag for flag, key, _ in SHORTCUTS if getattr(args, key) is not None and key not in may]
     if changed or args.sets or args.config or args.method is not None or args.target_from:
-        raise UsageError("--resume continues a run with its own config.toml; only --epochs and --logger may change")
+        raise UsageError("--resume continues a run with its own config.toml; only --epochs and --logger may change "
+                         "(and --workers, with --allow-world-change)")
     cfg = runs.read_run_config(args.resume)
-    changes = {"epochs": args.__dict__["train.epochs"], "loggers": args.loggers}
+    changes = {"epochs": args.__dict__["train.epochs"], "loggers": args.loggers,
+               "workers": args.__dict__["train.workers"]}
     changes = {k: v for k, v in changes.items() if v is not None}
+    note = schedule_replanned(cfg, changes.get("epochs", cfg.train.epochs))
     if changes:
-        say_schedule_replanned(cfg, changes.get("epochs", cfg.train.epochs))
         cfg.train = C.build(C.TrainConfig, {**C.to_dict(cfg)["train"], **changes}, "train")
-        runs.write_config(cfg, args.resume)
-    return cfg
+    return cfg, note
 
 
-def say_schedule_replanned(cfg: C.Config, epochs: int) -> None:
-    """Extending a run re-plans its learning-rate schedule over the new total (one line on stderr):
+def schedule_replanned(cfg: C.Config, epochs: int) -> str | None:
+    """Extending a run re-plans its learning-rate schedule over the new total (a note for stderr):
     a cosine curve is stretched, so the rate rises again from where the shorter curve had brought it."""
     if epochs == cfg.train.epochs or cfg.optim.schedule != "cosine":
-        return
-    print(f"lowband: note: train.epochs {cfg.train.epochs} -> {epochs}: the cosine learning-rate schedule is "
-          f"re-planned over {epochs} epochs, so from the resumed epoch the rate follows the longer curve "
-          f"(it rises again if the run had finished)", file=sys.stderr)
+        return None
+    return (f"note: train.epochs {cfg.train.epochs} -> {epochs}: the cosine learning-rate schedule is "
+            f"re-planned over {epochs} epochs, so from the resumed epoch the rate follows the longer curve "
+            f"(it rises again if the run had finished)")
 
 
 def cmd_compare(args) -> int:

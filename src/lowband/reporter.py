@@ -35,7 +35,8 @@ class RankFigures:
     """One rank's figures for one epoch (plain types: they travel as JSON)."""
 
     loss: float
-    samples: int
+    samples: int  # trained on this epoch
+    seen: int = 0  # trained on since the run began (a world change hands these on: lowband.reshard)
     test_acc: float | None = None  # this rank's own model; None when the epoch was not evaluated
     val_acc: float | None = None
     bytes: dict[str, dict[str, float]] = field(default_factory=dict)  # tag -> {"sent", "recv", "calls", "wire", "inter"}
@@ -103,7 +104,7 @@ class EpochReporter:
         best = self.best_local(ranks)
         head = glob or {"test_acc": ranks[0].test_acc, "val_acc": ranks[0].val_acc}
         return {
-            "epoch": epoch, "samples": sum(r.samples for r in ranks) * epoch,
+            "epoch": epoch, "samples": sum(r.seen for r in ranks),
             "train_loss": _mean([r.loss for r in ranks]), "train_loss_ranks": [r.loss for r in ranks],
             "test_acc": head["test_acc"] if evaluated else None,
             "val_acc": head["val_acc"] if evaluated else None,

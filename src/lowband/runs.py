@@ -39,16 +39,39 @@ def world_size(cfg: C.Config) -> int:
     return world
 
 
-def check_resume_world(run_dir: str, world: int) -> None:
-    """Refuse to resume with a world size other than the one the run recorded and checkpointed."""
-    recorded = world_size(read_run_config(run_dir)) if RunDir(run_dir).is_run() else world
-    if recorded != world:
-        raise UsageError(f"--resume {run_dir}: the run has {recorded} worker(s), this resume would start {world}; "
-                         f"resume with {recorded}")
+def check_resume_world(run_dir: str, world: int, allow_change: bool = False) -> int:
+    """The world size the run checkpointed with. Refuse (one line) a resume with another one unless
+    `allow_change` and the method can change it (lowband.reshard); nothing is written here."""
+    cfg = read_run_config(run_dir) if RunDir(run_dir).is_run() else None
+    recorded = world_size(cfg) if cfg is not None else world
     ranks = checkpoint.ranks_saved(run_dir)
-    if ranks and ranks != list(range(world)):
-        raise UsageError(f"--resume {run_dir}: its checkpoints are of ranks {ranks}, this resume would start "
-                         f"{world} worker(s) (ranks 0..{world - 1}); resume with the world size that wrote them")
+    if ranks and ranks != list(range(recorded)):
+        raise UsageError(f"--resume {run_dir}: its checkpoints are of ranks {ranks}, its config records {recorded} "
+                         f"worker(s) (ranks 0..{recorded - 1}); resume with the world size that wrote them")
+    if cfg is None or recorded == world:
+        return recorded
+    if not allow_change:
+        raise UsageError(f"--resume {run_dir}: the run has {recorded} worker(s), this resume would start {world}; "
+                         f"resume with {recorded}, or add --allow-world-change")
+    why = METHODS.get(cfg.method.name).world_change_refused(cfg.method, recorded, world)
+    if why:
+        raise UsageError(f"--allow-world-change: method {cfg.method.name} {why}; resume {run_dir} with {recorded} "
+                         f"worker(s)")
+    if checkpoint.resumable_epoch(run_dir, list(range(recorded)))[0] == 0:
+        raise UsageError(f"--allow-world-change: {run_dir} has no epoch with an intact checkpoint of each of its "
+                         f"{recorded} ranks; resume it with {recorded} worker(s) (it starts from scratch)")
+    return recorded
+
+
+def change_world(run_dir: str, old: int, new: int) -> None:
+    """Re-cut the checkpoints for `new` ranks (lowband.reshard) and say so on stderr."""
+    from lowband.reshard import reshard
+
+    done = reshard(run_dir, old, new)
+    skipped = f" (newer epochs passed over: {'; '.join(done.passed)})" if done.passed else ""
+    print(f"lowband: resuming {run_dir} with {new} workers instead of {old} after epoch {done.epoch}{skipped}: "
+          f"rank r takes rank r % {old}'s model and optimizer state; the {old}-worker checkpoints are kept in "
+          f"{done.archive}", file=sys.stderr)
 
 
 def check_sites(cfg: C.Config, world: int) -> list[int]:
@@ -103,15 +126,17 @@ def check_plan(cfg: C.Config) -> None:
     build_model(cfg.model, plan.data.in_shape, plan.data.num_classes)
 
 
-def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = False) -> tuple[int, str]:
-    """Run `cfg`; returns (exit code, run directory)."""
+def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = False,
+          allow_world_change: bool = False, note: str | None = None) -> tuple[int, str]:
+    """Run `cfg`; returns (exit code, run directory). A resume writes `cfg` (e.g. more epochs) and
+    prints `note` once every check has passed; `allow_world_change` lets it run with another number
+    of workers."""
     if launched_by_torchrun():
-        return _as_torchrun_worker(cfg, run_dir, out, resume)
+        return _as_torchrun_worker(cfg, run_dir, out, resume, allow_world_change)
     run_dir = run_dir or new_run_dir(out, cfg.method.name)
     loggers.check(cfg.train.loggers)
-    if resume:
-        check_resume_world(run_dir, world_size(cfg))
-    else:
+    old_world = check_resume_world(run_dir, world_size(cfg), allow_world_change) if resume else None
+    if not resume or old_world != world_size(cfg):
         check_plan(cfg)
     netns = None
     if cfg.link.mode == "netns":
@@ -123,12 +148,24 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
     with method.services(cfg.method):  # e.g. Redis and teachers: failing here leaves no run directory behind
         if not resume:
             prepare_run_dir(cfg, run_dir)
+        else:
+            _settle_resume(cfg, run_dir, old_world, note)
         code = launch.run("lowband.runs:train_worker", [run_dir, "1" if resume else "0"], world_size(cfg),
                           run_dir, cfg.train.threads, keep_going=method.independent_models,
                           netns=netns, max_restarts=cfg.train.max_restarts, restart_args=[run_dir, "1"])
     if method.independent_models and code not in (2, 130):
         code = salvage(run_dir, world_size(cfg), code)
     return code, run_dir
+
+
+def _settle_resume(cfg: C.Config, run_dir: str, old_world: int | None, note: str | None = None) -> None:
+    """Before a resume's workers start: say `note`, re-cut the checkpoints if the world size changed,
+    then record the config the resume runs with."""
+    if note:
+        print(f"lowband: {note}", file=sys.stderr)
+    if old_world is not None and old_world != world_size(cfg):
+        change_world(run_dir, old_world, world_size(cfg))
+    write_config(cfg, run_dir)
 
 
 def _last_val_acc(run: RunDir, rank: int) -> float:
@@ -190,7 +227,8 @@ def _run(cfg: C.Config, run_dir: str, resume: bool, comm: Communicator) -> None:
         comm.close(clean)
 
 
-def _as_torchrun_worker(cfg: C.Config, run_dir: str | None, out: str, resume: bool) -> tuple[int, str]:
+def _as_torchrun_worker(cfg: C.Config, run_dir: str | None, out: str, resume: bool,
+                        allow_world_change: bool = False) -> tuple[int, str]:
     method = METHODS.get(cfg.method.name)
     world = int(os.environ["WORLD_SIZE"])
     if cfg.link.mode == "netns":
@@ -206,8 +244,7 @@ def _as_torchrun_worker(cfg: C.Config, run_dir: str | None, out: str, resume: bo
     if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0 and run_dir is None and not resume:
         raise UsageError("torchrun --max-restarts needs --run-dir DIR, so that restarted workers find the checkpoints")
     resume = resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
-    if resume and run_dir is not None:
-        check_resume_world(run_dir, world)
+    old_world = check_resume_world(run_dir, world, allow_world_change) if resume and run_dir is not None else None
     if not method.fixed_workers:  # the run records the world size torchrun chose
         cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, workers=world))
     comm = _join(cfg)
@@ -216,6 +253,8 @@ def _as_torchrun_worker(cfg: C.Config, run_dir: str | None, out: str, resume: bo
         chosen = run_dir or new_run_dir(out, cfg.method.name)
         if not resume:
             prepare_run_dir(cfg, chosen)
+        elif old_world is not None:
+            _settle_resume(cfg, chosen, old_world)
     run_dir = comm.broadcast_bytes(chosen.encode() if chosen else None, src=0).decode()
     _run(cfg, run_dir, resume, comm)
     return 0, run_dir

@@ -199,7 +199,7 @@ class Trainer:
         t_eval = time.perf_counter()
         last = epoch == self.cfg.train.epochs
         evaluate = epoch % self.cfg.train.eval_every == 0 or last
-        mine = RankFigures(loss=loss, samples=self.plan.steps * self.cfg.train.batch_size)
+        mine = RankFigures(loss=loss, samples=self.plan.steps * self.cfg.train.batch_size, seen=self.samples)
         glob, glob_accs = None, None
         if evaluate:
             local = self._accuracies(self.method.local_model())

@@ -87,6 +87,18 @@ class Method:
         return None
 
     @classmethod
+    def world_change_refused(cls, cfg: Any, old: int, new: int) -> str | None:
+        """Why a run cannot resume with `new` workers after checkpointing with `old` (None: it can,
+        each new rank r taking old rank r % old's state; see lowband.reshard)."""
+        if cls.fixed_workers:
+            return f"runs {cls.fixed_workers} process(es) always"
+        if cls.independent_models or not cls.same_init:
+            return "trains a different model on each worker, so another world size would drop or copy models"
+        if cls.groups(cfg, old) is not None or cls.groups(cfg, new) is not None:
+            return "its groups of workers are fixed for the run"
+        return None
+
+    @classmethod
     def partition(cls, cfg: Any, labels: torch.Tensor, world: int, seed: int) -> list[torch.Tensor] | None:
         """Each rank's training indices, when the method decides them (None: data.partition decides)."""
         return None

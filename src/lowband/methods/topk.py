@@ -52,3 +52,7 @@ class TopKGossip(Gossip):
 
     Config = TopKConfig
     cfg: TopKConfig
+
+    @classmethod
+    def world_change_refused(cls, cfg, old: int, new: int) -> str | None:
+        return "keeps public copies of its neighbours' models, which belong to one ring of workers"
