@@ -48,7 +48,8 @@ def spawn(entry: str, args: list[str], world: int, rendezvous_dir: str, threads:
 
 
 def run(entry: str, args: list[str], world: int, rendezvous_dir: str, threads: int = 1,
-        keep_going: bool = False, netns=None, max_restarts: int = 0, restart_args: list[str] | None = None) -> int:
+        keep_going: bool = False, netns=None, max_restarts: int = 0, restart_args: list[str] | None = None,
+        sites: list[int] | None = None, intra=None) -> int:
     """Run `entry` in `world` processes; return 0, or the first failing worker's exit code.
 
     max_restarts: when a worker fails, stop all and start all again with `restart_args` (which
@@ -56,12 +57,13 @@ def run(entry: str, args: list[str], world: int, rendezvous_dir: str, threads: i
     A usage error (exit 2) or an interrupt is never retried.
     keep_going: a failed worker does not stop the others (for methods whose workers train
     separate models); once all have ended the first failure's code is returned all the same.
-    netns: a LinkSpec; every worker then runs in its own namespace behind a shaped link.
+    netns: a LinkSpec; every worker then runs in its own namespace behind a shaped link, or with
+    `sites` (each rank's site) in a site sharing one shaped uplink, `intra` (a LinkSpec) inside it.
     """
     if netns is not None:
-        from lowband.comm.links import NetnsLinks
+        from lowband.comm.links import UNLIMITED, NetnsLinks
 
-        with NetnsLinks(world, netns) as net:
+        with NetnsLinks(world, netns, sites, intra or UNLIMITED) as net:
             return _restarting(entry, args, world, rendezvous_dir, threads, keep_going, net, max_restarts, restart_args)
     return _restarting(entry, args, world, rendezvous_dir, threads, keep_going, None, max_restarts, restart_args)
 

@@ -80,9 +80,6 @@ def check_sites(cfg: C.Config, world: int) -> list[int]:
 
     site_of = cfg.link.site_map(world)
     method = METHODS.get(cfg.method.name)
-    if cfg.link.mode == "netns" and (configured(cfg.link.sites, cfg.link.site_of) or cfg.link.intra_spec.limited):
-        raise ConfigError("link.mode", "netns", "shapes every worker's link alike; sites and link.intra need "
-                                                "--link-mode model")
     if configured(cfg.link.sites, cfg.link.site_of):
         check_groups(site_of, method.groups(cfg.method, world), "method.group_size",
                      getattr(cfg.method, "group_size", None))
@@ -138,12 +135,15 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
     old_world = check_resume_world(run_dir, world_size(cfg), allow_world_change) if resume else None
     if not resume or old_world != world_size(cfg):
         check_plan(cfg)
-    netns = None
+    netns, sites = None, None
     if cfg.link.mode == "netns":
         from lowband.comm.links import check_netns_possible
+        from lowband.comm.sites import configured
 
         check_netns_possible(cfg.link.spec)
+        check_netns_possible(cfg.link.intra_spec, "link.intra")
         netns = cfg.link.spec
+        sites = cfg.link.site_map(world_size(cfg)) if configured(cfg.link.sites, cfg.link.site_of) else None
     method = METHODS.get(cfg.method.name)
     with method.services(cfg.method):  # e.g. Redis and teachers: failing here leaves no run directory behind
         if not resume:
@@ -152,7 +152,8 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
             _settle_resume(cfg, run_dir, old_world, note)
         code = launch.run("lowband.runs:train_worker", [run_dir, "1" if resume else "0"], world_size(cfg),
                           run_dir, cfg.train.threads, keep_going=method.independent_models,
-                          netns=netns, max_restarts=cfg.train.max_restarts, restart_args=[run_dir, "1"])
+                          netns=netns, max_restarts=cfg.train.max_restarts, restart_args=[run_dir, "1"],
+                          sites=sites, intra=cfg.link.intra_spec)
     if method.independent_models and code not in (2, 130):
         code = salvage(run_dir, world_size(cfg), code)
     return code, run_dir

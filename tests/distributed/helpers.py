@@ -262,7 +262,8 @@ def codistill_trace(out_dir: str, steps: str, interval: str, method: str = "codi
 
 
 def timed_transfer(out_dir: str, op: str, nbytes: str, rate_bps: str = "0") -> None:
-    """Time one send (rank 0 -> 1) or one allreduce of `nbytes`, after a warm-up, on a modelled or real link."""
+    """Time one send (op "send": rank 0 -> 1; "send:N": rank 0 -> N) or one allreduce of `nbytes`, after a
+    warm-up, on a modelled or real link."""
     from lowband.comm.links import LinkSpec
 
     torch.set_num_threads(1)
@@ -271,8 +272,9 @@ def timed_transfer(out_dir: str, op: str, nbytes: str, rate_bps: str = "0") -> N
     tensor = torch.ones(int(nbytes) // 4)
     comm.allreduce(torch.ones(1), tag="warmup")
     t0 = time.perf_counter()
-    if op == "send":
-        comm.send(tensor, 1, "x") if comm.rank == 0 else comm.recv(tensor, 0, "x") if comm.rank == 1 else None
+    if op.startswith("send"):
+        to = int(op.partition(":")[2] or 1)
+        comm.send(tensor, to, "x") if comm.rank == 0 else comm.recv(tensor, 0, "x") if comm.rank == to else None
     else:
         comm.allreduce(tensor, tag="x")
     elapsed = time.perf_counter() - t0

@@ -133,14 +133,17 @@ def test_the_modelled_link_delays_by_the_class_of_link_crossed():
     assert dict(comms[1].link.free_at).keys() == {2, "ring"}
 
 
-def test_netns_mode_refuses_sites():
+def test_netns_mode_takes_sites_but_refuses_an_intra_latency(monkeypatch):
     from lowband import config
-    from lowband.errors import ConfigError
+    from lowband.comm import links
+    from lowband.errors import UsageError
     from lowband.runs import check_sites, method_configs
 
     cfg = config.from_dict({"link": {"mode": "netns", "sites": 2}, "train": {"workers": 4}}, method_configs())
-    with pytest.raises(ConfigError, match="--link-mode model"):
-        check_sites(cfg, 4)
+    assert check_sites(cfg, 4) == [0, 0, 1, 1]
+    monkeypatch.setattr(links.os, "geteuid", lambda: 0)
+    with pytest.raises(UsageError, match=r"^link.intra: --link-mode netns .* cannot add latency"):
+        links.check_netns_possible(links.parse_link("1gbit,1ms", "link.intra"), "link.intra")
 
 
 def test_checkpoint_writes_wait_on_the_link_they_cross(tmp_path):

@@ -9,9 +9,11 @@ model  Every byte the communicator puts on the wire waits its turn on a per-link
        one inside a site the `link.intra` link (default unlimited: no delay); each class has its
        own queues.
 netns  (root only) Every worker runs in its own network namespace, joined to the others through
-       a veth pair and a bridge, with `tc tbf` shaping both ends of each veth; gloo is told to use
-       that interface. tbf cannot delay, so LATENCY is refused here. Everything created is deleted
-       when the run ends, fails or is interrupted.
+       veth pairs and bridges, with `tc tbf` shaping both ends of each shaped veth; gloo is told to
+       use that interface. Without sites each worker's own veth is shaped at RATE; with sites the
+       workers of a site share a bridge (their veths shaped at `link.intra`, when limited) and the
+       site one uplink shaped at RATE (`NetnsLinks`). tbf cannot delay, so LATENCY is refused here.
+       Everything created is deleted when the run ends, fails or is interrupted.
 """
 
 from __future__ import annotations
@@ -110,23 +112,31 @@ def _run(*cmd: str) -> None:
     subprocess.run(cmd, check=True, capture_output=True, text=True)
 
 
-def check_netns_possible(spec: LinkSpec) -> None:
+def check_netns_possible(spec: LinkSpec, field: str = "--link") -> None:
     if os.geteuid() != 0:
         raise UsageError("--link-mode netns needs root (it creates network namespaces); run as root or use --link-mode model")
     missing = [tool for tool in ("ip", "tc") if shutil.which(tool) is None]
     if missing:
         raise UsageError(f"--link-mode netns needs {' and '.join(missing)} (Debian: apt-get install iproute2)")
     if spec.latency_s:
-        raise UsageError("--link-mode netns shapes the rate with tc tbf, which cannot add latency; "
+        raise UsageError(f"{field}: --link-mode netns shapes the rate with tc tbf, which cannot add latency; "
                          "drop the latency or use --link-mode model")
 
 
 class NetnsLinks:
-    """K namespaces lb<id>r<rank>, each with eth0 on 10.213.N.<rank+1>/24, bridged, shaped both ways."""
+    """K namespaces lb<id>r<rank>, each with eth0 on 10.213.N.<rank+1>/24, joined through bridges.
 
-    def __init__(self, world: int, spec: LinkSpec):
+    A worker alone in its site (the default: no site map) hangs off the core bridge lbbr<id> by a
+    veth shaped both ways at the inter-site rate. The workers of a larger site share a site bridge
+    lbs<id>s<site> (their veths shaped at `intra`'s rate when it is limited), and the site reaches
+    the core bridge through one uplink veth pair lbu<id>s<site> / lbc<id>s<site> shaped both ways
+    at the inter-site rate: the site's workers share its uplink, as a site's WAN link is shared."""
+
+    def __init__(self, world: int, spec: LinkSpec, site_of: list[int] | None = None, intra: LinkSpec = UNLIMITED):
         check_netns_possible(spec)
-        self.world, self.spec = world, spec
+        check_netns_possible(intra, "link.intra")
+        self.world, self.spec, self.intra = world, spec, intra
+        self.site_of = list(site_of) if site_of is not None else list(range(world))
         self.id = uuid.uuid4().hex[:6]
         self.subnet = 10 + int(self.id, 16) % 240
         self.bridge = f"lbbr{self.id}"
@@ -140,38 +150,61 @@ class NetnsLinks:
 
     def __enter__(self) -> NetnsLinks:
         try:
-            _run("ip", "link", "add", self.bridge, "type", "bridge")
-            self.created.append(("link", self.bridge))
-            _run("ip", "link", "set", self.bridge, "up")
-            for rank in range(self.world):
-                self._add_worker(rank)
+            self._bridge(self.bridge)
+            for site in sorted(set(self.site_of)):
+                members = [r for r, s in enumerate(self.site_of) if s == site]
+                if len(members) == 1:
+                    self._add_worker(members[0], self.bridge, self.spec)
+                    continue
+                local = self._uplink(site)
+                for rank in members:
+                    self._add_worker(rank, local, self.intra)
         except BaseException:
             self.close()
             raise
         return self
 
-    def _add_worker(self, rank: int) -> None:
+    def _bridge(self, name: str) -> None:
+        _run("ip", "link", "add", name, "type", "bridge")
+        self.created.append(("link", name))
+        _run("ip", "link", "set", name, "up")
+
+    def _uplink(self, site: int) -> str:
+        """The site's bridge, joined to the core bridge by a veth pair shaped at the inter-site rate."""
+        local, up, core = f"lbs{self.id}s{site}", f"lbu{self.id}s{site}", f"lbc{self.id}s{site}"
+        self._bridge(local)
+        _run("ip", "link", "add", up, "type", "veth", "peer", "name", core)
+        self.created.append(("link", up))
+        _run("ip", "link", "set", up, "master", local, "up")
+        _run("ip", "link", "set", core, "master", self.bridge, "up")
+        if self.spec.rate_bps != float("inf"):
+            self._shape(["tc"], up, self.spec)
+            self._shape(["tc"], core, self.spec)
+        return local
+
+    def _add_worker(self, rank: int, bridge: str, spec: LinkSpec) -> None:
         ns, host = self.namespace(rank), f"lbv{self.id}r{rank}"
         _run("ip", "netns", "add", ns)
         self.created.append(("netns", ns))
         _run("ip", "link", "add", host, "type", "veth", "peer", "name", "eth0", "netns", ns)
         self.created.append(("link", host))
-        _run("ip", "link", "set", host, "master", self.bridge, "up")
+        _run("ip", "link", "set", host, "master", bridge, "up")
         _run("ip", "-n", ns, "addr", "add", f"{self.address(rank)}/24", "dev", "eth0")
         _run("ip", "-n", ns, "link", "set", "eth0", "up")
         _run("ip", "-n", ns, "link", "set", "lo", "up")
         # a collective's bursts are separated by short idle gaps: do not restart TCP slow start after each
         _run("ip", "netns", "exec", ns, "sysctl", "-q", "-w", "net.ipv4.tcp_slow_start_after_idle=0")
-        if self.spec.rate_bps != float("inf"):
-            self._shape(["ip", "netns", "exec", ns, "tc"], "eth0")
-            self._shape(["tc"], host)
+        if spec.rate_bps != float("inf"):
+            self._shape(["ip", "netns", "exec", ns, "tc"], "eth0", spec)
+            self._shape(["tc"], host, spec)
 
-    def _shape(self, tc: list[str], dev: str) -> None:
+    @staticmethod
+    def _shape(tc: list[str], dev: str, spec: LinkSpec) -> None:
         """tbf at RATE with a short queue and a 50 ms burst. A deep queue (500 ms) kept the ACKs of the
         opposite direction behind data, and a 10 ms burst starved them of tokens: either made a two-way
         all-reduce 15-30% slower than the link allows; with these settings it is within ~7% (framing)."""
-        rate = int(self.spec.rate_bps)
-        burst = max(int(self.spec.rate_bps / 8 / 20), 4096)  # 50 ms of traffic
+        rate = int(spec.rate_bps)
+        burst = max(int(spec.rate_bps / 8 / 20), 4096)  # 50 ms of traffic
         _run(*tc, "qdisc", "add", "dev", dev, "root", "tbf", "rate", f"{rate}bit", "burst", f"{burst}b",
              "latency", "20ms")
 
