@@ -142,7 +142,7 @@ class LinkConfig:
     mode: Literal["model", "netns"] = opt("model", "model: delays in the communicator; netns: real tc-shaped links (root)")
     sites: int = opt(0, "S: the workers form S equal sites of consecutive ranks (0: every worker its own site)")
     site_of: list = opt([], "each rank's site, for uneven sites, e.g. [0, 0, 0, 1] (overrides sites)")
-    intra: str = opt("unlimited", "RATE[,LATENCY] of the link inside a site (model mode)")
+    intra: str = opt("unlimited", "RATE[,LATENCY] of the link inside a site (netns: RATE only)")
 
     def __post_init__(self):
         from lowband.comm.links import parse_link
