@@ -33,6 +33,9 @@ SETTINGS = [
     ("diloco tau=64", "diloco:tau=64", []),
     ("local_sgd tau=12", "local_sgd:tau=12", []),
     ("diloco tau=12", "diloco:tau=12", []),
+    ("local_sgd tau=16 lr=0.025", "local_sgd:tau=16", ["--lr", "0.025"]),
+    ("local_sgd tau=16 lr=0.035", "local_sgd:tau=16", ["--lr", "0.035"]),
+    ("diloco tau=16 lr=0.035", "diloco:tau=16", ["--lr", "0.035"]),
 ]
 
 
