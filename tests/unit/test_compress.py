@@ -143,3 +143,24 @@ def test_ec_dnn_takes_only_codecs_for_whole_models():
     assert ECDNNConfig(codec="int8").codec == "int8"
     with pytest.raises(ConfigError, match="method.codec='topk:0.1' is invalid: ec_dnn gathers whole models"):
         ECDNNConfig(codec="topk:0.1")
+
+
+@pytest.mark.parametrize("spec", ["int4:stochastic", "topk:0.1+int2:stochastic"])
+def test_a_stochastic_codec_resumes_its_random_stream(spec):
+    x = torch.randn(3000, generator=torch.Generator().manual_seed(5))
+    going = parse_codec(spec, seed=7)
+    going.encode(x)
+    saved = going.state_dict()
+    assert saved  # a stochastic codec has state to save
+    expected = going.encode(x)
+    resumed = parse_codec(spec, seed=99)  # a fresh codec, as a restarted worker builds it
+    resumed.load_state_dict(saved)
+    assert torch.equal(resumed.encode(x), expected)
+    assert not torch.equal(parse_codec(spec, seed=99).encode(x), expected)  # the state is what made it equal
+
+
+@pytest.mark.parametrize("spec", ["fp32", "fp16", "int8", "topk:0.1+int4"])
+def test_deterministic_codecs_have_no_state(spec):
+    codec = parse_codec(spec, seed=1)
+    assert codec.state_dict() == {}
+    codec.load_state_dict({})

@@ -56,6 +56,13 @@ class Codec:
         """What the receiver reads when `x` is sent."""
         return self.decode(self.encode(x), x.numel())
 
+    def state_dict(self) -> dict:
+        """What a resumed run needs to encode as this one would have (a stochastic codec's random state)."""
+        return {}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Take back `state_dict()`'s output; a state saved without it (an older checkpoint) is ignored."""
+
 
 class Half(Codec):
     def __init__(self, dtype: torch.dtype):
@@ -97,6 +104,13 @@ class Quantized(Codec):
 
     def payload_bytes(self, numel):
         return 4 * math.ceil(numel / QUANT_CHUNK) + math.ceil(numel * self.bits / 8)
+
+    def state_dict(self) -> dict:
+        return {"rng": self.gen.get_state()} if self.stochastic else {}
+
+    def load_state_dict(self, state: dict) -> None:
+        if self.stochastic and "rng" in state:
+            self.gen.set_state(state["rng"])
 
     def _chunks(self, x: torch.Tensor) -> torch.Tensor:
         n = x.numel()
@@ -154,6 +168,12 @@ class TopK(Codec):
 
     def _count(self, numel: int) -> int:
         return math.ceil(numel / TOPK_CHUNK) * min(self.k, TOPK_CHUNK)
+
+    def state_dict(self) -> dict:
+        return self.values.state_dict()
+
+    def load_state_dict(self, state: dict) -> None:
+        self.values.load_state_dict(state)
 
     def payload_bytes(self, numel):
         count = self._count(numel)

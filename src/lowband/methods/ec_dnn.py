@@ -149,11 +149,13 @@ class ECDNN(Method):
     def state_dict(self) -> dict:
         return {"pseudo": self.pseudo, "target": self.target, "relabelled": self.relabelled,
                 "has_target": self.has_target, "compress_left": self.compress_left,
-                "test_weights": self.test_weights if self.test_weights is not None else torch.empty(0)}
+                "test_weights": self.test_weights if self.test_weights is not None else torch.empty(0),
+                "codec": self.codec.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         for key in ("pseudo", "target", "relabelled", "has_target"):
             getattr(self, key).copy_(state[key])
         self.compress_left = state["compress_left"]
         self.test_weights = state["test_weights"] if state["test_weights"].numel() else None
+        self.codec.load_state_dict(state.get("codec", {}))
 

@@ -74,7 +74,8 @@ class Fragment:
         """A copy (the optimizer's own state_dict shares its momentum buffers with it)."""
         return {"anchor": self.anchor.detach().clone(), "outer": copy.deepcopy(self.outer.state_dict()),
                 "feedback": copy.deepcopy(self.feedback.state_dict()) if self.feedback else {},
-                "apply_at": -1 if self.apply_at is None else self.apply_at, "sent_at": self.sent_at}
+                "apply_at": -1 if self.apply_at is None else self.apply_at, "sent_at": self.sent_at,
+                "codec": copy.deepcopy(self.codec.state_dict())}
 
     def load_state_dict(self, state: dict) -> None:
         with torch.no_grad():
@@ -84,3 +85,4 @@ class Fragment:
             self.feedback.load_state_dict(state["feedback"])
         self.apply_at = None if int(state["apply_at"]) < 0 else int(state["apply_at"])
         self.sent_at = int(state["sent_at"])
+        self.codec.load_state_dict(state.get("codec", {}))
