@@ -147,3 +147,32 @@ def test_topk_follows_a_choco_sgd_simulation_with_its_step_size(tmp_path, gamma)
         torch.testing.assert_close(ranks[i][f"copy{i}"], sim["xhat"][i], rtol=1e-5, atol=1e-6)
     other = choco_simulation(ranks, p, 1.0)  # gamma matters in this test
     assert (other["mixed"][-1] - sim["mixed"][-1]).abs().max() > 1e-4
+
+
+def test_dpsgd_through_fp16_mixes_the_neighbours_rounded_values(tmp_path):
+    world = 4
+    ranks, stats = trace(tmp_path, world, "dpsgd", codec="fp16")
+    w = ring(world)
+    own, others = torch.diag(torch.diag(w)), w - torch.diag(torch.diag(w))
+    for s in range(STEPS):  # step by step from what the ranks held, so fp16 rounds the same float32 values
+        x = torch.stack([r["before"][s] for r in ranks])
+        sent = x.half().double()  # what each neighbour's message carried
+        expected = own @ x.double() + others @ sent - LR * stacked(ranks, "grad", s)
+        torch.testing.assert_close(stacked(ranks, "after", s).float(), expected.float(), rtol=1e-5, atol=1e-6)
+    d = ranks[0]["before"].shape[1]
+    for st in stats:
+        assert st["params"]["sent"] == st["params"]["recv"] == STEPS * 2 * d * 2  # 2 bytes per value
+
+
+def test_topk_through_int8_keeps_public_copies_equal_and_counts_the_codecs_bytes(tmp_path):
+    from lowband.comm.compress import parse_codec
+
+    world = 4
+    ranks, stats = trace(tmp_path, world, "topk", p=0.05, index="bitmask", codec="int8")
+    for i in range(world):
+        for j in neighbours("ring", i, world):
+            torch.testing.assert_close(ranks[i][f"copy{j}"], ranks[j][f"copy{j}"], rtol=0, atol=0)
+    d = ranks[0]["before"].shape[1]
+    k = round(0.05 * d)
+    for st in stats:
+        assert st["params"]["sent"] == STEPS * 2 * parse_codec("int8").payload_bytes(k)

@@ -118,3 +118,57 @@ def test_top_k_state_round_trips():
     other.load_state_dict(state)
     for j in topk.copies:
         assert torch.equal(other.copies[j], topk.copies[j])
+
+
+# ---- value codecs (method.codec) ---------------------------------------------------------------------
+def test_dense_through_fp16_sends_half_the_bytes_and_mixes_what_arrives():
+    from lowband.comm.compress import parse_codec
+
+    dense = Dense()
+    x = torch.randn(D, generator=torch.Generator().manual_seed(3))
+    dense.bind(x, MIXING, Timers(), parse_codec("fp16"))
+    before = x.clone()
+    msg = dense.message(0)
+    assert msg.wire_bytes() == {"params": D * 2}
+    sent = {j: torch.randn(D, generator=torch.Generator().manual_seed(j)) for j in MIXING.peers}
+    payloads = {j: Incoming(torch.from_numpy(v.numpy().astype("float16")).view(torch.uint8)) for j, v in sent.items()}
+    dense.apply(msg, payloads)
+    as16 = {j: torch.from_numpy(v.numpy().astype("float16").astype("float32")) for j, v in sent.items()}
+    torch.testing.assert_close(x, 0.5 * before + 0.2 * as16[0] + 0.3 * as16[2])
+
+
+def test_random_k_through_int8_counts_the_codecs_exact_bytes():
+    from lowband.comm.compress import parse_codec
+
+    codec = parse_codec("int8")
+    rk = RandomK(0.3, "seed", "geometric", seed=7)
+    rk.bind(torch.randn(D), MIXING, Timers(), codec)
+    msg = rk.message(2)
+    assert msg.wire_bytes() == {"params": codec.payload_bytes(len(msg.idx))}
+
+
+@pytest.mark.parametrize("spec", ["int8", "int4:stochastic", "bf16"])
+def test_top_k_copies_stay_equal_everywhere_through_a_lossy_codec(spec):
+    """Three nodes, each the others' neighbour, in one process: after every step each node's copy of
+    node j equals node j's own public copy, bit for bit (CHOCO's invariant), however lossy the codec."""
+    from lowband.comm.compress import parse_codec
+
+    world = 3
+    nodes = []
+    x0 = torch.randn(D, generator=torch.Generator().manual_seed(0))
+    for rank in range(world):
+        peers = [j for j in range(world) if j != rank]
+        node = TopK(0.2, "gaps", 0.5)
+        node.bind(x0.clone(), Mixing(rank, peers, 1 / 3, {j: 1 / 3 for j in peers}), Timers(),
+                  parse_codec(spec, seed=rank))
+        nodes.append(node)
+    gen = torch.Generator().manual_seed(1)
+    for step in range(6):
+        for node in nodes:  # local training moves each node differently
+            node.x.add_(torch.randn(D, generator=gen))
+        msgs = [node.message(step) for node in nodes]
+        for rank, node in enumerate(nodes):
+            node.apply(msgs[rank], {j: Incoming(msgs[j].values, msgs[j].index) for j in node.mixing.peers})
+        for i in range(world):
+            for j in range(world):
+                assert torch.equal(nodes[i].copies[j], nodes[j].copies[j]), (step, i, j)

@@ -28,6 +28,7 @@ import torch
 
 from lowband.comm.averaging import averaged_copy
 from lowband.comm.communicator import Pending
+from lowband.comm.compress import VALUE_SPECS, parse_codec
 from lowband.comm.topology import mixing_matrix, neighbours
 from lowband.config import MethodConfig, opt
 from lowband.errors import require
@@ -53,9 +54,12 @@ class DPSGDConfig(MethodConfig):
     name: str = opt("dpsgd", "training method")
     topology: Literal["ring", "torus", "complete"] = opt("ring", "who mixes with whom")
     sync_every: int = opt(1, "mix every this many steps (the synchronisation delay s)")
+    codec: str = opt("fp32", f"how the mixed values travel: {VALUE_SPECS} (int codecs: best with topk)")
 
     def __post_init__(self):
         require(self.sync_every >= 1, "method.sync_every", self.sync_every, "must be an integer >= 1")
+        require(not parse_codec(self.codec, "method.codec").sparse, "method.codec", self.codec,
+                f"must be a value codec ({VALUE_SPECS}); the sparsifier chooses the coordinates")
 
     def sparsifier(self, seed: int) -> Sparsifier:
         """What a mixing step sends: every coordinate."""
@@ -113,7 +117,9 @@ class Gossip(Method):
         self.w_self, self.w_peer = float(w[comm.rank]), {j: float(w[j]) for j in self.peers}
         self.timers, self.pending = Timers(), None  # the first exchange is posted at the first mixing step
         self.sparsifier = self.cfg.sparsifier(self.ctx.cfg.train.seed)
-        self.sparsifier.bind(self.x, Mixing(comm.rank, self.peers, self.w_self, self.w_peer), self.timers)
+        self.codec = parse_codec(self.cfg.codec, seed=self.ctx.cfg.train.seed * 1000 + comm.rank)
+        self.sparsifier.bind(self.x, Mixing(comm.rank, self.peers, self.w_self, self.w_peer), self.timers,
+                             self.codec)
         return model
 
     @property
@@ -170,10 +176,11 @@ class Gossip(Method):
         return averaged_copy(self.ctx.comm, self.model, tag="eval")
 
     def state_dict(self) -> dict:
-        return self.sparsifier.state_dict()
+        return {**self.sparsifier.state_dict(), "codec": self.codec.state_dict()}
 
     def load_state_dict(self, state: dict) -> None:
         self.sparsifier.load_state_dict(state)
+        self.codec.load_state_dict(state.get("codec", {}))
 
 
 @METHODS.register("dpsgd")

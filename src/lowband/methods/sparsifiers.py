@@ -12,6 +12,13 @@ sparsifier decides which coordinates take part and what goes on the wire:
            error feedback: what is left out stays in x - x_hat and goes later (CHOCO-SGD,
            Koloskova et al. 2019). Indices differ per node, so they always travel.
 
+Every sparsifier sends its values through a value codec (`method.codec`, comm/compress.py: fp32
+by default, or fp16, bf16, int8, int4, int2). A lossy codec's payload is what travels; every node
+decodes what it receives, and TopK moves its own public copy by the *decoded* values, so that all
+copies of it stay equal. fp16 and bf16 suit every sparsifier; int codecs quantize what they are
+given, so on Dense and RandomK they quantize the model itself each step (a noise floor), while
+TopK's messages are changes, the setting CHOCO-SGD's analysis covers.
+
 A `Message` is one step's send: values (tag "params"), encoded indices (tag "index"), and whether
 the values' length differs per node. Parts whose length the receiver cannot know travel after a
 header of their lengths (`Communicator.exchange_sized_async`); `Message.wire_bytes` is exactly
@@ -26,6 +33,7 @@ from dataclasses import dataclass, field
 import torch
 
 from lowband.comm.codecs import INDEX_CODECS
+from lowband.comm.compress import Codec
 from lowband.comm.masks import random_indices
 
 LENGTH_BYTES = 8  # one int64 per part in the lengths header
@@ -85,10 +93,29 @@ class Sparsifier:
     x: torch.Tensor
     mixing: Mixing
     timers: Timers
+    values_codec: Codec
 
-    def bind(self, x: torch.Tensor, mixing: Mixing, timers: Timers) -> None:
-        """Attach to a node's flat parameters, mixing row and phase timers (once, at setup)."""
+    def bind(self, x: torch.Tensor, mixing: Mixing, timers: Timers, values_codec: Codec | None = None) -> None:
+        """Attach to a node's flat parameters, mixing row, phase timers and value codec (once, at setup)."""
         self.x, self.mixing, self.timers = x, mixing, timers
+        self.values_codec = values_codec or Codec()
+
+    def pack(self, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(what travels, what every receiver will read) for `values`."""
+        if self.values_codec.lossless:
+            return values, values
+        payload = self.values_codec.encode(values)
+        read = self.values_codec.decode(payload, values.numel()).to(values.device)
+        return payload.to(values.device), read
+
+    def unpack(self, got: Incoming, count: int) -> torch.Tensor:
+        """The values a neighbour sent, decoded (`count` of them)."""
+        if self.values_codec.lossless:
+            return got.values
+        return self.values_codec.decode(got.values.cpu(), count).to(self.x.device)
+
+    def decoded(self, incoming: dict[int, Incoming], count: int) -> dict[int, Incoming]:
+        return {j: Incoming(self.unpack(got, count), got.index) for j, got in incoming.items()}
 
     def message(self, step: int) -> Message:
         raise NotImplementedError
@@ -121,12 +148,12 @@ class Dense(Sparsifier):
 
     def message(self, step: int) -> Message:
         t0 = time.perf_counter()
-        values = self.x.clone()
+        values, _ = self.pack(self.x.clone())
         self.timers.add("extract", t0)
         return Message(values)
 
     def apply(self, msg: Message, incoming: dict[int, Incoming]) -> None:
-        mix(self.x, None, self.mixing, incoming)
+        mix(self.x, None, self.mixing, self.decoded(incoming, self.x.numel()))
 
 
 def mask_seed(seed: int, step: int) -> int:
@@ -154,14 +181,15 @@ class RandomK(Sparsifier):
         index = self.codec.encode(idx.cpu(), self.x.numel()) if idx is not None and self.codec.sends_indices else None
         self.timers.add("index", t0)
         t0 = time.perf_counter()
-        values = self.x.clone() if idx is None else self.x[idx]
+        values, _ = self.pack(self.x.clone() if idx is None else self.x[idx])
         self.timers.add("extract", t0)
         return Message(values, index, idx=idx)
 
     def apply(self, msg: Message, incoming: dict[int, Incoming]) -> None:
         if msg.idx is not None:
             self._check(msg.idx, incoming)
-        mix(self.x, msg.idx, self.mixing, incoming)
+        count = self.x.numel() if msg.idx is None else msg.idx.numel()
+        mix(self.x, msg.idx, self.mixing, self.decoded(incoming, count))
 
     def _check(self, idx: torch.Tensor, incoming: dict[int, Incoming]) -> None:
         """Neighbours that sent indices must have mixed the same coordinates as this node."""
@@ -182,8 +210,8 @@ class TopK(Sparsifier):
     gamma: float
     copies: dict[int, torch.Tensor] = field(default_factory=dict)
 
-    def bind(self, x: torch.Tensor, mixing: Mixing, timers: Timers) -> None:
-        super().bind(x, mixing, timers)  # equal initial models: everyone's public copies start at x
+    def bind(self, x: torch.Tensor, mixing: Mixing, timers: Timers, values_codec: Codec | None = None) -> None:
+        super().bind(x, mixing, timers, values_codec)  # equal initial models: everyone's public copies start at x
         self.codec = INDEX_CODECS[self.index]()
         self.copies = {j: x.detach().clone() for j in [mixing.rank, *mixing.peers]}
 
@@ -194,9 +222,9 @@ class TopK(Sparsifier):
         idx = torch.topk(delta.abs(), max(1, round(self.p * d)), sorted=False).indices.sort().values
         self.timers.add("select", t0)
         t0 = time.perf_counter()
-        values, index = delta[idx], self.codec.encode(idx.cpu(), d)
+        (values, read), index = self.pack(delta[idx]), self.codec.encode(idx.cpu(), d)
         self.timers.add("extract", t0)
-        me[idx] += values  # our own public copy moves as the neighbours' copies of it will
+        me[idx] += read  # our own public copy moves as the neighbours' copies of it will
         return Message(values, index, sized=True, idx=idx)
 
     def apply(self, msg: Message, incoming: dict[int, Incoming]) -> None:
@@ -205,7 +233,7 @@ class TopK(Sparsifier):
             for j, got in incoming.items():
                 assert got.index is not None  # TopK indices always travel
                 idx = self.codec.decode(got.index, self.x.numel()).to(self.x.device)
-                self.copies[j][idx] += got.values
+                self.copies[j][idx] += self.unpack(got, idx.numel())
                 pull.add_(self.copies[j] - me, alpha=self.mixing.w_peer[j])
             self.x.add_(pull, alpha=self.gamma)
 
