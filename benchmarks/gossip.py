@@ -5,15 +5,21 @@ Runs through `lowband compare`: D-PSGD (= RD-PSGD at p = 1), RD-PSGD at p in {0.
 best local model, and bytes per worker (values and indices). The RD-PSGD paper (Figs. 3-5)
 claims no accuracy loss down to p = 0.1.
 
-Run: python benchmarks/gossip.py [--workers 8] [--epochs 30] [--ps 0.5,0.1,0.01]
+Run: python benchmarks/gossip.py [--workers 8] [--epochs 30] [--ps 0.5,0.1,0.01] [--seeds 0,1,2]
 """
 
 import argparse
 import os
+import statistics
 import tempfile
 
-from common import run_compare
+from common import commit, run_compare
 from lowband.metrics import read_metrics
+
+
+def mean_sd(values: list[float]) -> str:
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.4f} ± {sd:.4f}"
 
 
 def main():
@@ -21,28 +27,33 @@ def main():
     p.add_argument("--workers", type=int, default=8)
     p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--ps", default="0.5,0.1,0.01")
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", default="0", help="comma-separated seeds; the table shows mean ± sd over them")
     a = p.parse_args()
     ps = a.ps.split(",")
     specs = ["dpsgd"] + [f"rdpsgd:p={x}" for x in ps] + [f"topk:p={x}" for x in ps]
     with tempfile.TemporaryDirectory() as out:
         rows = run_compare(["--methods", ",".join(specs), "--workers", str(a.workers), "--epochs", str(a.epochs),
-                            "--seed", str(a.seed)], out)
-        print(f"MNIST-1D, cnn1d, K = {a.workers} ring, {a.epochs} epochs, seed {a.seed}, {os.cpu_count()} cores\n")
-        print("| method | p | final acc (average model) | best local acc | sent/worker MB | of which index MB | "
-              "train s | comm s |")
-        print("|---|---|---|---|---|---|---|---|")
+                            "--seeds", a.seeds], out)
+        by: dict[str, list[dict]] = {}
         for r in rows:
-            if r["status"] != "ok":
-                print(f"| {r['label']} | - | {r['status']} | | | | | |")
+            by.setdefault(r["label"], []).append(r)
+        print(f"MNIST-1D, cnn1d, K = {a.workers} ring, {a.epochs} epochs, seeds {a.seeds}, {os.cpu_count()} cores, "
+              f"commit {commit()}\n")
+        print("| method | p | val acc (average model) | test acc (average model) | best local test acc | "
+              "sent/worker MB | of which index MB | train s |")
+        print("|---|---|---|---|---|---|---|---|")
+        for label, rs in by.items():
+            frac = label.split("=")[1] if "=" in label else "1"
+            bad = [r["status"] for r in rs if r["status"] != "ok"]
+            if bad:
+                print(f"| {rs[0]['method']} | {frac} | {', '.join(bad)} | | | | | |")
                 continue
-            last = read_metrics(r["run_dir"])[-1]
-            index = last["bytes"].get("index", {}).get("sent", 0.0) / 1e6
-            comm = sum(x["time"]["comm_s"] for x in read_metrics(r["run_dir"]))
-            frac = r["label"].split("=")[1] if "=" in r["label"] else "1"
-            print(f"| {r['method']} | {frac} | {float(r['final_acc']):.4f} | {float(r['final_acc_L']):.4f} | "
-                  f"{float(r['bytes_sent_per_worker']) / 1e6:.3f} | {index:.3f} | {float(r['train_s']):.1f} | "
-                  f"{comm:.1f} |")
+            index = statistics.mean(read_metrics(r["run_dir"])[-1]["bytes"].get("index", {}).get("sent", 0.0)
+                                    for r in rs) / 1e6
+            print(f"| {rs[0]['method']} | {frac} | {mean_sd([float(r['val_acc']) for r in rs])} | "
+                  f"{mean_sd([float(r['final_acc']) for r in rs])} | {mean_sd([float(r['final_acc_L']) for r in rs])} | "
+                  f"{statistics.mean(float(r['bytes_sent_per_worker']) for r in rs) / 1e6:.3f} | {index:.3f} | "
+                  f"{statistics.mean(float(r['train_s']) for r in rs):.1f} |")
 
 
 if __name__ == "__main__":
