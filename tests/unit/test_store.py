@@ -182,3 +182,31 @@ def test_garbage_with_higher_steps_does_not_make_pruning_delete_real_checkpoints
         store.publish(0, step, state(step))
     assert [v for v in store.versions(0) if v < 900] == [20, 30, 40]  # the 3 newest real ones are kept
     assert store.load_newest(0)[0] == 40  # the garbage is skipped
+
+
+def test_int8_checkpoints_are_a_quarter_of_the_bytes_and_within_half_a_level_of_numpy(tmp_path):
+    import numpy as np
+    from safetensors.torch import load_file
+
+    w = torch.randn(50, 60, generator=torch.Generator().manual_seed(0)) * torch.linspace(0.01, 3, 60)
+    state = {"w": w, "b": torch.zeros(7), "steps": torch.tensor([3])}
+    full = CheckpointStore(str(tmp_path / "a"), Communicator())
+    small = CheckpointStore(str(tmp_path / "b"), Communicator(), dtype="int8")
+    full.publish(0, 1, state)
+    small.publish(0, 1, state)
+    sizes = [os.path.getsize(tmp_path / d / "model0" / "step0000000001.safetensors") for d in ("a", "b")]
+    assert sizes[1] < sizes[0] * 0.3
+    stored = load_file(str(tmp_path / "b" / "model0" / "step0000000001.safetensors"))  # a valid file
+    assert stored["w"].dtype == torch.int8 and stored["w"].shape == (50, 60)
+    assert stored["w.__scale__"].shape == (3,) and stored["steps"].dtype == torch.int64  # 3000 values: 3 chunks
+    flat = w.numpy().reshape(-1)  # the reference: per 1,024 values, levels round(x / (max|x| / 127))
+    expected = np.empty_like(flat)
+    for start in range(0, flat.size, 1024):
+        chunk = flat[start:start + 1024]
+        scale = np.abs(chunk).max() / 127
+        expected[start:start + 1024] = np.round(chunk / scale) * scale
+    _, back = small.load_newest(0)
+    assert back.keys() == state.keys() and back["w"].dtype == torch.float32
+    np.testing.assert_allclose(back["w"].numpy().reshape(-1), expected, rtol=1e-6, atol=1e-7)
+    assert torch.equal(back["b"], state["b"]) and torch.equal(back["steps"], state["steps"])
+    check_architecture(state, back, "int8 store")

@@ -28,13 +28,54 @@ from safetensors.torch import save as save_bytes
 
 from lowband.errors import ConfigError, UsageError
 
-STORED = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16}
+STORED = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "int8": torch.int8}
+SCALE = ".__scale__"  # int8: the float32 scales of tensor T are the tensor T.__scale__
+INT8_CHUNK = 1024  # int8: one scale per this many consecutive values of the flattened tensor
 KEEP = 3  # versions kept per model: a reader may still be fetching the one before the newest
 NAME = re.compile(r"step(\d{10})\.safetensors$")
 
 
 def _stored(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
     return tensor.to(dtype) if tensor.dtype == torch.float32 else tensor
+
+
+def encode_state(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
+    """The tensors a checkpoint file holds. int8: each float32 tensor T becomes int8 levels of T's
+    shape and T.__scale__, one float32 scale (max |x| / 127) per INT8_CHUNK values in C order."""
+    if dtype != torch.int8:
+        return {k: _stored(v.detach().cpu(), dtype).contiguous() for k, v in state.items()}
+    out: dict[str, torch.Tensor] = {}
+    for key, value in state.items():
+        v = value.detach().cpu()
+        if v.dtype != torch.float32:
+            out[key] = v.contiguous()
+            continue
+        flat = v.reshape(-1)
+        padded = torch.zeros(-(-flat.numel() // INT8_CHUNK) * INT8_CHUNK)
+        padded[:flat.numel()] = flat
+        chunks = padded.view(-1, INT8_CHUNK)
+        scale = chunks.abs().amax(dim=1) / 127
+        levels = torch.round(chunks / torch.where(scale > 0, scale, torch.ones_like(scale))[:, None])
+        out[key] = levels.reshape(-1)[:flat.numel()].to(torch.int8).reshape(v.shape).contiguous()
+        out[key + SCALE] = scale.contiguous()
+    return out
+
+
+def decode_state(stored: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    """A checkpoint file's tensors as the model's: half precision and int8 read back as float32."""
+    out: dict[str, torch.Tensor] = {}
+    for key, value in stored.items():
+        if key.endswith(SCALE):
+            continue
+        scale = stored.get(key + SCALE)
+        if scale is not None:
+            flat = value.reshape(-1).float()
+            out[key] = (flat * scale.repeat_interleave(INT8_CHUNK)[:flat.numel()]).reshape(value.shape)
+        elif value.dtype in (torch.float16, torch.bfloat16):
+            out[key] = value.float()
+        else:
+            out[key] = value
+    return out
 
 
 def signature(state: dict[str, torch.Tensor]) -> str:
@@ -59,8 +100,9 @@ def read_metadata(data: bytes) -> dict:
 class CheckpointStore:
     def __init__(self, url: str, comm=None, log: logging.Logger | None = None, tag: str = "ckpt",
                  dtype: str = "fp32"):
-        """`dtype` fp16 or bf16: floating tensors are stored at half precision (half the bytes; still a
-        plain safetensors file) and read back as float32."""
+        """`dtype` fp16 or bf16: floating tensors are stored at half precision (half the bytes); int8: as
+        8-bit levels with a float32 scale per 1,024 values (a quarter of the bytes). Either way still a
+        plain safetensors file, read back as float32."""
         self.url, self.comm, self.tag, self.dtype = url, comm, tag, STORED[dtype]
         self.log = log or logging.getLogger("lowband")
         try:
@@ -77,7 +119,7 @@ class CheckpointStore:
         return f"{self.root}/model{model}"
 
     def publish(self, model: int, step: int, state: dict[str, torch.Tensor]) -> None:
-        tensors = {k: _stored(v.detach().cpu(), self.dtype).contiguous() for k, v in state.items()}
+        tensors = encode_state(state, self.dtype)
         meta = {"step": str(step), "model": str(model), "signature": signature(tensors), "sha256": digest(tensors)}
         data = save_bytes(tensors, metadata=meta)
         folder = self._dir(model)
@@ -136,7 +178,7 @@ class CheckpointStore:
         except Exception as e:
             self._warn(path, f"{type(e).__name__}: {e}")
             return None
-        return {k: v.float() if v.dtype in (torch.float16, torch.bfloat16) else v for k, v in state.items()}
+        return decode_state(state)
 
     def _warn(self, path: str, why: str) -> None:
         """One warning per damaged path, however often it is looked at."""

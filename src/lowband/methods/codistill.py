@@ -40,8 +40,9 @@ class CodistillConfig(MethodConfig):
     store: str = opt("", "checkpoint store: a directory or fsspec URL (default RUN_DIR/exchange)")
     temperature: float = opt(1.0, "distillation temperature T")
     wait_s: float = opt(0.0, "at an exchange, wait this long for peers' checkpoints of the same step (0: take the newest)")
-    codec: Literal["fp32", "fp16", "bf16"] = opt("fp32", "precision of the checkpoints written to the store "
-                                                          "(fp16/bf16: half the bytes, read back as float32)")
+    codec: Literal["fp32", "fp16", "bf16", "int8"] = opt("fp32", "precision of the checkpoints written to the "
+                                                                  "store (fp16/bf16: half the bytes, int8 about a "
+                                                                  "quarter; read back as float32)")
 
     def __post_init__(self):
         require(self.group_size >= 1, "method.group_size", self.group_size, "must be an integer >= 1")
