@@ -2,19 +2,21 @@
 
 For each K it runs, through `lowband compare`: MA-DNN with tau in {1, 16, 256}, E-DNN, EC-DNN with
 simple, regression and margin ensembles, and S-DNN, all with the same data, model, seed and epochs.
-MA-DNN_G is the MA-DNN run with the best final global accuracy; speed = the training time MA-DNN_G
-needed to reach its final accuracy / the time the method needed (0: never). Also prints the
+MA-DNN_G is the MA-DNN run with the best final validation accuracy; speed = the training time
+MA-DNN_G needed to reach its final validation accuracy / the time the method needed (0: never).
+Test error is reported beside validation error; with --seeds, mean ± sd. Also prints the
 Diff_LG distribution (mean local error - global error, per round) of model averaging and ensembles.
 
-Run: python benchmarks/ecdnn.py [--workers 4,8] [--epochs 30] [--seed 0]
+Run: python benchmarks/ecdnn.py [--workers 4,8] [--epochs 30] [--seeds 0,1,2]
 """
 
 import argparse
 import json
 import os
+import statistics
 import tempfile
 
-from common import run_compare
+from common import commit, run_compare
 from lowband.compare import time_to
 from lowband.metrics import read_metrics
 
@@ -24,9 +26,9 @@ NAMES = {"ensemble": "E-DNN", "ec_dnn:ensemble=simple": "EC-DNN-S", "ec_dnn:ense
          "ec_dnn:ensemble=margin": "EC-DNN-M", "single": "S-DNN"}
 
 
-def run(workers: int, epochs: int, seed: int, out: str) -> list[dict]:
+def run(workers: int, epochs: int, seeds: str, out: str) -> list[dict]:
     rows = run_compare(["--methods", ",".join(MA + OTHERS), "--workers", str(workers), "--epochs", str(epochs),
-                        "--seed", str(seed)], out)
+                        "--seeds", seeds], out)
     for r in rows:
         r["records"] = [x for x in read_metrics(r["run_dir"]) if x.get("test_acc") is not None]
         path = os.path.join(r["run_dir"], "rounds.jsonl")
@@ -39,28 +41,57 @@ def speed(records, key: str, target: float, t_ref: float) -> float:
     return 0.0 if t is None else t_ref / max(t, 1e-9)
 
 
-def table(rows: list[dict], workers: int) -> None:
-    ma = max((r for r in rows if r["label"] in MA), key=lambda r: float(r["final_acc"]))
-    target = float(ma["final_acc"])
-    t_ref = time_to(ma["records"], "test_acc", target)
+def mean_sd(values: list[float], scale: float = 1.0) -> str:
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{scale * statistics.mean(values):.2f} ± {scale * sd:.2f}"
+
+
+def seed_lines(rows: list[dict]) -> list[tuple[str, dict, str, str]]:
+    """One seed's table lines (name, row, accuracy key, tau). MA-DNN_G is the tau whose final
+    *validation* accuracy is best; speed and the target use its validation curve too."""
+    ma = max((r for r in rows if r["label"] in MA), key=lambda r: float(r["val_acc"]))
     tau = ma["label"].split("=")[1]
-    print(f"\n### K = {workers}  (MA-DNN_G: tau = {tau}, final accuracy {target:.4f})\n")
-    print("| model | test error % | speed | tau | sent/worker MB | train s |")
-    print("|---|---|---|---|---|---|")
-    lines = [("MA-DNN_G", ma, "test_acc", tau)]
-    lines += [(f"{NAMES[r['label']]}_G", r, "test_acc", "64" if "ec_dnn" in r["label"] else "-")
+    lines = [("MA-DNN_G", ma, "", tau)]
+    lines += [(f"{NAMES[r['label']]}_G", r, "", "64" if "ec_dnn" in r["label"] else "-")
               for r in rows if r["label"] in OTHERS[:4]]
-    lines += [("MA-DNN_L", ma, "test_acc_L", tau)]
-    lines += [(f"{NAMES[r['label']]}_L", r, "test_acc_L", "64" if "ec_dnn" in r["label"] else "-")
+    lines += [("MA-DNN_L", ma, "_L", tau)]
+    lines += [(f"{NAMES[r['label']]}_L", r, "_L", "64" if "ec_dnn" in r["label"] else "-")
               for r in rows if r["label"] in OTHERS[:4]]
-    lines += [("S-DNN", next(r for r in rows if r["label"] == "single"), "test_acc", "-")]
-    for name, r, key, t in lines:
-        err = 100 * (1 - r["records"][-1][key])
-        print(f"| {name} | {err:.2f} | {speed(r['records'], key, target, t_ref):.2f} | {t} | "
-              f"{float(r['bytes_sent_per_worker']) / 1e6:.3f} | {float(r['train_s']):.1f} |")
-    print("\nall MA-DNN runs: " + ", ".join(f"tau={r['label'].split('=')[1]}: acc {float(r['final_acc']):.4f}, "
-                                           f"{float(r['bytes_sent_per_worker']) / 1e6:.2f} MB"
-                                           for r in rows if r["label"] in MA))
+    lines += [("S-DNN", next(r for r in rows if r["label"] == "single"), "", "-")]
+    return lines
+
+
+def table(rows: list[dict], workers: int) -> None:
+    by_seed: dict[str, list[dict]] = {}
+    for r in rows:
+        by_seed.setdefault(r["seed"], []).append(r)
+    figures: dict[str, dict[str, list]] = {}
+    taus = []
+    for seed_rows in by_seed.values():
+        lines = seed_lines(seed_rows)
+        ma = lines[0][1]
+        target = ma["records"][-1]["val_acc"]
+        t_ref = time_to(ma["records"], "val_acc", target)
+        taus.append(lines[0][3])
+        for name, r, suffix, tau in lines:
+            last = r["records"][-1]
+            f = figures.setdefault(name, {"val": [], "test": [], "speed": [], "mb": [], "s": [], "tau": tau})
+            f["val"].append(1 - last["val_acc" + suffix])
+            f["test"].append(1 - last["test_acc" + suffix])
+            f["speed"].append(speed(r["records"], "val_acc" + suffix, target, t_ref))
+            f["mb"].append(float(r["bytes_sent_per_worker"]) / 1e6)
+            f["s"].append(float(r["train_s"]))
+    print(f"\n### K = {workers}  (MA-DNN_G per seed, by validation accuracy: tau = {', '.join(taus)})\n")
+    print("| model | val error % | test error % | speed | tau | sent/worker MB | train s |")
+    print("|---|---|---|---|---|---|---|")
+    for name, f in figures.items():
+        print(f"| {name} | {mean_sd(f['val'], 100)} | {mean_sd(f['test'], 100)} | {mean_sd(f['speed'])} | "
+              f"{f['tau'] if name != 'MA-DNN_G' and name != 'MA-DNN_L' else '/'.join(taus)} | "
+              f"{statistics.mean(f['mb']):.3f} | {statistics.mean(f['s']):.1f} |")
+    for label in MA:
+        accs = [float(r["val_acc"]) for r in rows if r["label"] == label]
+        mb = statistics.mean(float(r["bytes_sent_per_worker"]) for r in rows if r["label"] == label) / 1e6
+        print(f"{label}: val acc {mean_sd(accs)}, {mb:.2f} MB")
 
 
 def diff_lg(all_rows: list[dict]) -> None:
@@ -82,14 +113,15 @@ def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--workers", default="4,8")
     p.add_argument("--epochs", type=int, default=30)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", default="0", help="comma-separated seeds; the tables show mean ± sd over them")
     a = p.parse_args()
-    print(f"MNIST-1D, cnn1d, {a.epochs} epochs, seed {a.seed}, {os.cpu_count()} cores; "
-          f"defaults otherwise (lr 0.05 per worker, batch 32, EC-DNN alpha 0.6 beta 0.4 p 0.1 mu 0.7 tau 64)")
+    print(f"MNIST-1D, cnn1d, {a.epochs} epochs, seeds {a.seeds}, {os.cpu_count()} cores, commit {commit()}; "
+          f"defaults otherwise (lr rule: 0.05, x K with warm-up for model averaging; batch 32; "
+          f"EC-DNN alpha 0.6 beta 0.4 p 0.1 mu 0.7 tau 64)")
     everything = []
     with tempfile.TemporaryDirectory() as out:
         for k in map(int, a.workers.split(",")):
-            rows = run(k, a.epochs, a.seed, out)
+            rows = run(k, a.epochs, a.seeds, out)
             table(rows, k)
             everything += rows
         diff_lg(everything)
