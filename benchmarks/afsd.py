@@ -1,54 +1,66 @@
 """AFSD paper's Tables 1-2 on MNIST-1D (cnn1d): 2 models on the same data, interval sweep.
 
-Runs Allreduce (K = 2) first; its final accuracy is the target. Then codistillation and AFSD
-(2 models, data `same`) for each update interval, and prints the earliest epoch at which each
-reaches the target, its final accuracy and the bytes each worker sent (checkpoints for
-codistillation/AFSD, gradients for Allreduce).
+Runs Allreduce (K = 2) and, for each update interval, codistillation and AFSD (2 models, data
+`same`) in one `lowband compare`, once per seed. The target is Allreduce's mean final validation
+accuracy; per method it prints the mean epoch at which validation accuracy first reached it (and
+on how many seeds it did), mean ± sd final validation and test accuracy, and the bytes each worker
+sent (checkpoints for codistillation/AFSD, gradients for Allreduce).
 
-Run: python benchmarks/afsd.py [--intervals 10,50,200,1000,5000] [--epochs 30] [--seed 0]
+Run: python benchmarks/afsd.py [--intervals 10,50,200,1000,5000] [--epochs 30] [--seeds 0,1,2]
 """
 
 import argparse
 import os
+import statistics
 import tempfile
 
-from common import run_compare
+from common import commit, run_compare
 from lowband.metrics import read_metrics
 
 
-def compare(specs: list[str], epochs: int, seed: int, out: str, extra: list[str]) -> list[dict]:
-    return run_compare(["--methods", ",".join(specs), "--workers", "2", "--epochs", str(epochs), "--seed", str(seed),
-                        *extra], out)
-
-
-def earliest(run_dir: str, target: float) -> str:
+def earliest(run_dir: str, target: float) -> int | None:
     for r in read_metrics(run_dir):
-        if r.get("test_acc") is not None and r["test_acc"] >= target:
-            return str(r["epoch"])
-    return "never"
+        if r.get("val_acc") is not None and r["val_acc"] >= target:
+            return int(r["epoch"])
+    return None
+
+
+def mean_sd(values: list[float]) -> str:
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.4f} ± {sd:.4f}"
 
 
 def main():
     p = argparse.ArgumentParser(description=__doc__)
     p.add_argument("--intervals", default="10,50,200,1000,5000")
     p.add_argument("--epochs", type=int, default=30)
-    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--seeds", default="0", help="comma-separated seeds; mean ± sd over them")
     a = p.parse_args()
+    specs = ["allreduce"] + [f"{m}:interval={n}" for n in a.intervals.split(",") for m in ("codistill", "afsd")]
     with tempfile.TemporaryDirectory() as out:
-        (base,) = compare(["allreduce"], a.epochs, a.seed, out, [])
-        target = float(base["final_acc"])
-        specs = [f"{m}:interval={n}" for n in a.intervals.split(",") for m in ("codistill", "afsd")]
-        rows = compare(specs, a.epochs, a.seed, out, ["--set", f"train.target_accuracy={target}"])
-        print(f"MNIST-1D, cnn1d, 2 models (data `same`), {a.epochs} epochs, seed {a.seed}, {os.cpu_count()} cores; "
-              f"target = Allreduce (K=2) final accuracy {target:.4f}\n")
-        print("| method | interval N | earliest epoch at target | final acc | sent/worker MB | train s |")
-        print("|---|---|---|---|---|---|")
-        print(f"| allreduce | - | {earliest(base['run_dir'], target)} | {target:.4f} | "
-              f"{float(base['bytes_sent_per_worker']) / 1e6:.2f} | {float(base['train_s']):.1f} |")
+        rows = run_compare(["--methods", ",".join(specs), "--workers", "2", "--epochs", str(a.epochs),
+                            "--seeds", a.seeds], out)
+        by: dict[str, list[dict]] = {}
         for r in rows:
-            n = r["label"].split("=")[1]
-            print(f"| {r['method']} | {n} | {earliest(r['run_dir'], target)} | {float(r['final_acc']):.4f} | "
-                  f"{float(r['bytes_sent_per_worker']) / 1e6:.2f} | {float(r['train_s']):.1f} |")
+            by.setdefault(r["label"], []).append(r)
+        target = statistics.mean(float(r["val_acc"]) for r in by["allreduce"])
+        print(f"MNIST-1D, cnn1d, 2 models (data `same`), {a.epochs} epochs, seeds {a.seeds}, {os.cpu_count()} cores, "
+              f"commit {commit()}; target = Allreduce (K=2) mean final validation accuracy {target:.4f}\n")
+        print("| method | interval N | epoch at target (seeds reaching it) | val acc | test acc | sent/worker MB | "
+              "train s |")
+        print("|---|---|---|---|---|---|---|")
+        for label, rs in by.items():
+            bad = [r["status"] for r in rs if r["status"] != "ok"]
+            n = label.split("=")[1] if "=" in label else "-"
+            if bad:
+                print(f"| {rs[0]['method']} | {n} | {', '.join(bad)} | | | | |")
+                continue
+            hits = [e for e in (earliest(r["run_dir"], target) for r in rs) if e is not None]
+            at = f"{statistics.mean(hits):.1f} ({len(hits)}/{len(rs)})" if hits else f"never (0/{len(rs)})"
+            print(f"| {rs[0]['method']} | {n} | {at} | {mean_sd([float(r['val_acc']) for r in rs])} | "
+                  f"{mean_sd([float(r['final_acc']) for r in rs])} | "
+                  f"{statistics.mean(float(r['bytes_sent_per_worker']) for r in rs) / 1e6:.2f} | "
+                  f"{statistics.mean(float(r['train_s']) for r in rs):.1f} |")
 
 
 if __name__ == "__main__":
