@@ -84,6 +84,17 @@ def small(out, *extra: str) -> list[str]:
             "--set", "train.timeout_s=60", *extra]
 
 
+def whole_and_resumed(tmp_path, args: list[str], stop: int, total: int):
+    """Train `args` for `total` epochs in one go, and for `stop` epochs then resumed to `total`;
+    returns the two run directories (every command asserted to succeed)."""
+    whole, split = tmp_path / "whole", tmp_path / "split"
+    assert cli("train", *args, "--epochs", str(total), "--run-dir", str(whole)).returncode == 0
+    assert cli("train", *args, "--epochs", str(stop), "--run-dir", str(split)).returncode == 0
+    p = cli("train", "--resume", str(split), "--epochs", str(total))
+    assert p.returncode == 0, p.stderr
+    return whole, split
+
+
 def children(pid: int) -> list[int]:
     """Direct children of `pid` (Linux /proc)."""
     out = []

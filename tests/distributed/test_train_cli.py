@@ -12,7 +12,7 @@ from safetensors.torch import load_file
 
 from lowband import checkpoint
 from lowband.metrics import read_metrics
-from tests.conftest import cli, small
+from tests.conftest import cli, small, whole_and_resumed
 
 CNN1D_PARAMS = 5210  # cnn1d on MNIST-1D: 3 convolutions + linear(125 -> 10)
 
@@ -74,11 +74,7 @@ def accuracy_of(run) -> float:
 
 def test_resume_continues_exactly_where_the_run_stopped(tmp_path):
     args = ["--method", "single", *small(tmp_path, "--set", "optim.schedule='constant'")]
-    whole, split = tmp_path / "whole", tmp_path / "split"
-    assert cli("train", *args, "--epochs", "3", "--run-dir", str(whole)).returncode == 0
-    assert cli("train", *args, "--epochs", "2", "--run-dir", str(split)).returncode == 0
-    p = cli("train", "--resume", str(split), "--epochs", "3")
-    assert p.returncode == 0, p.stderr
+    whole, split = whole_and_resumed(tmp_path, args, 2, 3)
     a, b = load_file(str(whole / "model.safetensors")), load_file(str(split / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
     assert [r["epoch"] for r in read_metrics(str(split))] == [1, 2, 3]
