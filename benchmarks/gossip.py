@@ -28,17 +28,18 @@ def main():
     p.add_argument("--epochs", type=int, default=30)
     p.add_argument("--ps", default="0.5,0.1,0.01")
     p.add_argument("--seeds", default="0", help="comma-separated seeds; the table shows mean ± sd over them")
+    p.add_argument("--unscaled", action="store_true", help="the per-worker rate, not x K (optim.lr_scaling='none')")
     a = p.parse_args()
     ps = a.ps.split(",")
     specs = ["dpsgd"] + [f"rdpsgd:p={x}" for x in ps] + [f"topk:p={x}" for x in ps]
     with tempfile.TemporaryDirectory() as out:
         rows = run_compare(["--methods", ",".join(specs), "--workers", str(a.workers), "--epochs", str(a.epochs),
-                            "--seeds", a.seeds], out)
+                            "--seeds", a.seeds, *(["--set", "optim.lr_scaling='none'"] if a.unscaled else [])], out)
         by: dict[str, list[dict]] = {}
         for r in rows:
             by.setdefault(r["label"], []).append(r)
-        print(f"MNIST-1D, cnn1d, K = {a.workers} ring, {a.epochs} epochs, seeds {a.seeds}, {os.cpu_count()} cores, "
-              f"commit {commit()}\n")
+        print(f"MNIST-1D, cnn1d, K = {a.workers} ring, {a.epochs} epochs, seeds {a.seeds}, "
+              f"lr {'unscaled' if a.unscaled else 'x K (the rule)'}, {os.cpu_count()} cores, commit {commit()}\n")
         print("| method | p | val acc (average model) | test acc (average model) | best local test acc | "
               "sent/worker MB | of which index MB | train s |")
         print("|---|---|---|---|---|---|---|---|")
