@@ -37,7 +37,8 @@ TRAIN_EXAMPLES = _examples(
     "lowband train --method allreduce --workers 4 --epochs 30",
     "lowband train --method local_sgd --set method.tau=16 --logger tensorboard",
     "lowband train --dataset mypkg.data:load --model mypkg.nets:small   (your own data and model)",
-    "lowband train --resume runs/allreduce-20261121-101500 --epochs 40")
+    "lowband train --resume runs/allreduce-20261121-101500 --epochs 40",
+    "lowband train --resume runs/allreduce-20261121-101500 --workers 8 --allow-world-change   (grow or shrink)")
 COMPARE_EXAMPLES = _examples(
     "lowband compare --suite quick                       (every method side by side on MNIST-1D)",
     "lowband compare --methods allreduce,local_sgd:tau=16 --workers 4 --epochs 30",
