@@ -8,18 +8,20 @@ move during training (not the bookkeeping tags, nor "init", sent before the firs
 
 On a link L the epoch is projected to take
 
-    base + L.seconds(bytes, messages)      (LinkSpec.seconds: bytes * 8 / rate + messages * latency)
+    base - comm + max(comm, L.seconds(bytes, messages))   (LinkSpec.seconds: bytes * 8 / rate + messages * latency)
 
 where `base` is what the epoch took without the link's transfer time: the measured epoch minus the
 transfer time of the link it was measured on (nothing for an unlimited run), never below its
-compute seconds. With sites (lowband.comm.sites) L is the link between sites, and a tag is charged
+compute seconds; and `comm` the communication seconds inside it (`time.comm_s`, less that
+transfer time): on a slow link the exchange the backend was doing anyway overlaps the transfer,
+so the two are not added (records without `comm_s` project as base + transfer). Compute that
+overlaps the transfer (DDP's buckets during the backward pass, gossip's posted exchanges) is not
+credited, so for those methods the projection stays an upper bound.
+
+With sites (lowband.comm.sites) L is the link between sites, and a tag is charged
 only when some rank's bytes of it crossed a site boundary (`inter` in `bytes_total`); it is then
 charged in full, as the ranks wait for the slowest (crossing) edge of a synchronous exchange. A tag
 kept inside sites (a codistillation group's Allreduce) is left on the measured intra-site link.
-`base` keeps the backend's own per-message cost, which a modelled link also pays
-(the communicator sleeps for the transfer after the backend's call returns). Messages sent while
-computing (DDP's bucketed allreduce, gossip's posted exchanges) overlap in a real run, so for
-those methods the projection is an upper bound.
 """
 
 from __future__ import annotations
@@ -75,12 +77,19 @@ def traffic(records: list[dict]) -> list[tuple[float, float]]:
 
 def epoch_seconds(records: list[dict], link: LinkSpec, measured_on: LinkSpec = UNLIMITED) -> list[float]:
     """Projected training seconds of every epoch on `link`, from records measured on `measured_on`."""
-    out = []
-    for record, (sent, messages) in zip(records, traffic(records)):
-        t = record["time"]
-        base = max(t["epoch_train_s"] - measured_on.seconds(sent, messages), t.get("compute_s", 0.0))
-        out.append(base + link.seconds(sent, messages))
-    return out
+    return [_epoch_on(record["time"], sent, messages, link, measured_on)
+            for record, (sent, messages) in zip(records, traffic(records))]
+
+
+def _epoch_on(t: dict, sent: float, messages: float, link: LinkSpec, measured_on: LinkSpec) -> float:
+    """One epoch: what it took without its link's transfer time (never below its compute), with the
+    communication seconds it spent then replaced by max(those seconds, the new link's transfer time):
+    a transfer runs while the backend's own exchange does, not after it."""
+    then = measured_on.seconds(sent, messages)
+    compute = t.get("compute_s", 0.0)
+    base = max(t["epoch_train_s"] - then, compute)
+    comm = min(max(t.get("comm_s", 0.0) - then, 0.0), base - compute)
+    return base - comm + max(comm, link.seconds(sent, messages))
 
 
 def seconds_through(records: list[dict], epoch: int, link: LinkSpec,

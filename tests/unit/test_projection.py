@@ -80,3 +80,14 @@ def test_with_sites_only_tags_that_crossed_are_charged_to_the_link():
               "time": {"epoch_train_s": 2.0, "compute_s": 1.0}}
     assert traffic([record]) == [(2e5, 1)]
     assert epoch_seconds([record], MB_PER_S) == [pytest.approx(2.2)]
+
+
+def test_the_backends_own_exchange_time_overlaps_the_transfer():
+    """An epoch of 2.0 s with 1.5 s compute and 0.4 s of exchange: on 1 MB/s its 1 MB takes 1 s, which
+    replaces the 0.4 s rather than adding to it; a transfer shorter than the exchange costs nothing."""
+    timed = [{"epoch": 1, "bytes": {"grad": {"sent": 1e6, "recv": 1e6, "calls": 10}},
+              "time": {"epoch_train_s": 2.0, "compute_s": 1.5, "comm_s": 0.4}}]
+    assert epoch_seconds(timed, MB_PER_S) == [pytest.approx(2.0 - 0.4 + 1.0)]
+    assert epoch_seconds(timed, LinkSpec(80e6)) == [pytest.approx(2.0)]  # 0.1 s of transfer < 0.4 s
+    slow = [{**timed[0], "time": {"epoch_train_s": 3.2, "compute_s": 1.5, "comm_s": 1.6}}]  # measured on 1 MB/s
+    assert epoch_seconds(slow, LinkSpec(80e6), MB_PER_S) == [pytest.approx(2.2 - 0.6 + 0.6)]
