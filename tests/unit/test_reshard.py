@@ -114,3 +114,15 @@ def test_methods_whose_ranks_differ_refuse_a_world_change(tmp_path, method, says
     with pytest.raises(UsageError, match=r"^--allow-world-change: method ") as e:
         runs.check_resume_world(run, 2, allow_change=True)
     assert says in str(e.value) and "\n" not in str(e.value)
+
+
+def test_cli_refusal_is_one_line_and_leaves_the_run_untouched(tmp_path, capsys):
+    from lowband.cli import main
+
+    run = _run(tmp_path, 2, method="codistill")
+    names, config = sorted(os.listdir(os.path.join(run, "checkpoints"))), open(os.path.join(run, "config.toml")).read()
+    assert main(["train", "--resume", run, "--workers", "4", "--epochs", "9", "--allow-world-change"]) == 2
+    err = capsys.readouterr().err
+    assert err.count("\n") == 1 and "method codistill trains a different model on each worker" in err
+    assert sorted(os.listdir(os.path.join(run, "checkpoints"))) == names
+    assert open(os.path.join(run, "config.toml")).read() == config  # not even the new epoch count
