@@ -129,7 +129,7 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
     prints `note` once every check has passed; `allow_world_change` lets it run with another number
     of workers."""
     if launched_by_torchrun():
-        return _as_torchrun_worker(cfg, run_dir, out, resume, allow_world_change)
+        return _as_torchrun_worker(cfg, run_dir, out, resume, allow_world_change, note)
     run_dir = run_dir or new_run_dir(out, cfg.method.name)
     loggers.check(cfg.train.loggers)
     old_world = check_resume_world(run_dir, world_size(cfg), allow_world_change) if resume else None
@@ -229,7 +229,7 @@ def _run(cfg: C.Config, run_dir: str, resume: bool, comm: Communicator) -> None:
 
 
 def _as_torchrun_worker(cfg: C.Config, run_dir: str | None, out: str, resume: bool,
-                        allow_world_change: bool = False) -> tuple[int, str]:
+                        allow_world_change: bool = False, note: str | None = None) -> tuple[int, str]:
     method = METHODS.get(cfg.method.name)
     world = int(os.environ["WORLD_SIZE"])
     if cfg.link.mode == "netns":
@@ -255,7 +255,7 @@ def _as_torchrun_worker(cfg: C.Config, run_dir: str | None, out: str, resume: bo
         if not resume:
             prepare_run_dir(cfg, chosen)
         elif old_world is not None:
-            _settle_resume(cfg, chosen, old_world)
+            _settle_resume(cfg, chosen, old_world, note)
     run_dir = comm.broadcast_bytes(chosen.encode() if chosen else None, src=0).decode()
     _run(cfg, run_dir, resume, comm)
     return 0, run_dir
