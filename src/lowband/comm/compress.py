@@ -112,32 +112,36 @@ class Quantized(Codec):
         if self.stochastic and "rng" in state:
             self.gen.set_state(state["rng"])
 
-    def _chunks(self, x: torch.Tensor) -> torch.Tensor:
-        n = x.numel()
-        padded = torch.zeros(math.ceil(n / QUANT_CHUNK) * QUANT_CHUNK)
-        padded[:n] = x.detach().float().cpu()
-        return padded.view(-1, QUANT_CHUNK)
-
     def encode(self, x):
-        chunks = self._chunks(x)
-        scale = chunks.abs().amax(dim=1, keepdim=True) / self.top
-        scaled = chunks / torch.where(scale > 0, scale, torch.ones_like(scale))
-        if self.stochastic:
-            q = torch.floor(scaled + torch.rand(scaled.shape, generator=self.gen))
-        else:
-            q = torch.round(scaled)
-        levels = (q.clamp(-self.top, self.top) + self.top).to(torch.uint8).reshape(-1)[:x.numel()]
-        packed = _pack_bits(levels.numpy(), self.bits)
-        return torch.cat([scale.reshape(-1).contiguous().view(torch.uint8), torch.from_numpy(packed)])
+        levels, scale = quantize_chunks(x, self.top, self.gen if self.stochastic else None)
+        packed = _pack_bits((levels + self.top).to(torch.uint8).numpy(), self.bits)
+        return torch.cat([scale.contiguous().view(torch.uint8), torch.from_numpy(packed)])
 
     def decode(self, payload, numel):
         n_chunks = math.ceil(numel / QUANT_CHUNK)
         scale = _view(payload[:4 * n_chunks], torch.float32)
         levels = _unpack_bits(payload[4 * n_chunks:].cpu().numpy(), self.bits, numel)
-        values = torch.from_numpy(levels.astype(np.float32)) - self.top
-        padded = torch.zeros(n_chunks * QUANT_CHUNK)
-        padded[:numel] = values
-        return (padded.view(n_chunks, QUANT_CHUNK) * scale[:, None]).reshape(-1)[:numel]
+        return dequantize_chunks(torch.from_numpy(levels.astype(np.float32)) - self.top, scale)
+
+
+def quantize_chunks(x: torch.Tensor, top: int, gen: torch.Generator | None = None) -> tuple[torch.Tensor, torch.Tensor]:
+    """`x` (any shape, read in C order) as integer levels in -top..top (a flat float tensor of
+    x.numel()) and one float32 scale, max |x| / top, per QUANT_CHUNK consecutive values. Rounds to
+    nearest, or with `gen` stochastically (up with probability equal to the fraction)."""
+    n = x.numel()
+    padded = torch.zeros(math.ceil(n / QUANT_CHUNK) * QUANT_CHUNK)
+    padded[:n] = x.detach().float().cpu().reshape(-1)
+    chunks = padded.view(-1, QUANT_CHUNK)
+    scale = chunks.abs().amax(dim=1, keepdim=True) / top
+    scaled = chunks / torch.where(scale > 0, scale, torch.ones_like(scale))
+    q = torch.floor(scaled + torch.rand(scaled.shape, generator=gen)) if gen is not None else torch.round(scaled)
+    return q.clamp(-top, top).reshape(-1)[:n], scale.reshape(-1)
+
+
+def dequantize_chunks(levels: torch.Tensor, scale: torch.Tensor) -> torch.Tensor:
+    """Flat float32 values from `quantize_chunks`' levels (any shape) and scales."""
+    flat = levels.float().reshape(-1)
+    return flat * scale.repeat_interleave(QUANT_CHUNK)[:flat.numel()]
 
 
 def _pack12(indices: np.ndarray) -> np.ndarray:

@@ -26,11 +26,11 @@ import torch
 from safetensors.torch import load as load_bytes
 from safetensors.torch import save as save_bytes
 
+from lowband.comm.compress import dequantize_chunks, quantize_chunks
 from lowband.errors import ConfigError, UsageError
 
 STORED = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "int8": torch.int8}
 SCALE = ".__scale__"  # int8: the float32 scales of tensor T are the tensor T.__scale__
-INT8_CHUNK = 1024  # int8: one scale per this many consecutive values of the flattened tensor
 KEEP = 3  # versions kept per model: a reader may still be fetching the one before the newest
 NAME = re.compile(r"step(\d{10})\.safetensors$")
 
@@ -41,7 +41,8 @@ def _stored(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 
 def encode_state(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """The tensors a checkpoint file holds. int8: each float32 tensor T becomes int8 levels of T's
-    shape and T.__scale__, one float32 scale (max |x| / 127) per INT8_CHUNK values in C order."""
+    shape and T.__scale__, one float32 scale (max |x| / 127) per 1,024 values in C order
+    (comm/compress.py's quantize_chunks)."""
     if dtype != torch.int8:
         return {k: _stored(v.detach().cpu(), dtype).contiguous() for k, v in state.items()}
     out: dict[str, torch.Tensor] = {}
@@ -50,14 +51,8 @@ def encode_state(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str
         if v.dtype != torch.float32:
             out[key] = v.contiguous()
             continue
-        flat = v.reshape(-1)
-        padded = torch.zeros(-(-flat.numel() // INT8_CHUNK) * INT8_CHUNK)
-        padded[:flat.numel()] = flat
-        chunks = padded.view(-1, INT8_CHUNK)
-        scale = chunks.abs().amax(dim=1) / 127
-        levels = torch.round(chunks / torch.where(scale > 0, scale, torch.ones_like(scale))[:, None])
-        out[key] = levels.reshape(-1)[:flat.numel()].to(torch.int8).reshape(v.shape).contiguous()
-        out[key + SCALE] = scale.contiguous()
+        levels, scale = quantize_chunks(v, 127)
+        out[key], out[key + SCALE] = levels.to(torch.int8).reshape(v.shape).contiguous(), scale.contiguous()
     return out
 
 
@@ -69,8 +64,7 @@ def decode_state(stored: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
             continue
         scale = stored.get(key + SCALE)
         if scale is not None:
-            flat = value.reshape(-1).float()
-            out[key] = (flat * scale.repeat_interleave(INT8_CHUNK)[:flat.numel()]).reshape(value.shape)
+            out[key] = dequantize_chunks(value, scale).reshape(value.shape)
         elif value.dtype in (torch.float16, torch.bfloat16):
             out[key] = value.float()
         else:
