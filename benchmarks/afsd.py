@@ -14,7 +14,7 @@ import os
 import statistics
 import tempfile
 
-from common import commit, run_compare
+from common import commit, mean_sd, run_compare
 from lowband.metrics import read_metrics
 
 
@@ -24,10 +24,6 @@ def earliest(run_dir: str, target: float) -> int | None:
             return int(r["epoch"])
     return None
 
-
-def mean_sd(values: list[float]) -> str:
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.4f} ± {sd:.4f}"
 
 
 def main():

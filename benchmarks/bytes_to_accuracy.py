@@ -16,7 +16,7 @@ import os
 import statistics
 import tempfile
 
-from common import commit, run_compare
+from common import commit, mean_sd, run_compare
 
 # label, method spec, extra options. Inner lr: the default 0.05 base, x4 workers for methods that
 # average workers (the default rule); diloco's inner rate is not scaled (its outer step does the rest).
@@ -38,10 +38,6 @@ SETTINGS = [
     ("diloco tau=16 lr=0.035", "diloco:tau=16", ["--lr", "0.035"]),
 ]
 
-
-def mean_sd(values: list[float]) -> str:
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.4f} ± {sd:.4f}"
 
 
 def run_all(settings, seeds, epochs, workers, out) -> dict[str, list[dict]]:

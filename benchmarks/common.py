@@ -3,6 +3,7 @@
 import csv
 import glob
 import os
+import statistics
 import subprocess
 import sys
 
@@ -19,3 +20,9 @@ def commit() -> str:
     """The short hash of the checked-out commit, to print beside a benchmark's figures."""
     out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], capture_output=True, text=True, check=False)
     return out.stdout.strip() or "unknown"
+
+
+def mean_sd(values: list[float], scale: float = 1.0, digits: int = 4) -> str:
+    """'mean ± sd' of `values` times `scale` (sd 0 for one value), to `digits` decimals."""
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{scale * statistics.mean(values):.{digits}f} ± {scale * sd:.{digits}f}"

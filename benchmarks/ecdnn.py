@@ -16,7 +16,7 @@ import os
 import statistics
 import tempfile
 
-from common import commit, run_compare
+from common import commit, mean_sd, run_compare
 from lowband.compare import time_to
 from lowband.metrics import read_metrics
 
@@ -43,11 +43,6 @@ def run(workers: int, epochs: int, seeds: str, out: str, ensemble_lr: float | No
 def speed(records, key: str, target: float, t_ref: float) -> float:
     t = time_to(records, key, target)
     return 0.0 if t is None else t_ref / max(t, 1e-9)
-
-
-def mean_sd(values: list[float], scale: float = 1.0) -> str:
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{scale * statistics.mean(values):.2f} ± {scale * sd:.2f}"
 
 
 def seed_lines(rows: list[dict]) -> list[tuple[str, dict, str, str]]:
@@ -89,13 +84,13 @@ def table(rows: list[dict], workers: int) -> None:
     print("| model | val error % | test error % | speed | tau | sent/worker MB | train s |")
     print("|---|---|---|---|---|---|---|")
     for name, f in figures.items():
-        print(f"| {name} | {mean_sd(f['val'], 100)} | {mean_sd(f['test'], 100)} | {mean_sd(f['speed'])} | "
+        print(f"| {name} | {mean_sd(f['val'], 100, 2)} | {mean_sd(f['test'], 100, 2)} | {mean_sd(f['speed'], digits=2)} | "
               f"{f['tau'] if name != 'MA-DNN_G' and name != 'MA-DNN_L' else '/'.join(taus)} | "
               f"{statistics.mean(f['mb']):.3f} | {statistics.mean(f['s']):.1f} |")
     for label in MA:
         accs = [float(r["val_acc"]) for r in rows if r["label"] == label]
         mb = statistics.mean(float(r["bytes_sent_per_worker"]) for r in rows if r["label"] == label) / 1e6
-        print(f"{label}: val acc {mean_sd(accs)}, {mb:.2f} MB")
+        print(f"{label}: val acc {mean_sd(accs, digits=2)}, {mb:.2f} MB")
 
 
 def diff_lg(all_rows: list[dict]) -> None:

@@ -13,13 +13,8 @@ import os
 import statistics
 import tempfile
 
-from common import commit, run_compare
+from common import commit, mean_sd, run_compare
 from lowband.metrics import read_metrics
-
-
-def mean_sd(values: list[float]) -> str:
-    sd = statistics.stdev(values) if len(values) > 1 else 0.0
-    return f"{statistics.mean(values):.4f} ± {sd:.4f}"
 
 
 def main():
