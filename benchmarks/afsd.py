@@ -15,7 +15,7 @@ import statistics
 import tempfile
 
 from common import commit, mean_sd, run_compare
-from lowband.metrics import read_metrics
+from lowband.run.metrics import read_metrics
 
 
 def earliest(run_dir: str, target: float) -> int | None:

@@ -17,8 +17,8 @@ import statistics
 import tempfile
 
 from common import commit, mean_sd, run_compare
-from lowband.compare import time_to
-from lowband.metrics import read_metrics
+from lowband.comparison.runner import time_to
+from lowband.run.metrics import read_metrics
 
 MA = ["local_sgd:tau=1", "local_sgd:tau=16", "local_sgd:tau=256"]
 OTHERS = ["ensemble", "ec_dnn:ensemble=simple", "ec_dnn:ensemble=regression", "ec_dnn:ensemble=margin", "single"]

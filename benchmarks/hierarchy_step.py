@@ -61,7 +61,7 @@ def main() -> None:
     sys.path.insert(0, here)
     os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [here, os.environ.get("PYTHONPATH")]))  # the workers
     from common import commit
-    from lowband import launch
+    from lowband.run import launch
 
     rows = {}
     with tempfile.TemporaryDirectory() as out:

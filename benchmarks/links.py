@@ -15,7 +15,7 @@ import os
 import tempfile
 
 from common import run_compare
-from lowband.metrics import read_metrics
+from lowband.run.metrics import read_metrics
 
 
 def run_suite(suite: str, link: str, mode: str, out: str, target: float | None) -> list[dict]:

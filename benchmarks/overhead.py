@@ -32,7 +32,7 @@ def lowband(workers: int, epochs: int, batch: int, tmp: str) -> list[float]:
     subprocess.run([sys.executable, "-m", "lowband", "train", "--method", "allreduce", f"--workers={workers}",
                     f"--epochs={epochs}", f"--batch-size={batch}", "--run-dir", run, "--set", "train.checkpoint_every=0"],
                    check=True, capture_output=True)
-    from lowband.metrics import read_metrics
+    from lowband.run.metrics import read_metrics
 
     records = read_metrics(run)
     steps = records[0]["steps"]

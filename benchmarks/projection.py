@@ -1,7 +1,7 @@
 """How well the report's link projection predicts runs on a modelled slow link.
 
 Runs a few methods once on an unlimited link (MNIST-1D, cnn1d, 4 workers by default), projects
-each run's training seconds onto every link in --links with lowband.projection (the arithmetic
+each run's training seconds onto every link in --links with lowband.comparison.projection (the arithmetic
 the modelled link charges), then runs the same comparison with `--link RATE` (--mode model, or
 netns as root) and prints projected against measured training seconds and the error.
 Goal: within 15%.
@@ -16,8 +16,8 @@ import tempfile
 
 from common import run_compare
 from lowband.comm.links import parse_link
-from lowband.metrics import read_metrics
-from lowband.projection import seconds_through
+from lowband.comparison.projection import seconds_through
+from lowband.run.metrics import read_metrics
 
 
 def compare(methods: str, workers: int, epochs: int, link: str, mode: str, out: str) -> dict[str, dict]:

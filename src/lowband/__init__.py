@@ -23,8 +23,8 @@ def __getattr__(name: str):
     """The API is imported on first use, so `import lowband` (and the CLI) stays cheap."""
     if name in _API:
         # imported by name at first use, after this package has finished importing: the API sits on top
-        # of every layer, and the package itself imports nothing but lowband.errors
-        if name == "compare":  # the submodule lowband.compare, made callable (see its end)
-            return importlib.import_module("lowband.compare")
+        # of every layer, and the package itself imports nothing but lowband.errors. No submodule is
+        # named like an API function (a comparison's code lives in lowband.comparison), so
+        # `lowband.compare` is always the function.
         return getattr(importlib.import_module("lowband.api"), name)
     raise AttributeError(f"module 'lowband' has no attribute {name!r}")

@@ -45,8 +45,8 @@ class Run:
     @classmethod
     def from_dir(cls, run_dir: str) -> Run:
         """The run in `run_dir` (finished, or stopped: its last records)."""
-        from lowband.metrics import read_metrics
-        from lowband.runs import read_run_config
+        from lowband.run.metrics import read_metrics
+        from lowband.run.session import read_run_config
 
         cfg = read_run_config(run_dir)
         records = read_metrics(run_dir)
@@ -57,7 +57,7 @@ class Run:
 
     @property
     def config(self) -> C.Config:
-        from lowband.runs import read_run_config
+        from lowband.run.session import read_run_config
 
         return read_run_config(self.run_dir)
 
@@ -81,7 +81,7 @@ def resolve(config=None, method: str | None = None, overrides: dict | None = Non
     >>> resolve(method="allreduce", overrides={"epochs": 3, "optim.lr": 0.1}).optim.lr
     0.1
     """
-    from lowband.runs import method_configs
+    from lowband.run.session import method_configs
 
     if isinstance(config, C.Config):
         raw = C.to_dict(config)
@@ -113,13 +113,13 @@ def train(method: str | None = None, config=None, *, run_dir: str | None = None,
     `quiet`: no per-epoch lines on the console (train.log still gets them).
     Raises ConfigError (bad settings; nothing is started) or RunFailed (a worker failed).
     """
-    from lowband import runs
-    from lowband.catalog import load_all
+    from lowband.registry.catalog import load_all
+    from lowband.run import session
 
     load_all()
     cfg = resolve(config, method, overrides)
     with _quiet(quiet):
-        code, where = runs.start(cfg, run_dir, out=out)
+        code, where = session.start(cfg, run_dir, out=out)
     if code != 0:
         raise RunFailed(code, where)
     return Run.from_dir(where)
@@ -136,10 +136,10 @@ def compare(methods: list[str], config=None, *, out: str = "runs", quiet: bool =
     Raises ConfigError before anything runs, or RunFailed when any run failed (its `run_dir`
     is then the comparison directory).
     """
-    from lowband import compare as cmp
-    from lowband import plan as P
-    from lowband.catalog import load_all
-    from lowband.runs import method_configs, world_size
+    from lowband.comparison import plan as P
+    from lowband.comparison import runner as cmp
+    from lowband.registry.catalog import load_all
+    from lowband.run.session import method_configs, world_size
 
     load_all()
     if isinstance(methods, str) or not methods:
@@ -168,8 +168,8 @@ def load_model(run_dir: str, local: bool = False):
     import json
     import os
 
-    from lowband.checkpoint import model_metadata
-    from lowband.churn import load_final_model
+    from lowband.comparison.churn import load_final_model
+    from lowband.run.checkpoint import model_metadata
 
     name = "model_L.safetensors" if local else "model.safetensors"
     meta = model_metadata(os.path.join(run_dir, name))
@@ -177,7 +177,7 @@ def load_model(run_dir: str, local: bool = False):
         in_shape, classes = tuple(json.loads(meta["in_shape"])), int(meta["num_classes"])
     else:  # an older run: the shapes from its data set
         from lowband.data.base import read_dataset
-        from lowband.runs import read_run_config
+        from lowband.run.session import read_run_config
 
         data = read_dataset(read_run_config(run_dir).data)
         in_shape, classes = data.in_shape, data.num_classes

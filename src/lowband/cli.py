@@ -205,7 +205,7 @@ def _distill_parsers(sub) -> None:
 
 def resolve(args, method: str | None = None, base: dict | None = None) -> C.Config:
     """Defaults <- suite or --config file <- shortcut flags <- --set overrides; validated."""
-    from lowband.runs import method_configs
+    from lowband.run.session import method_configs
 
     raw = base if base is not None else (C.read_toml(args.config) if args.config else {})
     name = method if method is not None else getattr(args, "method", None)
@@ -232,7 +232,7 @@ def overrides(args) -> dict:
 
 
 def final_accuracy(run_dir: str) -> float:
-    from lowband.metrics import read_metrics
+    from lowband.run.metrics import read_metrics
 
     accs = [r["test_acc"] for r in read_metrics(run_dir) if r.get("test_acc") is not None]
     if not accs:
@@ -241,20 +241,20 @@ def final_accuracy(run_dir: str) -> float:
 
 
 def cmd_train(args) -> int:
-    from lowband import runs
     from lowband.comm import launched_by_torchrun
+    from lowband.run import session
 
     if args.resume:
         if args.run_dir:
             raise UsageError("--resume and --run-dir both name a run directory; give one")
         cfg, note = resume_config(args)
-        code, run_dir = runs.start(cfg, args.resume, resume=True, allow_world_change=args.allow_world_change,
+        code, run_dir = session.start(cfg, args.resume, resume=True, allow_world_change=args.allow_world_change,
                                    note=note)
     elif args.allow_world_change and not launched_by_torchrun():
         raise UsageError("--allow-world-change applies to --resume RUN_DIR (or to torchrun's restarts); "
                          "a new run takes any --workers")
     else:
-        code, run_dir = runs.start(resolve(args), args.run_dir, out=args.out,
+        code, run_dir = session.start(resolve(args), args.run_dir, out=args.out,
                                    allow_world_change=args.allow_world_change)
     if code == 0:
         print(f"done: {run_dir}")
@@ -263,15 +263,15 @@ def cmd_train(args) -> int:
 
 def resume_config(args) -> tuple[C.Config, str | None]:
     """The run's own config, and a note on what changed; only the epoch count, the loggers and (with
-    --allow-world-change) the number of workers may change. Both wait for every check (runs.start)."""
-    from lowband import runs
+    --allow-world-change) the number of workers may change. Both wait for every check (session.start)."""
+    from lowband.run import session
 
     may = {"train.epochs", "train.workers"} if args.allow_world_change else {"train.epochs"}
     changed = [flag for flag, key, _ in SHORTCUTS if getattr(args, key) is not None and key not in may]
     if changed or args.sets or args.config or args.method is not None or args.target_from:
         raise UsageError("--resume continues a run with its own config.toml; only --epochs and --logger may change "
                          "(and --workers, with --allow-world-change)")
-    cfg = runs.read_run_config(args.resume)
+    cfg = session.read_run_config(args.resume)
     changes = {"epochs": args.__dict__["train.epochs"], "loggers": args.loggers,
                "workers": args.__dict__["train.workers"]}
     changes = {k: v for k, v in changes.items() if v is not None}
@@ -292,8 +292,8 @@ def schedule_replanned(cfg: C.Config, epochs: int) -> str | None:
 
 
 def cmd_compare(args) -> int:
-    from lowband import plan as P
-    from lowband.compare import compare, print_summary
+    from lowband.comparison import plan as P
+    from lowband.comparison.runner import compare, print_summary
 
     if args.resume:
         given = [flag for flag, key, _ in SHORTCUTS if getattr(args, key) is not None]
@@ -313,9 +313,9 @@ def cmd_compare(args) -> int:
 
 def compare_plan(args):
     """(the comparison's plan, its new directory), every run's config checked; nothing runs yet."""
-    from lowband import plan as P
-    from lowband.compare import layout, load_suite, new_folder
-    from lowband.runs import method_configs, world_size
+    from lowband.comparison import plan as P
+    from lowband.comparison.runner import layout, load_suite, new_folder
+    from lowband.run.session import method_configs, world_size
 
     if args.suite and args.config:
         raise UsageError("--suite and --config both name a suite; give one")
@@ -341,7 +341,7 @@ def cmd_report(args) -> int:
     import os
 
     from lowband.comm.links import DELAY, DELAY_UNITS
-    from lowband.report import build
+    from lowband.comparison.report import build
 
     for folder in args.folders:
         if not os.path.isfile(os.path.join(folder, "summary.csv")):
@@ -361,7 +361,7 @@ def cmd_config(args) -> int:
 
 
 def cmd_churn(args) -> int:
-    from lowband.churn import churn
+    from lowband.comparison.churn import churn
 
     r = churn(args.run_a, args.run_b)
     print(f"churn {r['churn']:.4f} ({round(r['churn'] * r['examples'])} of {r['examples']} test examples differ); "
@@ -390,7 +390,7 @@ def cmd_coordinator(args) -> int:
 
 
 def cmd_list(args) -> int:
-    from lowband.compare import load_suite, suite_names
+    from lowband.comparison.runner import load_suite, suite_names
     from lowband.registry import DATASETS, METHODS, MODELS
 
     print("methods (set options with --set method.KEY=VALUE):")
@@ -419,7 +419,7 @@ def describe_method(name: str, method) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lowband.catalog import load_all
+    from lowband.registry.catalog import load_all
 
     p = parser()
     args = p.parse_args(argv)

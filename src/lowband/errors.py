@@ -32,7 +32,7 @@ def require(ok: bool, field: str, value, allowed: str) -> None:
 
 
 class RunFailed(LowbandError):
-    """A run's workers failed (lowband.train, lowband.compare); `code` is their exit code, `run_dir` the run."""
+    """A run's workers failed (lowband.train, lowband.comparison.runner); `code` is their exit code, `run_dir` the run."""
 
     def __init__(self, code: int, run_dir: str):
         self.code, self.run_dir = code, run_dir

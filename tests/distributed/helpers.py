@@ -1,4 +1,4 @@
-"""Functions that run inside launched worker processes (via lowband.launch) for the tests, and
+"""Functions that run inside launched worker processes (via lowband.run.launch) for the tests, and
 `run_workers`, which launches them from a test with a deadline.
 
 Every wait here is bounded: the launcher by `run_workers`' deadline, collectives by the process
@@ -26,12 +26,12 @@ from lowband.methods.allreduce import Allreduce, AllreduceConfig
 from lowband.methods.base import Context, Method
 from lowband.models import build_model
 from lowband.models.flat import flat_state
-from lowband.trainer import train_step
+from lowband.run.trainer import train_step
 
 IN_SHAPE, CLASSES = (1, 40), 10
 LAUNCHER = """
 import json, sys
-from lowband import launch
+from lowband.run import launch
 from lowband.comm.links import LinkSpec
 a = json.loads(sys.argv[1])
 if a["kw"].get("netns"):
@@ -41,7 +41,7 @@ sys.exit(launch.run(*a["args"], **a["kw"]))
 
 
 def run_workers(entry: str, args: list[str], world: int, out_dir: str, timeout_s: float = 120.0, **kw) -> int:
-    """`lowband.launch.run(entry, args, world, out_dir, **kw)` in a launcher process of its own, so that
+    """`lowband.run.launch.run(entry, args, world, out_dir, **kw)` in a launcher process of its own, so that
     a hang becomes a test failure after `timeout_s`: the launcher is then stopped with SIGTERM (it stops
     its workers and removes any network namespaces), or killed (its workers die with it)."""
     if kw.get("netns") is not None:
@@ -203,8 +203,8 @@ def gossip_trace(out_dir: str, steps: str, method: str, options: str = "{}") -> 
 
     Records per step: x before mixing, the gradient, x after mixing, x after the step.
     """
-    from lowband.catalog import load_all
     from lowband.registry import METHODS
+    from lowband.registry.catalog import load_all
 
     load_all()
     torch.set_num_threads(1)

@@ -9,7 +9,7 @@ import sys
 import pytest
 import torch
 
-from lowband.metrics import read_metrics
+from lowband.run.metrics import read_metrics
 from tests.conftest import ROOT, small
 from tests.distributed.helpers import run_workers
 

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from lowband.metrics import read_metrics
+from lowband.run.metrics import read_metrics
 from tests.conftest import cli, small
 from tests.distributed.helpers import initial_model, run_workers
 
@@ -44,8 +44,8 @@ def run(tmp_path, method: str, *extra: str, workers: int = 2, epochs: int = 2):
 
 def steps_per_epoch(run_dir) -> int:
     """Steps per epoch of a small() run: 600 samples -> 480 train, 10% of it held out for validation."""
-    from lowband.runs import read_run_config
-    from lowband.trainer import make_plan
+    from lowband.run.session import read_run_config
+    from lowband.run.trainer import make_plan
 
     cfg = read_run_config(str(run_dir))
     return make_plan(cfg, cfg.train.workers).steps

@@ -10,8 +10,8 @@ import tomllib
 import torch
 from safetensors.torch import load_file
 
-from lowband import checkpoint
-from lowband.metrics import read_metrics
+from lowband.run import checkpoint
+from lowband.run.metrics import read_metrics
 from tests.conftest import cli, small, whole_and_resumed
 
 CNN1D_PARAMS = 5210  # cnn1d on MNIST-1D: 3 convolutions + linear(125 -> 10)

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from lowband.metrics import read_metrics
+from lowband.run.metrics import read_metrics
 from tests.conftest import cli, small
 
 
@@ -63,7 +63,7 @@ def test_python_api_trains_and_loads_the_model_it_scored(tmp_path):
     import os
     import stat
 
-    from lowband.checkpoint import model_metadata
+    from lowband.run.checkpoint import model_metadata
 
     path = os.path.join(run.run_dir, "model.safetensors")
     meta = model_metadata(path)

@@ -9,8 +9,8 @@ import sys
 
 from safetensors.torch import load_file
 
-from lowband import checkpoint
-from lowband.metrics import read_metrics
+from lowband.run import checkpoint
+from lowband.run.metrics import read_metrics
 from tests.conftest import ROOT, children, small
 from tests.faults.test_processes import rank_of, wait_for
 

@@ -8,8 +8,8 @@ import shutil
 import pytest
 import torch
 
-from lowband import checkpoint
-from lowband.metrics import read_metrics
+from lowband.run import checkpoint
+from lowband.run.metrics import read_metrics
 from tests.conftest import cli, small
 
 

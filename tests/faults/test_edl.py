@@ -16,11 +16,11 @@ import pytest
 import torch
 from safetensors.torch import load_file
 
-from lowband import checkpoint
 from lowband.data import Batches
-from lowband.metrics import read_metrics
-from lowband.runs import read_run_config
-from lowband.trainer import make_plan
+from lowband.run import checkpoint
+from lowband.run.metrics import read_metrics
+from lowband.run.session import read_run_config
+from lowband.run.trainer import make_plan
 from tests.conftest import ROOT, alive, children, cli, small
 from tests.faults.test_processes import rank_of, wait_for
 
@@ -117,7 +117,7 @@ def test_killed_student_rank_restarts_all_from_the_checkpoint(tmp_path, teacher)
     wait_for(lambda: all(checkpoint.epochs_saved(run, r) for r in range(2)) or proc.poll() is not None, 120,
              "every rank's first checkpoint")
     assert proc.poll() is None, proc.communicate()
-    workers = [p for p in children(proc.pid) if b"lowband.launch" in open(f"/proc/{p}/cmdline", "rb").read()]
+    workers = [p for p in children(proc.pid) if b"lowband.run.launch" in open(f"/proc/{p}/cmdline", "rb").read()]
     saved = checkpoint.latest_common_epoch(run, 2)
     os.kill(next(p for p in workers if rank_of(p) == 1), signal.SIGKILL)
     out, err = proc.communicate(timeout=180)

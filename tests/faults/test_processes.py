@@ -10,7 +10,7 @@ import time
 
 import pytest
 
-from lowband import checkpoint
+from lowband.run import checkpoint
 from tests.conftest import ROOT, alive, children, small
 
 
@@ -89,7 +89,7 @@ def test_killed_launcher_takes_its_workers_with_it_and_the_run_resumes(tmp_path)
     p = subprocess.run([sys.executable, "-m", "lowband", "train", "--resume", run, "--epochs", str(saved + 1)],
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
-    from lowband.metrics import read_metrics
+    from lowband.run.metrics import read_metrics
     assert [r["epoch"] for r in read_metrics(run)] == list(range(1, saved + 2))
 
 

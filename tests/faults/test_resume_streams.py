@@ -7,7 +7,7 @@ import os
 
 import pytest
 
-from lowband.metrics import read_metrics
+from lowband.run.metrics import read_metrics
 from tests.conftest import cli, small
 from tests.faults.test_edl import _drop_newest_checkpoints
 

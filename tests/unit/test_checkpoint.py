@@ -7,8 +7,8 @@ import os
 import pytest
 import torch
 
-from lowband import checkpoint
 from lowband.errors import UsageError
+from lowband.run import checkpoint
 
 
 def test_crash_while_writing_keeps_the_previous_checkpoint(tmp_path, monkeypatch):

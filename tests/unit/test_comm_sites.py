@@ -13,7 +13,7 @@ import torch
 
 from lowband.comm import Communicator
 from lowband.comm import communicator as C
-from lowband.reporter import EpochReporter, RankFigures, tag_bytes
+from lowband.run.reporter import EpochReporter, RankFigures, tag_bytes
 
 SITES = [0, 0, 1, 1]  # ring 0 -> 1 -> 2 -> 3 -> 0: edges 1->2 and 3->0 cross
 T = 400  # bytes: 100 float32
@@ -137,7 +137,7 @@ def test_netns_mode_takes_sites_but_refuses_an_intra_latency(monkeypatch):
     from lowband import config
     from lowband.comm import links
     from lowband.errors import UsageError
-    from lowband.runs import check_sites, method_configs
+    from lowband.run.session import check_sites, method_configs
 
     cfg = config.from_dict({"link": {"mode": "netns", "sites": 2}, "train": {"workers": 4}}, method_configs())
     assert check_sites(cfg, 4) == [0, 0, 1, 1]

@@ -1,8 +1,8 @@
-"""Method specs and the console table (lowband.table's) from hand-made records."""
+"""Method specs and the console table (lowband.comparison.table's) from hand-made records."""
 
 import pytest
 
-from lowband.compare import add_speed, format_table, parse_spec, time_to
+from lowband.comparison.runner import add_speed, format_table, parse_spec, time_to
 from lowband.errors import ConfigError
 
 
@@ -50,7 +50,7 @@ def test_a_given_target_and_no_allreduce():
 
 
 def test_suites_may_prepare_and_refer_to_their_folder(tmp_path):
-    from lowband.compare import fill, load_suite
+    from lowband.comparison.runner import fill, load_suite
 
     edl = load_suite("edl")
     assert edl["prepare"][0].startswith("train --method single") and "{folder}/teacher" in edl["prepare"][0]

@@ -9,8 +9,8 @@ import os
 import pytest
 
 from lowband.cli import main
-from lowband.metrics import read_metrics
-from lowband.report import build
+from lowband.comparison.report import build
+from lowband.run.metrics import read_metrics
 from tests.unit.test_report import make_comparison, read, table
 
 GOOD = json.dumps({"epoch": 1, "test_acc": 0.5, "val_acc": 0.5})
@@ -79,14 +79,14 @@ def test_target_from_a_run_with_a_broken_line_reads_the_rest(tmp_path, capsys):
 
 
 def _run_with_model(tmp_path, name: str, model_bytes: bytes | None = None) -> str:
-    from lowband import checkpoint, runs
     from lowband.models import build_model
+    from lowband.run import checkpoint, session
     from tests.unit.test_config import build as build_config
 
     run = str(tmp_path / name)
     os.makedirs(run)
     cfg = build_config({"data": {"num_samples": 200, "cache_dir": os.environ["LOWBAND_TEST_CACHE"]}})
-    runs.write_config(cfg, run)
+    session.write_config(cfg, run)
     path = os.path.join(run, "model.safetensors")
     if model_bytes is None:
         checkpoint.save_model(build_model(cfg.model, (1, 40), 10).state_dict(), path)

@@ -6,10 +6,11 @@ import os
 
 import pytest
 
-from lowband import cli, loggers
+from lowband import cli
 from lowband.errors import ConfigError
-from lowband.metrics import MetricsSink
-from lowband.rundir import Stream
+from lowband.run import loggers
+from lowband.run.metrics import MetricsSink
+from lowband.run.rundir import Stream
 from tests import fake_logger
 
 RECORD = {
@@ -83,7 +84,7 @@ def test_an_unknown_logger_is_a_config_error_at_resolve():
 
 
 def test_each_epoch_line_tells_the_whole_run(tmp_path, monkeypatch, caplog):
-    from lowband import metrics
+    from lowband.run import metrics
 
     clock = iter([100.0, 110.0, 130.0])  # start; epochs 3 and 4 end 10 s and 30 s later
     monkeypatch.setattr(metrics.time, "monotonic", lambda: next(clock))
@@ -99,13 +100,13 @@ def test_each_epoch_line_tells_the_whole_run(tmp_path, monkeypatch, caplog):
 
 @pytest.mark.parametrize("seconds, text", [(4.4, "4s"), (185, "3m05s"), (3720, "1h02m")])
 def test_clock(seconds, text):
-    from lowband.metrics import clock
+    from lowband.run.metrics import clock
 
     assert clock(seconds) == text
 
 
 def test_quiet_keeps_epoch_lines_off_the_console_only(tmp_path, monkeypatch):
-    from lowband.metrics import setup_logging
+    from lowband.run.metrics import setup_logging
 
     monkeypatch.setenv("LOWBAND_QUIET", "1")
     log = setup_logging(str(tmp_path), 0)

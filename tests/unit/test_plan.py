@@ -2,9 +2,9 @@
 
 import pytest
 
-from lowband import plan as P
+from lowband.comparison import plan as P
 from lowband.errors import ConfigError
-from lowband.runs import method_configs, world_size
+from lowband.run.session import method_configs, world_size
 
 
 def test_seeds_are_distinct_non_negative_integers():
@@ -102,7 +102,7 @@ def test_plan_round_trips_and_records_finished_runs(tmp_path):
 
 
 def test_suite_files_hold_per_method_settings(tmp_path):
-    from lowband.compare import load_suite
+    from lowband.comparison.runner import load_suite
 
     path = tmp_path / "mine.toml"
     path.write_text('methods = ["allreduce", "local_sgd:tau=4", "local_sgd:tau=16"]\n[config.train]\nworkers = 2\n'
@@ -141,7 +141,7 @@ def test_budgets_scale_each_methods_epochs_to_allreduces_steps_or_samples():
 
 
 def test_an_interrupted_preparation_continues_its_run(tmp_path):
-    from lowband.compare import continued
+    from lowband.comparison.runner import continued
 
     command = f"train --method single --epochs 10 --run-dir {tmp_path}/teacher"
     assert continued(command) == command

@@ -5,7 +5,7 @@ import time
 import pytest
 
 from lowband.comm.links import LinkModel, LinkSpec, parse_link
-from lowband.projection import epoch_seconds, link_name, rates, seconds_through, traffic
+from lowband.comparison.projection import epoch_seconds, link_name, rates, seconds_through, traffic
 
 MB_PER_S = LinkSpec(8e6)  # 1 MB/s
 

@@ -8,8 +8,8 @@ import json
 
 import pytest
 
+from lowband.comparison.report import build
 from lowband.errors import UsageError
-from lowband.report import build
 
 
 def record(epoch, val, sent_per_epoch, secs_per_epoch, compute_per_epoch, calls_per_epoch=10):
@@ -157,7 +157,7 @@ def test_report_command_names_overlays_and_checks_latency(tmp_path, capsys):
 
 
 def test_zero_bytes_sit_a_decade_left_of_the_rest_and_the_front_is_non_dominated():
-    from lowband.report_plots import pareto_front, short_bytes, zero_position
+    from lowband.comparison.plots import pareto_front, short_bytes, zero_position
 
     assert zero_position([0.0, 2.5e4, 3e6]) == pytest.approx(1e3) and zero_position([0.0]) == 1e3
     assert pareto_front([(1e3, 0.85), (2e4, 0.93), (3e6, 0.91), (5e5, 0.95)]) == [(1e3, 0.85), (2e4, 0.93),
@@ -167,9 +167,9 @@ def test_zero_bytes_sit_a_decade_left_of_the_rest_and_the_front_is_non_dominated
 
 @pytest.mark.parametrize("name", ["quick", "afsd", "ecdnn", "rdpsgd", "edl", "sites"])
 def test_built_in_suites_resolve_to_valid_configs(name):
-    from lowband.compare import load_suite
-    from lowband.plan import make_plan
-    from lowband.runs import method_configs, world_size
+    from lowband.comparison.plan import make_plan
+    from lowband.comparison.runner import load_suite
+    from lowband.run.session import method_configs, world_size
 
     suite = load_suite(name)
     plan = make_plan(suite["methods"], suite["config"], {}, "F", method_configs(), prepare=suite["prepare"],
@@ -178,7 +178,7 @@ def test_built_in_suites_resolve_to_valid_configs(name):
 
 
 def test_user_suite_files_and_unknown_suites(tmp_path):
-    from lowband.compare import load_suite
+    from lowband.comparison.runner import load_suite
     from lowband.errors import ConfigError, UsageError
 
     good = tmp_path / "mine.toml"

@@ -7,9 +7,9 @@ import os
 import pytest
 import torch
 
-from lowband import checkpoint, runs
 from lowband.errors import UsageError
-from lowband.reshard import merge_counters, plan_sources, reshard
+from lowband.run import checkpoint, session
+from lowband.run.reshard import merge_counters, plan_sources, reshard
 from tests.unit.test_config import build
 
 
@@ -23,7 +23,7 @@ def _state(rank: int, epoch: int) -> dict:
 def _run(tmp_path, workers: int, epochs=(1, 2), method: str = "allreduce") -> str:
     run = str(tmp_path / "run")
     os.makedirs(run)
-    runs.write_config(build({"method": {"name": method}, "train": {"workers": workers}}), run)
+    session.write_config(build({"method": {"name": method}, "train": {"workers": workers}}), run)
     for epoch in epochs:
         for rank in range(workers):
             checkpoint.save_state(_state(rank, epoch), checkpoint.rank_path(run, rank, epoch))
@@ -92,7 +92,7 @@ def test_a_second_change_keeps_both_archives(tmp_path):
     checkpoint.save_state(_state(0, 3), checkpoint.rank_path(run, 0, 3))
     second = reshard(run, 4, 2)
     assert os.path.basename(second.archive) == "world-4"
-    runs.write_config(build({"train": {"workers": 2}}), run)
+    session.write_config(build({"train": {"workers": 2}}), run)
     third = reshard(run, 2, 3)
     assert os.path.basename(third.archive) == "world-2-2"
 
@@ -100,8 +100,8 @@ def test_a_second_change_keeps_both_archives(tmp_path):
 def test_check_allows_a_change_only_when_asked_and_the_method_can(tmp_path):
     run = _run(tmp_path, 2)
     with pytest.raises(UsageError, match="add --allow-world-change"):
-        runs.check_resume_world(run, 4)
-    assert runs.check_resume_world(run, 4, allow_change=True) == 2
+        session.check_resume_world(run, 4)
+    assert session.check_resume_world(run, 4, allow_change=True) == 2
 
 
 @pytest.mark.parametrize("method, says", [
@@ -112,7 +112,7 @@ def test_check_allows_a_change_only_when_asked_and_the_method_can(tmp_path):
 def test_methods_whose_ranks_differ_refuse_a_world_change(tmp_path, method, says):
     run = _run(tmp_path, 4, method=method)
     with pytest.raises(UsageError, match=r"^--allow-world-change: method ") as e:
-        runs.check_resume_world(run, 2, allow_change=True)
+        session.check_resume_world(run, 2, allow_change=True)
     assert says in str(e.value) and "\n" not in str(e.value)
 
 

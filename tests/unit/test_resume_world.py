@@ -6,23 +6,23 @@ import os
 
 import pytest
 
-from lowband import checkpoint, runs
 from lowband.cli import main
 from lowband.errors import UsageError
+from lowband.run import checkpoint, session
 from tests.unit.test_config import build
 
 
 def _run(tmp_path, workers: int, ranks) -> str:
     run = str(tmp_path / "run")
     os.makedirs(run)
-    runs.write_config(build({"train": {"workers": workers}}), run)
+    session.write_config(build({"train": {"workers": workers}}), run)
     for rank in ranks:
         checkpoint.save_state({"e": 1}, checkpoint.rank_path(run, rank, 1))
     return run
 
 
 def test_same_world_size_resumes(tmp_path):
-    runs.check_resume_world(_run(tmp_path, 2, [0, 1]), 2)
+    session.check_resume_world(_run(tmp_path, 2, [0, 1]), 2)
 
 
 @pytest.mark.parametrize("workers, ranks, world, says", [
@@ -33,7 +33,7 @@ def test_same_world_size_resumes(tmp_path):
 ])
 def test_other_world_size_is_refused(tmp_path, workers, ranks, world, says):
     with pytest.raises(UsageError, match=r"^--resume .*") as e:
-        runs.check_resume_world(_run(tmp_path, workers, ranks), world)
+        session.check_resume_world(_run(tmp_path, workers, ranks), world)
     assert says in str(e.value) and "\n" not in str(e.value)
 
 

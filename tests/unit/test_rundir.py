@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 
-from lowband.rundir import RunDir
+from lowband.run.rundir import RunDir
 
 
 def _write(path, records):

@@ -7,8 +7,8 @@ import os
 import subprocess
 import sys
 
-from lowband import launch, runs
-from lowband.rundir import RunDir
+from lowband.run import launch, session
+from lowband.run.rundir import RunDir
 
 
 def _run(tmp_path, finished: dict[int, float]) -> RunDir:
@@ -23,7 +23,7 @@ def _run(tmp_path, finished: dict[int, float]) -> RunDir:
 
 def test_lost_rank_0_gets_the_best_survivors_model(tmp_path, capsys):
     run = _run(tmp_path, {1: 0.5, 2: 0.8, 3: 0.7})
-    assert runs.salvage(run.path, 4, 137) == 137
+    assert session.salvage(run.path, 4, 137) == 137
     with open(run.model_path(0)) as f:
         assert f.read() == "model of rank 2"
     err = capsys.readouterr().err.strip().splitlines()
@@ -32,7 +32,7 @@ def test_lost_rank_0_gets_the_best_survivors_model(tmp_path, capsys):
 
 def test_lost_other_rank_keeps_rank_0s_model_and_fails(tmp_path, capsys):
     run = _run(tmp_path, {0: 0.5, 1: 0.9})
-    assert runs.salvage(run.path, 3, 0) == 1
+    assert session.salvage(run.path, 3, 0) == 1
     with open(run.model_path(0)) as f:
         assert f.read() == "model of rank 0"
     assert "lost worker(s) 2" in capsys.readouterr().err
@@ -40,7 +40,7 @@ def test_lost_other_rank_keeps_rank_0s_model_and_fails(tmp_path, capsys):
 
 def test_nothing_lost_changes_nothing(tmp_path, capsys):
     run = _run(tmp_path, {0: 0.5, 1: 0.9})
-    assert runs.salvage(run.path, 2, 0) == 0
+    assert session.salvage(run.path, 2, 0) == 0
     assert capsys.readouterr().err == ""
     assert sorted(os.listdir(run.path)) == ["metrics.jsonl", "metrics.rank1.jsonl", "model.rank1.safetensors",
                                             "model.safetensors"]

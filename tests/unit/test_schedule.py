@@ -5,7 +5,7 @@ import math
 import pytest
 
 from lowband.config import OptimConfig
-from lowband.schedule import lr_at
+from lowband.run.schedule import lr_at
 
 
 def test_goyal_warmup_ramps_from_one_worker_rate_to_scaled_rate():

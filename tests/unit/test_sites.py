@@ -8,7 +8,7 @@ from lowband import config as C
 from lowband.cli import main
 from lowband.comm.sites import check_groups, describe, site_map
 from lowband.errors import ConfigError
-from lowband.runs import method_configs, world_size
+from lowband.run.session import method_configs, world_size
 
 
 def test_equal_sites_of_consecutive_ranks():

@@ -4,7 +4,7 @@ import statistics
 
 import pytest
 
-from lowband import table
+from lowband.comparison import table
 
 
 def rec(epoch, val, sent, secs, test=None, samples=1000):

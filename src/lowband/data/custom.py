@@ -18,7 +18,7 @@ import numpy as np
 import torch
 
 from lowband.errors import ConfigError
-from lowband.plugins import import_factory
+from lowband.registry.plugins import import_factory
 
 KEYS = ("x_train", "y_train", "x_test", "y_test")
 

@@ -9,7 +9,7 @@ import time
 from lowband import config as C
 from lowband.distill.coordinator import Coordinator, TeacherInfo, redact
 from lowband.errors import ConfigError, UsageError
-from lowband.launch import raise_interrupt
+from lowband.run.launch import raise_interrupt
 
 
 # ---- lowband teacher --------------------------------------------------------------------------
@@ -114,14 +114,14 @@ def distill_config(args, resolve) -> C.Config:
 
 
 def run_distill(args, resolve) -> int:
-    from lowband import runs
+    from lowband.run import session
 
     if args.mode != "ntrain" and not args.teacher:
         raise UsageError("--teacher is required (a lowband run directory or checkpoint) unless --mode ntrain")
     cfg = distill_config(args, resolve)
     if args.mode != "ntrain":
         _check_teacher_fits(cfg)
-    code, run_dir = runs.start(cfg, args.run_dir, out=args.out)  # starts Redis and local teachers if asked
+    code, run_dir = session.start(cfg, args.run_dir, out=args.out)  # starts Redis and local teachers if asked
     if code == 0:
         print(f"done: {run_dir}")
         print(summary_line(run_dir))
@@ -139,7 +139,7 @@ def _check_teacher_fits(cfg: C.Config) -> None:
 
 
 def summary_line(run_dir: str) -> str:
-    from lowband.metrics import read_metrics
+    from lowband.run.metrics import read_metrics
 
     records = read_metrics(run_dir)
     if not records:

@@ -43,7 +43,7 @@ def read_weights(path: str) -> dict[str, torch.Tensor]:
             return load_file(path)
         except Exception as e:
             raise UsageError(f"--teacher {path} is unreadable ({type(e).__name__}: {e})") from None
-    from lowband.checkpoint import load_state
+    from lowband.run.checkpoint import load_state
 
     state = load_state(path)
     return state["model"] if isinstance(state.get("model"), dict) else state
@@ -54,7 +54,7 @@ def load_teacher(path: str):
     from lowband.config import from_dict_any_method
     from lowband.data import load_dataset
     from lowband.models import build_model
-    from lowband.rundir import RunDir
+    from lowband.run.rundir import RunDir
 
     cfg = from_dict_any_method(RunDir(os.path.dirname(find_run_config(path))).read_config_dict())
     data = load_dataset(cfg.data)

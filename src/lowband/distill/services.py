@@ -64,7 +64,7 @@ class LocalTeachers:
         self.procs: list[subprocess.Popen] = []
 
     def __enter__(self) -> LocalTeachers:
-        from lowband.launch import die_with_parent
+        from lowband.run.launch import die_with_parent
 
         for _ in range(self.n):
             self.procs.append(subprocess.Popen(self.cmd, env=self.env, preexec_fn=die_with_parent))
@@ -86,6 +86,6 @@ class LocalTeachers:
             time.sleep(0.1)
 
     def __exit__(self, *exc) -> None:
-        from lowband.launch import stop
+        from lowband.run.launch import stop
 
         stop(self.procs)

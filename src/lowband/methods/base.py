@@ -30,7 +30,7 @@ from torch import nn
 from lowband.comm.communicator import Communicator
 from lowband.config import Config, MethodConfig
 from lowband.data import TensorData
-from lowband.rundir import RunDir
+from lowband.run.rundir import RunDir
 
 
 @dataclass
@@ -89,7 +89,7 @@ class Method:
     @classmethod
     def world_change_refused(cls, cfg: Any, old: int, new: int) -> str | None:
         """Why a run cannot resume with `new` workers after checkpointing with `old` (None: it can,
-        each new rank r taking old rank r % old's state; see lowband.reshard)."""
+        each new rank r taking old rank r % old's state; see lowband.run.reshard)."""
         if cls.fixed_workers:
             return f"runs {cls.fixed_workers} process(es) always"
         if cls.independent_models or not cls.same_init:

@@ -7,8 +7,8 @@ from torch import nn
 
 from lowband.config import ModelConfig
 from lowband.errors import ConfigError, UsageError
-from lowband.plugins import import_factory
 from lowband.registry import MODELS
+from lowband.registry.plugins import import_factory
 
 
 class Classifier(nn.Module):

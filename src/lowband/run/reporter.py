@@ -21,9 +21,9 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from lowband.comm import BOOKKEEPING_TAGS, Communicator
-from lowband.loggers import build as build_loggers
-from lowband.metrics import MetricsSink
-from lowband.rundir import RunDir
+from lowband.run.loggers import build as build_loggers
+from lowband.run.metrics import MetricsSink
+from lowband.run.rundir import RunDir
 
 
 class TrainingError(RuntimeError):
@@ -36,7 +36,7 @@ class RankFigures:
 
     loss: float
     samples: int  # trained on this epoch
-    seen: int = 0  # trained on since the run began (a world change hands these on: lowband.reshard)
+    seen: int = 0  # trained on since the run began (a world change hands these on: lowband.run.reshard)
     test_acc: float | None = None  # this rank's own model; None when the epoch was not evaluated
     val_acc: float | None = None
     bytes: dict[str, dict[str, float]] = field(default_factory=dict)  # tag -> {"sent", "recv", "calls", "wire", "inter"}
@@ -76,7 +76,7 @@ class EpochReporter:
 
     def __init__(self, scope: Communicator, run: RunDir, log: logging.Logger, total_epochs: int,
                  loggers: Sequence[str] = (), config: dict | None = None):
-        """`loggers`: train.loggers; the scope's leader builds them (lowband.loggers) and feeds them every
+        """`loggers`: train.loggers; the scope's leader builds them (lowband.run.loggers) and feeds them every
         record it writes; `config`: the resolved config as a dict, which they record as hyper-parameters."""
         self.scope, self.log = scope, log
         self.leader = scope.rank == 0

@@ -14,18 +14,18 @@ from dataclasses import dataclass
 import torch
 import torch.nn.functional as F
 
-from lowband import checkpoint
-from lowband.catalog import load_all
 from lowband.comm import BOOKKEEPING_TAGS, Communicator
 from lowband.config import Config, to_dict
 from lowband.data import Batches, TensorData, load_dataset, partition, steps_per_epoch
 from lowband.methods.base import Context, Method
-from lowband.metrics import setup_logging
 from lowband.models import build_model
 from lowband.registry import METHODS
-from lowband.reporter import EpochReporter, RankFigures, TrainingError, tag_bytes
-from lowband.rundir import RunDir
-from lowband.schedule import lr_at
+from lowband.registry.catalog import load_all
+from lowband.run import checkpoint
+from lowband.run.metrics import setup_logging
+from lowband.run.reporter import EpochReporter, RankFigures, TrainingError, tag_bytes
+from lowband.run.rundir import RunDir
+from lowband.run.schedule import lr_at
 
 __all__ = ["Trainer", "TrainingError", "train_step", "make_plan", "accuracy"]
 

@@ -1,7 +1,7 @@
 """Run several methods on the same data, model and seeds, one after another, and tabulate them.
 
 A method is named alone (`allreduce`) or with options (`ec_dnn:ensemble=margin:tau=128`).
-summary.csv has one row per run; the console table is lowband.table's, the same as the report's
+summary.csv has one row per run; the console table is lowband.comparison.table's, the same as the report's
 (seeds pooled, one reference: the target accuracy, and speed-up against Allreduce).
 """
 
@@ -11,18 +11,18 @@ import csv
 import os
 import sys
 import time
-import types
 from importlib import resources
 
 import tomllib
 
 from lowband import config as C
-from lowband import plan as P
-from lowband import runs, table
+from lowband.comparison import plan as P
+from lowband.comparison import table
+from lowband.comparison.plan import fill, parse_spec, spec_config  # noqa: F401 (fill, parse_spec: re-exported)
 from lowband.errors import ConfigError, UsageError
-from lowband.metrics import median, read_metrics
-from lowband.plan import fill, parse_spec, spec_config  # noqa: F401 (fill, parse_spec: re-exported)
-from lowband.rundir import RunDir
+from lowband.run import session
+from lowband.run.metrics import median, read_metrics
+from lowband.run.rundir import RunDir
 
 COLUMNS = ["label", "method", "seed", "workers", "val_acc", "val_acc_L", "final_acc", "final_acc_L", "best_val_acc",
            "epochs", "samples", "bytes_sent_per_worker", "sites",
@@ -73,7 +73,7 @@ def with_method(base: C.Config, spec: str, defaults: dict | None = None) -> C.Co
     """`base` running `spec`; `defaults` holds a suite's options per method name (the spec's win)."""
     name = parse_spec(spec)[0]
     raw = spec_config(spec, C.to_dict(base), {}, None, defaults, inherit=base.method.name == name)
-    return C.from_dict(raw, runs.method_configs())
+    return C.from_dict(raw, session.method_configs())
 
 
 def compare(plan: P.Plan, folder: str) -> tuple[int, str, list[dict]]:
@@ -105,11 +105,11 @@ def compare(plan: P.Plan, folder: str) -> tuple[int, str, list[dict]]:
         code, run_dir = execute(folder, run, f"run {i}/{total}")
         if code == 130:
             return 130, folder, rows
-        rows.append(summarize(run.label, C.from_dict(run.config, runs.method_configs()), run_dir, code)
+        rows.append(summarize(run.label, C.from_dict(run.config, session.method_configs()), run_dir, code)
                     | {"tuned": run.tuned})
     add_speed(rows)
     write_csv(rows, os.path.join(folder, "summary.csv"))
-    from lowband.report import build
+    from lowband.comparison.report import build
 
     build([folder])
     return (0 if all(r["status"] == "ok" for r in rows) else 1), folder, rows
@@ -117,9 +117,9 @@ def compare(plan: P.Plan, folder: str) -> tuple[int, str, list[dict]]:
 
 def layout(cfg: C.Config) -> tuple[int, int]:
     """(optimizer steps per epoch of each worker, workers) of a config: what a budget is measured in."""
-    from lowband.trainer import make_plan
+    from lowband.run.trainer import make_plan
 
-    world = runs.world_size(cfg)
+    world = session.world_size(cfg)
     return make_plan(cfg, world).steps, world
 
 
@@ -142,8 +142,8 @@ def execute(folder: str, run: P.Run, position: str = "") -> tuple[int, str]:
         print(f"\n{title}: finished already", flush=True)
         return 0, run_dir
     print(f"\n{title}", flush=True)
-    cfg = C.from_dict(run.config, runs.method_configs())
-    code, run_dir = runs.start(cfg, run_dir, resume=RunDir(run_dir).is_run())
+    cfg = C.from_dict(run.config, session.method_configs())
+    code, run_dir = session.start(cfg, run_dir, resume=RunDir(run_dir).is_run())
     if code != 130:
         P.mark(folder, run.key, run_dir, code)
     return code, run_dir
@@ -196,7 +196,6 @@ def write_tuning(results: list[tuple[P.Run, float | None]], chosen: dict, path: 
 def run_prepare(command: str) -> int:
     import shlex
     import subprocess
-    import sys
 
     print(f"\n=== prepare: lowband {command} ===", flush=True)
     return subprocess.run([sys.executable, "-m", "lowband", *shlex.split(command)]).returncode
@@ -209,13 +208,13 @@ def summarize(label: str, cfg: C.Config, run_dir: str, code: int) -> dict:
     done = [r for r in records if r.get("val_acc") is not None or r.get("test_acc") is not None]
     last, end = (records[-1] if records else {}), (done[-1] if done else {})
     return {
-        "label": label, "method": cfg.method.name, "seed": cfg.train.seed, "workers": runs.world_size(cfg),
+        "label": label, "method": cfg.method.name, "seed": cfg.train.seed, "workers": session.world_size(cfg),
         "val_acc": end.get("val_acc"), "val_acc_L": end.get("val_acc_L"),
         "final_acc": end.get("test_acc"), "final_acc_L": end.get("test_acc_L"),
         "best_val_acc": max((r["val_acc"] for r in done if r.get("val_acc") is not None), default=None),
         "epochs": last.get("epoch", 0), "samples": last.get("samples"),
         "bytes_sent_per_worker": last.get("bytes_sent_per_worker", 0.0),
-        "sites": cfg.link.site_count(runs.world_size(cfg)),
+        "sites": cfg.link.site_count(session.world_size(cfg)),
         "bytes_inter_per_worker": last.get("bytes_inter_per_worker", last.get("bytes_sent_per_worker", 0.0)),
         "train_s": last.get("time", {}).get("train_s", 0.0), "speedup": None,
         "samples_per_s": median([r["samples_per_s"] for r in records if r.get("samples_per_s")]),
@@ -229,7 +228,7 @@ def time_to(records: list[dict], key: str, target: float) -> float | None:
 
 
 def add_speed(rows: list[dict], target: float | None = None) -> None:
-    """Give every run the comparison table's speed-up of its label (one reference: see lowband.table)."""
+    """Give every run the comparison table's speed-up of its label (one reference: see lowband.comparison.table)."""
     by_label = {r["label"]: r["speedup"] for r in table.rows(rows, target)[0]}
     for r in rows:
         r["speedup"] = by_label.get(r["label"])
@@ -244,7 +243,7 @@ def write_csv(rows: list[dict], path: str) -> None:
 
 
 def format_table(rows: list[dict], target: float | None = None) -> str:
-    """The comparison table (lowband.table) of these runs, as plain text, with its target."""
+    """The comparison table (lowband.comparison.table) of these runs, as plain text, with its target."""
     body, target, why = table.rows(rows, target)
     return table.text(body) + "\n\n" + table.describe_target(target, why)
 
@@ -256,16 +255,3 @@ def print_summary(rows: list[dict], folder: str, target: float | None = None) ->
         print("\nTuned (best validation accuracy of the sweep, tuning.csv): " + "; ".join(tuned))
     print(f"\nruns, summary.csv and report.md/report.html (plots: accuracy against epoch, bytes and time; "
           f"projected time to target against link rate; accuracy against bytes) in {folder}")
-
-
-class _CallableModule(types.ModuleType):
-    """`lowband.compare` is this module once imported (Python sets a package's submodules as its
-    attributes); calling it is the Python API's `lowband.compare(...)` (lowband.api.compare)."""
-
-    def __call__(self, *args, **kwargs):
-        from importlib import import_module
-
-        return import_module("lowband.api").compare(*args, **kwargs)  # the API sits above this module
-
-
-sys.modules[__name__].__class__ = _CallableModule

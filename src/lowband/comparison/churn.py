@@ -11,18 +11,18 @@ import os
 import torch
 from safetensors.torch import load_file
 
-from lowband import runs
 from lowband.data import load_dataset
 from lowband.distill.ensemble import Ensemble
 from lowband.errors import UsageError
 from lowband.models import build_model
+from lowband.run import session
 
 
 def run_config(run_dir: str):
     """The Config of a run directory given to churn (one line when it is not one)."""
     if not os.path.isfile(os.path.join(run_dir, "config.toml")):
         raise UsageError(f"churn: {run_dir} is not a run directory (no config.toml)")
-    return runs.read_run_config(run_dir)
+    return session.read_run_config(run_dir)
 
 
 def load_final_model(run_dir: str, in_shape, num_classes: int, name: str = "model.safetensors") -> torch.nn.Module:

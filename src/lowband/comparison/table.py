@@ -21,7 +21,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from lowband.metrics import human_bytes
+from lowband.run.metrics import human_bytes
 
 REFERENCE = "allreduce"
 

@@ -15,13 +15,13 @@ import time
 
 import torch
 
-from lowband import checkpoint, launch, loggers
 from lowband import config as C
-from lowband.catalog import load_all
 from lowband.comm import Communicator, launched_by_torchrun
 from lowband.errors import ConfigError, UsageError
 from lowband.registry import METHODS
-from lowband.rundir import RunDir
+from lowband.registry.catalog import load_all
+from lowband.run import checkpoint, launch, loggers
+from lowband.run.rundir import RunDir
 
 
 def method_configs() -> dict[str, type]:
@@ -41,7 +41,7 @@ def world_size(cfg: C.Config) -> int:
 
 def check_resume_world(run_dir: str, world: int, allow_change: bool = False) -> int:
     """The world size the run checkpointed with. Refuse (one line) a resume with another one unless
-    `allow_change` and the method can change it (lowband.reshard); nothing is written here."""
+    `allow_change` and the method can change it (lowband.run.reshard); nothing is written here."""
     cfg = read_run_config(run_dir) if RunDir(run_dir).is_run() else None
     recorded = world_size(cfg) if cfg is not None else world
     ranks = checkpoint.ranks_saved(run_dir)
@@ -64,8 +64,8 @@ def check_resume_world(run_dir: str, world: int, allow_change: bool = False) -> 
 
 
 def change_world(run_dir: str, old: int, new: int) -> None:
-    """Re-cut the checkpoints for `new` ranks (lowband.reshard) and say so on stderr."""
-    from lowband.reshard import reshard
+    """Re-cut the checkpoints for `new` ranks (lowband.run.reshard) and say so on stderr."""
+    from lowband.run.reshard import reshard
 
     done = reshard(run_dir, old, new)
     skipped = f" (newer epochs passed over: {'; '.join(done.passed)})" if done.passed else ""
@@ -117,7 +117,7 @@ def read_run_config(run_dir: str) -> C.Config:
 def check_plan(cfg: C.Config) -> None:
     """Fail fast in the launcher, before any worker starts: data, shards, model all fit."""
     from lowband.models import build_model
-    from lowband.trainer import make_plan
+    from lowband.run.trainer import make_plan
 
     plan = make_plan(cfg, world_size(cfg))
     build_model(cfg.model, plan.data.in_shape, plan.data.num_classes)
@@ -150,7 +150,7 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
             prepare_run_dir(cfg, run_dir)
         else:
             _settle_resume(cfg, run_dir, old_world, note)
-        code = launch.run("lowband.runs:train_worker", [run_dir, "1" if resume else "0"], world_size(cfg),
+        code = launch.run("lowband.run.session:train_worker", [run_dir, "1" if resume else "0"], world_size(cfg),
                           run_dir, cfg.train.threads, keep_going=method.independent_models,
                           netns=netns, max_restarts=cfg.train.max_restarts, restart_args=[run_dir, "1"],
                           sites=sites, intra=cfg.link.intra_spec)
@@ -204,7 +204,7 @@ def train_worker(run_dir: str, resume: str = "0") -> None:
 
 
 def _join(cfg: C.Config) -> Communicator:
-    from lowband.trainer import resolve_device
+    from lowband.run.trainer import resolve_device
 
     torch.set_num_threads(cfg.train.threads)
     model = cfg.link.mode == "model"  # netns: the network itself is slow
@@ -214,7 +214,7 @@ def _join(cfg: C.Config) -> Communicator:
 
 
 def _run(cfg: C.Config, run_dir: str, resume: bool, comm: Communicator) -> None:
-    from lowband.trainer import Trainer
+    from lowband.run.trainer import Trainer
 
     trainer, clean = None, False
     try:

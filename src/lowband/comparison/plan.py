@@ -1,4 +1,4 @@
-"""What a comparison runs, decided and checked before anything runs (lowband.compare runs it).
+"""What a comparison runs, decided and checked before anything runs (lowband.comparison.runner runs it).
 
 A comparison is a list of method specs (`allreduce`, `local_sgd:tau=16`), each resolved to one
 raw config: defaults <- the suite's [config] <- the suite's [per_method.NAME] and

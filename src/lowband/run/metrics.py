@@ -43,7 +43,7 @@ class _TqdmHandler(logging.Handler):
 def read_metrics(run_dir: str, filename: str = "metrics.jsonl", check=None) -> list[dict]:
     """A run's epoch records; damaged lines (and records whose epoch is not a whole number) are
     skipped with a warning naming file and line. `check` adds a reason of its own."""
-    from lowband.rundir import read_jsonl
+    from lowband.run.rundir import read_jsonl
 
     def whole_epoch(record: dict) -> str | None:
         if not isinstance(record.get("epoch", 0), int):
@@ -62,7 +62,7 @@ class MetricsSink:
         self.tty = active and sys.stderr.isatty() and not quiet()
         self.started = time.monotonic()  # wall clock of this process, for the ETA
         self.first_epoch: int | None = None
-        self.loggers = list(loggers)  # experiment loggers (lowband.loggers), fed every record
+        self.loggers = list(loggers)  # experiment loggers (lowband.run.loggers), fed every record
 
     def steps(self, iterable, epoch: int, total: int):
         if not self.tty:
@@ -76,7 +76,7 @@ class MetricsSink:
         self.stream.write(record)
         self.log.info(format_record(record, self.total_epochs) + "  " + self.progress(record["epoch"]))
         if self.loggers:
-            from lowband.loggers import scalars
+            from lowband.run.loggers import scalars
 
             figures = scalars(record)
             for logger in self.loggers:

@@ -22,8 +22,8 @@ import re
 import shutil
 from dataclasses import dataclass
 
-from lowband import checkpoint
 from lowband.errors import UsageError
+from lowband.run import checkpoint
 
 _RANK_FILE = re.compile(r"rank\d+-epoch\d+\.pt(\.sha256)?$")
 

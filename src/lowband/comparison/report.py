@@ -1,10 +1,10 @@
 """A comparison's report, report.md (PNG files beside it) and report.html: which method for my link?
 
-It answers with the comparison table (lowband.table: seeds pooled as mean ± sd, one target:
+It answers with the comparison table (lowband.comparison.table: seeds pooled as mean ± sd, one target:
 the given one or Allreduce's mean final validation accuracy) and, from each run's compute
 seconds and messages, the projected training time to the target on links from 1 mbit/s to
-10 gbit/s (lowband.projection), with a sentence per link class naming the fastest method and the
-one that sends the fewest bytes. Plots (lowband.report_plots): projected seconds to target
+10 gbit/s (lowband.comparison.projection), with a sentence per link class naming the fastest method and the
+one that sends the fewest bytes. Plots (lowband.comparison.plots): projected seconds to target
 against link rate, final validation accuracy against bytes per worker (Pareto), and validation
 accuracy against epoch, bytes and training time. When the comparison tuned a setting
 (tuning.csv), a table of the values tried. Where a run used EDL-Dist teacher servers, one more
@@ -28,11 +28,11 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import matplotlib.ticker
 
-from lowband import projection, report_plots, table
 from lowband.comm.links import LinkSpec
+from lowband.comparison import plots, projection, table
 from lowband.errors import UsageError
-from lowband.metrics import human_bytes, read_metrics
-from lowband.rundir import RunDir, warn
+from lowband.run.metrics import human_bytes, read_metrics
+from lowband.run.rundir import RunDir, warn
 
 PLOTS = [("acc_epoch", "epoch", "epoch"), ("acc_bytes", "bytes", "bytes sent per worker"),
          ("acc_time", "time", "training time (s)")]
@@ -293,7 +293,7 @@ def build(folders: list[str], out: str | None = None, target: float | None = Non
     md += table.markdown(rows) + [""]
     tuning = tuning_table(load_tuning(folders, labels))
     md += ["## Tuning", "", *tuning, ""] if tuning else []
-    md += ["## Plots", "", *plots(runs, rows, groups, target, out)]
+    md += ["## Plots", "", *plot_sections(runs, rows, groups, target, out)]
     with open(os.path.join(out, "report.md"), "w") as f:
         f.write("\n".join(md) + "\n")
     write_html(os.path.join(out, "report.html"), md, out)
@@ -331,7 +331,7 @@ def answer(rows: list[dict], groups: dict[str, list[dict]], target: float | None
     goals = goal_epochs(rows, groups, target)
     rates = projection.rates()
     ylabel = "projected seconds to target" if target is not None else "projected seconds to finish training"
-    report_plots.link_sweep(sweep(groups, goals, rates, latency_s), rates, projection.LINK_CLASSES,
+    plots.link_sweep(sweep(groups, goals, rates, latency_s), rates, projection.LINK_CLASSES,
                             ylabel, os.path.join(out, "time_link.png"))
     latency = f"{latency_s * 1e3:g} ms latency per message" if latency_s else "no latency"
     return ["## Which method for my link", "", *link_sentences(rows, groups, goals, latency_s, target is not None),
@@ -341,12 +341,12 @@ def answer(rows: list[dict], groups: dict[str, list[dict]], target: float | None
             "", "![time_link](time_link.png)"]
 
 
-def plots(runs: list[dict], rows: list[dict], groups: dict[str, list[dict]], target: float | None,
+def plot_sections(runs: list[dict], rows: list[dict], groups: dict[str, list[dict]], target: float | None,
           out: str) -> list[str]:
-    report_plots.pareto(rows, target, os.path.join(out, "pareto.png"))
+    plots.pareto(rows, target, os.path.join(out, "pareto.png"))
     names = ["pareto"]
     for name, key, xlabel in PLOTS:
-        report_plots.accuracy(groups, key, xlabel, target, os.path.join(out, f"{name}.png"))
+        plots.accuracy(groups, key, xlabel, target, os.path.join(out, f"{name}.png"))
         names.append(name)
     timelines = distill_timelines(runs)
     if timelines:

@@ -1,6 +1,6 @@
 """Start K local worker processes (the environment torchrun would give them) and supervise them.
 
-Each worker is `python -m lowband.launch MODULE:FUNCTION ARGS...` with RANK, WORLD_SIZE,
+Each worker is `python -m lowband.run.launch MODULE:FUNCTION ARGS...` with RANK, WORLD_SIZE,
 LOCAL_RANK and a fresh rendezvous file in its environment, one thread, and a parent-death
 signal, so no worker outlives its launcher. When one worker fails the others are stopped at
 once (SIGTERM, then SIGKILL after a grace period) and the launcher returns the failure's code;
@@ -39,7 +39,7 @@ def spawn(entry: str, args: list[str], world: int, rendezvous_dir: str, threads:
     """Start the workers; `net` (a NetnsLinks) runs each in its own shaped network namespace."""
     os.makedirs(rendezvous_dir, exist_ok=True)
     init_file = os.path.join(os.path.abspath(rendezvous_dir), f".rendezvous-{uuid.uuid4().hex}")
-    cmd = [sys.executable, "-m", "lowband.launch", entry, *args]
+    cmd = [sys.executable, "-m", "lowband.run.launch", entry, *args]
     procs = []
     for r in range(world):
         env = {**worker_env(r, world, init_file, threads), **(net.env(r) if net else {})}

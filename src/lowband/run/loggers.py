@@ -20,7 +20,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from lowband.errors import ConfigError
-from lowband.plugins import import_factory
+from lowband.registry.plugins import import_factory
 
 # built-in logger name -> (package it needs, pip install hint)
 PACKAGES = {"tensorboard": ("tensorboard", "pip install tensorboard"), "wandb": ("wandb", "pip install wandb")}

@@ -2,7 +2,7 @@
 the axes, seeds are drawn as a mean line with a shaded band of ± one standard deviation, and runs
 that send nothing are drawn apart at the left edge of a log bytes axis, at a tick labelled "0 B".
 
-Inputs are the comparison table's run groups (label -> runs with `records`), see lowband.table.
+Inputs are the comparison table's run groups (label -> runs with `records`), see lowband.comparison.table.
 """
 
 from __future__ import annotations
@@ -16,8 +16,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import matplotlib.ticker
 
-from lowband.metrics import human_bytes
-from lowband.table import evaluated
+from lowband.comparison.table import evaluated
+from lowband.run.metrics import human_bytes
 
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h"]
 LINES = ["-", "--", "-.", ":"]
