@@ -71,3 +71,61 @@ def test_the_package_has_no_import_cycle():
     cycle = find_cycle(graph())
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
+
+
+# The layers, bottom to top: a module imports only from its own layer or below. A module belongs to
+# the most specific entry that names it or one of its packages ("lowband.run.rundir" before "lowband.run").
+LAYERS: list[list[str]] = [
+    ["lowband.errors"],
+    # leaves everyone uses: the name tables, the plug-in importer, flat parameter vectors, link and site specs
+    ["lowband.registry", "lowband.registry.plugins", "lowband.models.flat", "lowband.comm.links", "lowband.comm.sites"],
+    ["lowband.config"],
+    ["lowband.comm", "lowband.data", "lowband.models"],  # the communicator; data sets; models
+    # a run's files and processes, which methods and services use: run directory, checkpoints,
+    # worker processes, records, loggers, the lr schedule
+    ["lowband.run.rundir", "lowband.run.checkpoint", "lowband.run.launch", "lowband.run.metrics",
+     "lowband.run.reporter", "lowband.run.loggers", "lowband.run.schedule"],
+    ["lowband.distill"],  # losses, ensembles, and EDL-Dist's teacher service
+    ["lowband.methods", "lowband.registry.catalog"],  # one file per method; the catalog imports them all
+    ["lowband.run"],  # one run: session (start, resume), trainer, reshard
+    ["lowband.comparison"],  # a comparison of runs
+    ["lowband.api", "lowband.cli", "lowband.__main__", "lowband.distill.commands"],  # what users call
+]
+
+
+def layer_of(module: str, layers: list[list[str]]) -> int | None:
+    """The index of the most specific layer entry naming `module` or a package above it (None: unlisted)."""
+    best: tuple[int, int] | None = None
+    for index, entries in enumerate(layers):
+        for entry in entries:
+            if (module == entry or module.startswith(entry + ".")) and (best is None or len(entry) > best[0]):
+                best = (len(entry), index)
+    return None if best is None else best[1]
+
+
+def upward_imports(edges: dict[str, set[str]], layers: list[list[str]]) -> list[str]:
+    """'a -> b' for every import of a module in a higher layer (the package root `lowband` is exempt:
+    it imports nothing but lowband.errors, and `from lowband import config` names it)."""
+    out = []
+    for module, targets in sorted(edges.items()):
+        for target in sorted(targets - {"lowband"}):
+            low, high = layer_of(module, layers), layer_of(target, layers)
+            if low is not None and high is not None and high > low:
+                out.append(f"{module} -> {target}")
+    return out
+
+
+def test_the_layer_check_finds_a_planted_upward_import():
+    edges = graph()
+    edges["lowband.comm.communicator"] = edges["lowband.comm.communicator"] | {"lowband.comparison.table"}
+    assert upward_imports(edges, LAYERS) == ["lowband.comm.communicator -> lowband.comparison.table"]
+
+
+def test_every_module_has_a_layer():
+    unlisted = [m for m in graph() if m != "lowband" and layer_of(m, LAYERS) is None]
+    assert not unlisted, "modules in no layer (add them to LAYERS): " + ", ".join(unlisted)
+
+
+def test_modules_import_only_their_own_layer_or_below():
+    upward = upward_imports(graph(), LAYERS)
+    assert not upward, "upward imports (see LAYERS):\n" + "\n".join(upward)
