@@ -136,17 +136,16 @@ def compare(methods: list[str], config=None, *, out: str = "runs", quiet: bool =
     Raises ConfigError before anything runs, or RunFailed when any run failed (its `run_dir`
     is then the comparison directory).
     """
-    from lowband.comparison import plan as P
     from lowband.comparison import runner as cmp
+    from lowband.comparison.plan import parse_spec
+    from lowband.comparison.request import Request, plan_for
     from lowband.registry.catalog import load_all
-    from lowband.run.session import method_configs, world_size
 
     load_all()
     if isinstance(methods, str) or not methods:
         raise ConfigError("methods", methods, "must be a non-empty list of method specs, e.g. ['allreduce']")
-    base = C.to_dict(resolve(config, cmp.parse_spec(methods[0])[0], overrides))
-    folder = cmp.new_folder(out)
-    plan = P.make_plan(list(methods), base, {}, folder, method_configs(), check=world_size, layout=cmp.layout)
+    base = C.to_dict(resolve(config, parse_spec(methods[0])[0], overrides))
+    plan, folder = plan_for(Request(methods=list(methods), base=base, out=out))
     with _quiet(quiet):
         code, folder, rows = cmp.compare(plan, folder)
     if code != 0:

@@ -293,6 +293,7 @@ def schedule_replanned(cfg: C.Config, epochs: int) -> str | None:
 
 def cmd_compare(args) -> int:
     from lowband.comparison import plan as P
+    from lowband.comparison.request import plan_for
     from lowband.comparison.runner import compare, print_summary
 
     if args.resume:
@@ -304,37 +305,30 @@ def cmd_compare(args) -> int:
             raise UsageError(f"--resume continues a comparison with its own plan.json; drop {', '.join(given)}")
         plan, folder = P.load(args.resume), args.resume
     else:
-        plan, folder = compare_plan(args)
+        plan, folder = plan_for(compare_request(args))
     code, folder, rows = compare(plan, folder)
     if rows:
         print_summary(rows, folder)
     return code
 
 
-def compare_plan(args):
-    """(the comparison's plan, its new directory), every run's config checked; nothing runs yet."""
+def compare_request(args):
+    """The comparison the command line asks for, read once: nothing below the CLI sees `args`."""
     from lowband.comparison import plan as P
-    from lowband.comparison.runner import layout, load_suite, new_folder
-    from lowband.run.session import method_configs, world_size
+    from lowband.comparison.request import Request, is_suite_file
 
-    if args.suite and args.config:
-        raise UsageError("--suite and --config both name a suite; give one")
     if args.tune_epochs is not None and not args.tune:
         raise UsageError("--tune-epochs sets the length of --tune's runs; give --tune FIELD=VALUES too")
-    is_suite = args.config and "methods" in C.read_toml(args.config)
-    suite = load_suite(args.suite) if args.suite else load_suite(path=args.config) if is_suite else load_suite("quick")
-    base = suite["config"] if (args.suite or is_suite or not args.config) else C.read_toml(args.config)
-    methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else suite["methods"]
-    if not methods:
+    suite_file = args.config if args.config and is_suite_file(args.config) else None
+    methods = [m.strip() for m in args.methods.split(",") if m.strip()] if args.methods else None
+    if args.methods is not None and not methods:
         raise UsageError(f"--methods={args.methods!r} names no method")
-    seeds = P.parse_seeds(args.seeds) if args.seeds is not None else None
-    tune = P.parse_tune(args.tune, args.tune_epochs) if args.tune is not None else None
-    prepare = [] if args.methods else suite["prepare"]  # the suite's preparation serves the suite's methods
-    folder = new_folder(args.out)
-    plan = P.make_plan(methods, base, overrides(args), folder, method_configs(), seeds, tune, prepare,
-                       suite["per_method"], suite["method_defaults"], check=world_size, budget=args.budget,
-                       layout=layout)
-    return plan, folder
+    return Request(methods=methods, suite=args.suite, suite_file=suite_file,
+                   config_file=args.config if args.config and not suite_file else None,
+                   overrides=overrides(args),
+                   seeds=P.parse_seeds(args.seeds) if args.seeds is not None else None,
+                   tune=P.parse_tune(args.tune, args.tune_epochs) if args.tune is not None else None,
+                   budget=args.budget, out=args.out)
 
 
 def cmd_report(args) -> int:
@@ -390,7 +384,7 @@ def cmd_coordinator(args) -> int:
 
 
 def cmd_list(args) -> int:
-    from lowband.comparison.runner import load_suite, suite_names
+    from lowband.comparison.request import load_suite, suite_names
     from lowband.registry import DATASETS, METHODS, MODELS
 
     print("methods (set options with --set method.KEY=VALUE):")

@@ -50,7 +50,8 @@ def test_a_given_target_and_no_allreduce():
 
 
 def test_suites_may_prepare_and_refer_to_their_folder(tmp_path):
-    from lowband.comparison.runner import fill, load_suite
+    from lowband.comparison.plan import fill
+    from lowband.comparison.request import load_suite
 
     edl = load_suite("edl")
     assert edl["prepare"][0].startswith("train --method single") and "{folder}/teacher" in edl["prepare"][0]

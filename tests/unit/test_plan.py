@@ -102,7 +102,7 @@ def test_plan_round_trips_and_records_finished_runs(tmp_path):
 
 
 def test_suite_files_hold_per_method_settings(tmp_path):
-    from lowband.comparison.runner import load_suite
+    from lowband.comparison.request import load_suite
 
     path = tmp_path / "mine.toml"
     path.write_text('methods = ["allreduce", "local_sgd:tau=4", "local_sgd:tau=16"]\n[config.train]\nworkers = 2\n'

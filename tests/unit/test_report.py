@@ -168,7 +168,7 @@ def test_zero_bytes_sit_a_decade_left_of_the_rest_and_the_front_is_non_dominated
 @pytest.mark.parametrize("name", ["quick", "afsd", "ecdnn", "rdpsgd", "edl", "sites"])
 def test_built_in_suites_resolve_to_valid_configs(name):
     from lowband.comparison.plan import make_plan
-    from lowband.comparison.runner import load_suite
+    from lowband.comparison.request import load_suite
     from lowband.run.session import method_configs, world_size
 
     suite = load_suite(name)
@@ -178,7 +178,7 @@ def test_built_in_suites_resolve_to_valid_configs(name):
 
 
 def test_user_suite_files_and_unknown_suites(tmp_path):
-    from lowband.comparison.runner import load_suite
+    from lowband.comparison.request import load_suite
     from lowband.errors import ConfigError, UsageError
 
     good = tmp_path / "mine.toml"

@@ -10,16 +10,11 @@ from __future__ import annotations
 import csv
 import os
 import sys
-import time
-from importlib import resources
-
-import tomllib
 
 from lowband import config as C
 from lowband.comparison import plan as P
 from lowband.comparison import table
 from lowband.comparison.plan import fill, parse_spec, spec_config  # noqa: F401 (fill, parse_spec: re-exported)
-from lowband.errors import ConfigError, UsageError
 from lowband.run import session
 from lowband.run.metrics import median, read_metrics
 from lowband.run.rundir import RunDir
@@ -27,46 +22,6 @@ from lowband.run.rundir import RunDir
 COLUMNS = ["label", "method", "seed", "workers", "val_acc", "val_acc_L", "final_acc", "final_acc_L", "best_val_acc",
            "epochs", "samples", "bytes_sent_per_worker", "sites",
            "bytes_inter_per_worker", "train_s", "samples_per_s", "speedup", "tuned", "status", "run_dir"]
-
-
-def suite_names() -> list[str]:
-    return sorted(p.name[:-5] for p in resources.files("lowband").joinpath("suites").iterdir() if p.name.endswith(".toml"))
-
-
-def load_suite(name: str | None = None, path: str | None = None) -> dict:
-    """A suite: {description, methods, target, config, prepare, method_defaults, per_method};
-    `name` is built in, `path` a user's TOML file."""
-    if name is not None:
-        if name not in suite_names():
-            raise UsageError(f"unknown suite {name!r}; known: {', '.join(suite_names())} (or --config FILE)")
-        raw = tomllib.loads(resources.files("lowband").joinpath("suites", f"{name}.toml").read_text())
-    else:
-        assert path is not None, "a suite is a name or a path"
-        raw = C.read_toml(path)
-    methods = raw.get("methods")
-    if not isinstance(methods, list) or not methods or not all(isinstance(m, str) for m in methods):
-        raise ConfigError("methods", methods, "a suite needs methods = [\"name\", \"name:key=value\", ...]")
-    prepare = raw.get("prepare", [])
-    if not isinstance(prepare, list) or not all(isinstance(c, str) for c in prepare):
-        raise ConfigError("prepare", prepare, "a list of lowband commands, e.g. [\"train --method single ...\"]")
-    defaults = raw.get("method_defaults", {})
-    if not isinstance(defaults, dict) or not all(isinstance(v, dict) for v in defaults.values()):
-        raise ConfigError("method_defaults", defaults, "tables of options per method, e.g. [method_defaults.edl]")
-    per_method = raw.get("per_method", {})
-    if not isinstance(per_method, dict) or not all(isinstance(v, dict) for v in per_method.values()):
-        raise ConfigError("per_method", per_method, "tables of settings per method, e.g. [per_method.local_sgd] "
-                                                    "with optim.lr = 0.2")
-    return {"description": raw.get("description", ""), "methods": methods, "config": raw.get("config", {}),
-            "target": raw.get("target", "allreduce"), "prepare": prepare, "method_defaults": defaults,
-            "per_method": per_method}
-
-
-def new_folder(out: str) -> str:
-    """A new comparison directory's path under `out` (created when the comparison starts)."""
-    path, n = os.path.join(out, "compare-" + time.strftime("%Y%m%d-%H%M%S")), 1
-    while os.path.exists(path if n == 1 else f"{path}-{n}"):
-        n += 1
-    return path if n == 1 else f"{path}-{n}"
 
 
 def with_method(base: C.Config, spec: str, defaults: dict | None = None) -> C.Config:
