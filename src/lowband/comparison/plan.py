@@ -31,6 +31,7 @@ import typing
 from dataclasses import asdict, dataclass
 
 from lowband import config as C
+from lowband.data.metric import ACCURACY, Metric
 from lowband.errors import ConfigError, UsageError, require
 
 PLAN = "plan.json"
@@ -312,13 +313,14 @@ def train_epochs(raw: dict) -> int:
     return raw.get("train", {}).get("epochs", C.TrainConfig().epochs)
 
 
-def choose(results: list[tuple[Run, float | None]]) -> dict[str, float | int | None]:
-    """Per label, the tuned value with the best validation accuracy (ties: the first tried; None: none finished)."""
+def choose(results: list[tuple[Run, float | None]], metric: Metric = ACCURACY) -> dict[str, float | int | None]:
+    """Per label, the tuned value with the best validation figure of the workload's metric (ties: the first
+    tried; None: none finished)."""
     best: dict[str, tuple[float, float | int | None] | None] = {}
-    for run, acc in results:
+    for run, value in results:
         current = best.setdefault(run.label, None)
-        if acc is not None and (current is None or acc > current[0]):
-            best[run.label] = (acc, run.value)
+        if value is not None and (current is None or metric.better(value, current[0])):
+            best[run.label] = (value, run.value)
     return {label: None if b is None else b[1] for label, b in best.items()}
 
 

@@ -17,6 +17,7 @@ import matplotlib.pyplot as plt
 import matplotlib.ticker
 
 from lowband.comparison.table import evaluated
+from lowband.data.metric import ACCURACY, Metric
 from lowband.run.metrics import human_bytes
 
 MARKERS = ["o", "s", "^", "D", "v", "P", "X", "*", "<", ">", "h"]
@@ -86,12 +87,14 @@ def target_line(ax, target: float | None) -> None:
         ax.axhline(target, color="0.3", linestyle="--", linewidth=1, label=f"target {target:.4f}")
 
 
-def accuracy(groups: dict[str, list[dict]], key: str, xlabel: str, target: float | None, path: str) -> None:
-    """Mean validation accuracy (band: ± sd over seeds) against epoch, bytes per worker or train seconds."""
+def accuracy(groups: dict[str, list[dict]], key: str, xlabel: str, target: float | None, path: str,
+             metric: Metric = ACCURACY) -> None:
+    """The mean validation figure of the workload's metric (band: ± sd over seeds) against epoch, bytes
+    per worker or train seconds."""
     fig, ax = plt.subplots(figsize=FIGSIZE)
     x_of = {"epoch": lambda r: r["epoch"], "bytes": lambda r: r.get("bytes_sent_per_worker", 0.0),
             "time": lambda r: r["time"]["train_s"]}[key]
-    curves = {label: per_epoch(runs, lambda r: (x_of(r), r["val_acc"])) for label, runs in groups.items()}
+    curves = {label: per_epoch(runs, lambda r: (x_of(r), r.get(metric.val_key))) for label, runs in groups.items()}
     zero = bytes_axis(ax, [p[1] for c in curves.values() for p in c]) if key == "bytes" else None
     for i, (label, points) in enumerate(curves.items()):
         if not points:
@@ -106,41 +109,43 @@ def accuracy(groups: dict[str, list[dict]], key: str, xlabel: str, target: float
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
     target_line(ax, target)
     ax.set_xlabel(xlabel)
-    ax.set_ylabel("validation accuracy (mean over seeds)")
+    ax.set_ylabel(f"validation {metric.name} (mean over seeds)" + ("" if metric.higher_is_better else "; lower is better"))
     finish(fig, ax, path)
 
 
-def pareto_front(points: list[tuple[float, float]]) -> list[tuple[float, float]]:
-    """The points no other point beats on both fewer bytes and higher accuracy, by bytes."""
+def pareto_front(points: list[tuple[float, float]], higher_is_better: bool = True) -> list[tuple[float, float]]:
+    """The points no other point beats on both fewer bytes and a better figure, by bytes."""
+    sign = 1.0 if higher_is_better else -1.0
     front, best = [], -math.inf
-    for x, y in sorted(points, key=lambda p: (p[0], -p[1])):
-        if y > best:
+    for x, y in sorted(points, key=lambda p: (p[0], -sign * p[1])):
+        if sign * y > best:
             front.append((x, y))
-            best = y
+            best = sign * y
     return front
 
 
 def pareto(rows: list[dict], target: float | None, path: str) -> None:
-    """Final validation accuracy (± sd) against bytes sent per worker, one point per label."""
+    """The final validation figure (± sd) against bytes sent per worker, one point per label."""
     fig, ax = plt.subplots(figsize=FIGSIZE)
-    drawn = [(i, r) for i, r in enumerate(rows) if r["val_acc"] is not None and r["bytes"] is not None]
+    metric = rows[0]["metric"] if rows else ACCURACY
+    drawn = [(i, r) for i, r in enumerate(rows) if r["val"] is not None and r["bytes"] is not None]
     zero = bytes_axis(ax, [r["bytes"].mean for _, r in drawn])
     points = []
     for i, r in drawn:
         x = r["bytes"].mean if r["bytes"].mean > 0 else zero
         s = style(i)
-        ax.errorbar([x], [r["val_acc"].mean], yerr=[r["val_acc"].sd or 0.0], color=s["color"], marker=s["marker"],
+        ax.errorbar([x], [r["val"].mean], yerr=[r["val"].sd or 0.0], color=s["color"], marker=s["marker"],
                     markersize=7, capsize=3, linestyle="none", label=r["label"])
-        points.append((x, r["val_acc"].mean))
-        ax.annotate(r["label"], (x, r["val_acc"].mean), xytext=(6, 4), textcoords="offset points", fontsize=7,
+        points.append((x, r["val"].mean))
+        ax.annotate(r["label"], (x, r["val"].mean), xytext=(6, 4), textcoords="offset points", fontsize=7,
                     color=s["color"])
-    front = pareto_front(points)
+    front = pareto_front(points, metric.higher_is_better)
     if len(front) > 1:
         ax.step([p[0] for p in front], [p[1] for p in front], where="post", color="0.5", linewidth=1,
                 linestyle="--", label="Pareto front", zorder=0)
     target_line(ax, target)
     ax.set_xlabel("bytes sent per worker (whole run)")
-    ax.set_ylabel("final validation accuracy")
+    ax.set_ylabel(f"final validation {metric.name}" + ("" if metric.higher_is_better else " (lower is better)"))
     finish(fig, ax, path)
 
 

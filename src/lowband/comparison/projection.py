@@ -18,6 +18,12 @@ so the two are not added (records without `comm_s` project as base + transfer). 
 overlaps the transfer (DDP's buckets during the backward pass, gossip's posted exchanges) is not
 credited, so for those methods the projection stays an upper bound.
 
+For dedicated machines (`dedicated_*`) the measured seconds are set aside: every worker is charged
+the step time measured for one worker alone (lowband.comparison.calibrate) for each optimizer step
+it took, plus the link's transfer time for the bytes and messages it counted, one after the other.
+That is the time the run would take if each worker had a machine of its own; `single` is one such
+machine taking all its steps.
+
 With sites (lowband.comm.sites) L is the link between sites, and a tag is charged
 only when some rank's bytes of it crossed a site boundary (`inter` in `bytes_total`); it is then
 charged in full, as the ranks wait for the slowest (crossing) edge of a synchronous exchange. A tag
@@ -96,6 +102,32 @@ def seconds_through(records: list[dict], epoch: int, link: LinkSpec,
                     measured_on: LinkSpec = UNLIMITED) -> float | None:
     """Projected training seconds from the start through `epoch` (None: the run has no such epoch)."""
     total = list(accumulate(epoch_seconds(records, link, measured_on)))
+    return next((s for r, s in zip(records, total) if r["epoch"] == epoch), None)
+
+
+def steps_per_epoch(records: list[dict]) -> list[float]:
+    """Optimizer steps each worker took in every epoch (records' cumulative `steps`)."""
+    out, before = [], 0.0
+    for record in records:
+        now = float(record.get("steps") or 0.0)
+        out.append(max(now - before, 0.0))
+        before = now
+    return out
+
+
+def dedicated_epoch_seconds(records: list[dict], step_s: float, link: LinkSpec = UNLIMITED) -> list[float]:
+    """Per epoch: steps x `step_s` (one worker's step measured alone) plus `link`'s transfer time."""
+    return [steps * step_s + link.seconds(sent, messages)
+            for steps, (sent, messages) in zip(steps_per_epoch(records), traffic(records))]
+
+
+def dedicated_through(records: list[dict], epoch: int, step_s: float | None,
+                      link: LinkSpec | None = None) -> float | None:
+    """Dedicated-machine seconds from the start through `epoch` on `link` (default unlimited); None
+    without a calibrated step time or without that epoch."""
+    if step_s is None:
+        return None
+    total = list(accumulate(dedicated_epoch_seconds(records, step_s, link or UNLIMITED)))
     return next((s for r, s in zip(records, total) if r["epoch"] == epoch), None)
 
 

@@ -30,6 +30,7 @@ import matplotlib.ticker
 
 from lowband.comm.links import LinkSpec
 from lowband.comparison import plots, projection, table
+from lowband.data.metric import metric_for
 from lowband.errors import UsageError
 from lowband.run.metrics import human_bytes, read_metrics
 from lowband.run.rundir import RunDir, warn
@@ -80,11 +81,20 @@ def load_run(row: dict, folder: str, prefix: str) -> dict:
     run_dir = row["run_dir"] if os.path.isabs(row["run_dir"]) else os.path.join(folder, os.path.basename(row["run_dir"]))
     config = read_config(run_dir)
     link = config.get("link", {}) if isinstance(config.get("link", {}), dict) else {}
+    data = config.get("data", {}) if isinstance(config.get("data", {}), dict) else {}
     return {"label": prefix + row["label"], "method": row["method"], "workers": row["workers"],
             "seed": _int(row.get("seed")), "sites": _int(row.get("sites")), "status": row.get("status") or "ok",
-            "run_dir": run_dir,
+            "run_dir": run_dir, "metric": metric_for(str(data.get("name", "mnist1d"))), "step_s": _float(row.get("step_s")),
             "records": read_metrics(run_dir, check=record_problem), "link": projection.run_link({"link": link}),
             "link_mode": link.get("mode", "model")}
+
+
+def _float(text) -> float | None:
+    try:
+        value = float(text)
+    except (TypeError, ValueError):
+        return None
+    return value if value > 0 else None
 
 
 def _int(text) -> int:
@@ -146,33 +156,43 @@ def _tuning_rows(path: str) -> list[dict]:
 
 
 def tuning_table(rows: list[dict]) -> list[str]:
-    """Markdown: per label and field, the values tried with their validation accuracy, and the chosen one."""
+    """Markdown: per label and field, the values tried with their validation figure, and the chosen one."""
     if not rows:
         return []
     tried: dict[tuple[str, str], list[dict]] = {}
     for r in rows:
         tried.setdefault((r["label"], r["field"]), []).append(r)
-    lines = ["| method | setting | values tried (validation accuracy) | chosen |", "|---|---|---|---|"]
+    word = "bits per byte" if any(r.get("metric") == "val_bpb" for r in rows) else "accuracy"
+    lines = [f"| method | setting | values tried (validation {word}) | chosen |", "|---|---|---|---|"]
     for (label, field), values in tried.items():
         chosen = [v["value"] for v in values if str(v.get("chosen", "")).strip().lower() in ("1", "true", "yes")]
-        shown = ", ".join(f"{v['value']} ({_acc(v['val_acc'])})" for v in values)
+        shown = ", ".join(f"{v['value']} ({_acc(v.get('val', v.get('val_acc')))})" for v in values)
         lines.append(f"| {label} | {field} | {shown} | {', '.join(chosen) or '-'} |")
     return lines
 
 
-def _acc(text: str) -> str:
+def _acc(text: str | None) -> str:
     try:
-        return f"{float(text):.4f}"
+        return f"{float(text or ''):.4f}"
     except (TypeError, ValueError):
         return "-"
 
 
 # ---- projection onto other links -------------------------------------------------------------
-def projected(runs: list[dict], epoch: int | None, link: LinkSpec) -> float | None:
-    """Mean over seeds of the projected training seconds through `epoch` on `link` (None: never)."""
+def dedicated(runs: list[dict]) -> bool:
+    """Whether every run has a calibrated step time, so that time is projected for dedicated machines."""
+    return bool(runs) and all(r.get("step_s") for r in runs)
+
+
+def projected(runs: list[dict], epoch: int | None, link: LinkSpec, on_dedicated: bool = False) -> float | None:
+    """Mean over seeds of the projected training seconds through `epoch` on `link` (None: never): for
+    dedicated machines (each worker's step measured alone), or from the seconds the runs measured here."""
     if epoch is None:
         return None
-    found = [projection.seconds_through(r["records"], epoch, link, r["link"]) for r in runs]
+    if on_dedicated:
+        found = [projection.dedicated_through(r["records"], epoch, r.get("step_s"), link) for r in runs]
+    else:
+        found = [projection.seconds_through(r["records"], epoch, link, r["link"]) for r in runs]
     secs = [s for s in found if s is not None]
     return sum(secs) / len(secs) if secs else None
 
@@ -185,13 +205,13 @@ def goal_epochs(rows: list[dict], groups: dict[str, list[dict]], target: float |
 
 
 def sweep(groups: dict[str, list[dict]], goals: dict[str, int | None], rates: list[float],
-          latency_s: float) -> dict[str, list[float | None]]:
-    return {label: [projected(g, goals[label], LinkSpec(rate, latency_s)) for rate in rates]
+          latency_s: float, on_dedicated: bool = False) -> dict[str, list[float | None]]:
+    return {label: [projected(g, goals[label], LinkSpec(rate, latency_s), on_dedicated) for rate in rates]
             for label, g in groups.items()}
 
 
 def link_sentences(rows: list[dict], groups: dict[str, list[dict]], goals: dict[str, int | None],
-                   latency_s: float, has_target: bool) -> list[str]:
+                   latency_s: float, has_target: bool, on_dedicated: bool = False) -> list[str]:
     """One sentence per link class: the fastest label to target there, and the one with fewest bytes."""
     goal = "to target" if has_target else "to finish training"
     reach = [r for r in rows if goals[r["label"]] is not None]
@@ -200,7 +220,7 @@ def link_sentences(rows: list[dict], groups: dict[str, list[dict]], goals: dict[
     out = []
     for name, rate in projection.LINK_CLASSES.items():
         link = LinkSpec(rate, latency_s)
-        secs = {r["label"]: projected(groups[r["label"]], goals[r["label"]], link) for r in reach}
+        secs = {r["label"]: projected(groups[r["label"]], goals[r["label"]], link, on_dedicated) for r in reach}
         if not secs:
             out.append(f"At {name} no method reaches the target.")
             continue
@@ -288,8 +308,10 @@ def build(folders: list[str], out: str | None = None, target: float | None = Non
     groups = table.groups(runs)
     md = ["# lowband comparison", "", *[f"- {f}" for f in facts(runs, folders, target, why)], ""]
     md += answer(rows, groups, target, latency_s, out) + [""]
-    md += ["## Results", "", ("Mean ± sd over seeds; accuracies of the final model, validation split unless "
-           "marked test; `to target` = first epoch at which the mean validation accuracy reaches the target."), ""]
+    metric = table.metric_of(runs)
+    md += ["## Results", "", (f"Mean ± sd over seeds; {metric.name} of the final model, validation split unless "
+           f"marked test; `to target` = first epoch at which the mean validation {metric.name} reaches the target; "
+           "`seconds to target` as measured here, `dedicated s to target` for dedicated machines."), ""]
     md += table.markdown(rows) + [""]
     tuning = tuning_table(load_tuning(folders, labels))
     md += ["## Tuning", "", *tuning, ""] if tuning else []
@@ -301,7 +323,7 @@ def build(folders: list[str], out: str | None = None, target: float | None = Non
 
 
 def facts(runs: list[dict], folders: list[str], target: float | None, why: str) -> list[str]:
-    return [table.describe_target(target, why), f"Machine: {machine()}", f"Link: {link_of(runs)}",
+    return [table.describe_target(target, why, table.metric_of(runs)), f"Machine: {machine()}", f"Link: {link_of(runs)}",
             f"Budget: {budgets(folders)}", f"Comparisons: {', '.join(folders)}"]
 
 
@@ -330,15 +352,56 @@ def answer(rows: list[dict], groups: dict[str, list[dict]], target: float | None
     """The section that answers "which method for my link": sentences and the link-rate plot."""
     goals = goal_epochs(rows, groups, target)
     rates = projection.rates()
+    on_dedicated = dedicated([run for g in groups.values() for run in g])
     ylabel = "projected seconds to target" if target is not None else "projected seconds to finish training"
-    plots.link_sweep(sweep(groups, goals, rates, latency_s), rates, projection.LINK_CLASSES,
-                            ylabel, os.path.join(out, "time_link.png"))
-    latency = f"{latency_s * 1e3:g} ms latency per message" if latency_s else "no latency"
-    return ["## Which method for my link", "", *link_sentences(rows, groups, goals, latency_s, target is not None),
-            "", (f"Projected from each run's compute seconds and messages as the modelled link charges them "
-                 f"(bytes × 8 / rate, {latency}); the measured link's transfer time is taken out first. "
-                 "Methods that overlap messages with computing are projected as if they did not (an upper bound)."),
+    plots.link_sweep(sweep(groups, goals, rates, latency_s, on_dedicated), rates, projection.LINK_CLASSES,
+                     ylabel + (" (dedicated machines)" if on_dedicated else ""), os.path.join(out, "time_link.png"))
+    return ["## Which method for my link", "",
+            *link_sentences(rows, groups, goals, latency_s, target is not None, on_dedicated),
+            "", how_projected(on_dedicated, latency_s), *measured_note(rows, groups, goals, latency_s, on_dedicated),
             "", "![time_link](time_link.png)"]
+
+
+def how_projected(on_dedicated: bool, latency_s: float) -> str:
+    latency = f"{latency_s * 1e3:g} ms latency per message" if latency_s else "no latency"
+    if on_dedicated:
+        return ("These sentences and the plot are for dedicated machines: every worker is charged the step time "
+                "measured for one worker alone (same model, batch and threads; calibration.json) for each step it "
+                f"took, plus the link's transfer time for the bytes and messages it counted (bytes × 8 / rate, "
+                f"{latency}); `single` is one such machine. A method's extra compute per step (a peer's "
+                "forward pass, soft labels) is not charged.")
+    return (f"Projected from each run's compute seconds and messages as the modelled link charges them "
+            f"(bytes × 8 / rate, {latency}); the measured link's transfer time is taken out first. "
+            "Methods that overlap messages with computing are projected as if they did not (an upper bound). "
+            "The workers shared this machine's cores, so their compute seconds are not a dedicated machine's.")
+
+
+def measured_note(rows: list[dict], groups: dict[str, list[dict]], goals: dict[str, int | None],
+                  latency_s: float, on_dedicated: bool) -> list[str]:
+    """With dedicated figures, one line on what the seconds measured here (shared cores) would have said."""
+    if not on_dedicated:
+        return []
+    link = LinkSpec(projection.LINK_CLASSES["10 mbit"], latency_s)
+    secs = {r["label"]: projected(groups[r["label"]], goals[r["label"]], link) for r in rows
+            if goals[r["label"]] is not None}
+    known = {k: v for k, v in secs.items() if v is not None}
+    if not known:
+        return []
+    best = min(known, key=lambda k: known[k])
+    return ["", f"From the seconds measured here instead (workers sharing {os.cpu_count()} cores), the fastest at "
+                f"10 mbit would be {best} ({known[best]:.1f} s): those seconds charge each worker its neighbours' work."]
+
+
+def verdict(folders: list[str], target: float | None = None, latency_s: float = 0.0) -> list[str]:
+    """The report's answer in sentences, for the console: the target, then one sentence per link class."""
+    runs = load_runs(folders)
+    rows, target, why = table.rows(runs, target)
+    groups = table.groups(runs)
+    goals = goal_epochs(rows, groups, target)
+    on_dedicated = dedicated(runs)
+    head = "Which method for my link" + (" (dedicated machines: each worker's step measured alone, plus transfer "
+                                          "time)" if on_dedicated else " (from the seconds measured here)") + ":"
+    return [head, *link_sentences(rows, groups, goals, latency_s, target is not None, on_dedicated)]
 
 
 def plot_sections(runs: list[dict], rows: list[dict], groups: dict[str, list[dict]], target: float | None,
@@ -346,7 +409,7 @@ def plot_sections(runs: list[dict], rows: list[dict], groups: dict[str, list[dic
     plots.pareto(rows, target, os.path.join(out, "pareto.png"))
     names = ["pareto"]
     for name, key, xlabel in PLOTS:
-        plots.accuracy(groups, key, xlabel, target, os.path.join(out, f"{name}.png"))
+        plots.accuracy(groups, key, xlabel, target, os.path.join(out, f"{name}.png"), table.metric_of(runs))
         names.append(name)
     timelines = distill_timelines(runs)
     if timelines:

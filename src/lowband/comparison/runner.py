@@ -15,13 +15,15 @@ from lowband import config as C
 from lowband.comparison import plan as P
 from lowband.comparison import table
 from lowband.comparison.plan import fill, parse_spec, spec_config  # noqa: F401 (fill, parse_spec: re-exported)
+from lowband.comparison.projection import run_link
+from lowband.data.metric import ACCURACY, Metric, metric_for
 from lowband.run import session
 from lowband.run.metrics import median, read_metrics
 from lowband.run.rundir import RunDir
 
 COLUMNS = ["label", "method", "seed", "workers", "val_acc", "val_acc_L", "final_acc", "final_acc_L", "best_val_acc",
-           "epochs", "samples", "bytes_sent_per_worker", "sites",
-           "bytes_inter_per_worker", "train_s", "samples_per_s", "speedup", "tuned", "status", "run_dir"]
+           "val_bpb", "final_bpb", "epochs", "samples", "bytes_sent_per_worker", "sites",
+           "bytes_inter_per_worker", "train_s", "step_s", "samples_per_s", "speedup", "tuned", "status", "run_dir"]
 
 
 def with_method(base: C.Config, spec: str, defaults: dict | None = None) -> C.Config:
@@ -46,22 +48,23 @@ def compare(plan: P.Plan, folder: str) -> tuple[int, str, list[dict]]:
         if code:
             return code, folder, []
     results = []
+    metric = metric_for(plan.configs[plan.labels[0]].get("data", {}).get("name", C.DataConfig().name))
     tuning, total = P.tuning_runs(plan), len(P.tuning_runs(plan)) + len(P.full_runs(plan, {}))
     for i, run in enumerate(tuning, 1):
         code, run_dir = execute(folder, run, f"run {i}/{total}")
         if code == 130:
             return 130, folder, []
-        results.append((run, final_val_acc(run_dir) if code == 0 else None))
-    chosen = P.choose(results)
+        results.append((run, final_val(run_dir, metric) if code == 0 else None))
+    chosen = P.choose(results, metric)
     if plan.tune is not None:
-        write_tuning(results, chosen, os.path.join(folder, "tuning.csv"))
+        write_tuning(results, chosen, os.path.join(folder, "tuning.csv"), metric)
     rows: list[dict] = []
     for i, run in enumerate(P.full_runs(plan, chosen), len(tuning) + 1):
         code, run_dir = execute(folder, run, f"run {i}/{total}")
         if code == 130:
             return 130, folder, rows
-        rows.append(summarize(run.label, C.from_dict(run.config, session.method_configs()), run_dir, code)
-                    | {"tuned": run.tuned})
+        cfg = C.from_dict(run.config, session.method_configs())
+        rows.append(summarize(run.label, cfg, run_dir, code) | {"tuned": run.tuned, "step_s": dedicated_step(cfg, folder)})
     add_speed(rows)
     write_csv(rows, os.path.join(folder, "summary.csv"))
     from lowband.comparison.report import build
@@ -128,23 +131,35 @@ def continued(command: str) -> str:
     return command
 
 
-def final_val_acc(run_dir: str) -> float | None:
-    """The validation accuracy of the run's last evaluated record (None: none)."""
-    accs = [r["val_acc"] for r in read_metrics(run_dir) if r.get("val_acc") is not None]
-    return accs[-1] if accs else None
+def final_val(run_dir: str, metric: Metric = ACCURACY) -> float | None:
+    """The metric's validation figure in the run's last evaluated record (None: none)."""
+    values = [r[metric.val_key] for r in read_metrics(run_dir) if r.get(metric.val_key) is not None]
+    return values[-1] if values else None
 
 
-TUNING_COLUMNS = ["label", "method", "field", "value", "val_acc", "chosen"]
+def dedicated_step(cfg: C.Config, folder: str) -> float | None:
+    """One worker's step time measured alone (lowband.comparison.calibrate), None when it cannot be measured."""
+    from lowband.comparison.calibrate import step_seconds
+
+    try:
+        return step_seconds(cfg, folder)
+    except Exception as e:  # noqa: BLE001 - the comparison's figures stand without it
+        print(f"lowband: could not calibrate {cfg.model.name} alone ({type(e).__name__}: {e}); "
+              "no dedicated-machine projection", file=sys.stderr)
+        return None
 
 
-def write_tuning(results: list[tuple[P.Run, float | None]], chosen: dict, path: str) -> None:
-    """tuning.csv: one row per tuning run (label, method, field, value, val_acc, chosen yes/no)."""
+TUNING_COLUMNS = ["label", "method", "field", "value", "metric", "val", "chosen"]
+
+
+def write_tuning(results: list[tuple[P.Run, float | None]], chosen: dict, path: str, metric: Metric = ACCURACY) -> None:
+    """tuning.csv: one row per tuning run (label, method, field, value, metric, its validation figure, chosen)."""
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=TUNING_COLUMNS)
         writer.writeheader()
-        for run, acc in results:
+        for run, value in results:
             writer.writerow({"label": run.label, "method": run.config["method"]["name"], "field": run.field,
-                             "value": P.show(run.value), "val_acc": "" if acc is None else acc,
+                             "value": P.show(run.value), "metric": metric.val_key, "val": "" if value is None else value,
                              "chosen": "yes" if chosen.get(run.label) == run.value else "no"})
 
 
@@ -162,8 +177,11 @@ def summarize(label: str, cfg: C.Config, run_dir: str, code: int) -> dict:
     records = read_metrics(run_dir)
     done = [r for r in records if r.get("val_acc") is not None or r.get("test_acc") is not None]
     last, end = (records[-1] if records else {}), (done[-1] if done else {})
+    metric = metric_for(cfg.data.name)
     return {
         "label": label, "method": cfg.method.name, "seed": cfg.train.seed, "workers": session.world_size(cfg),
+        "metric": metric, "val_bpb": end.get("val_bpb"), "final_bpb": end.get("test_bpb"),
+        "link": run_link(C.to_dict(cfg)),
         "val_acc": end.get("val_acc"), "val_acc_L": end.get("val_acc_L"),
         "final_acc": end.get("test_acc"), "final_acc_L": end.get("test_acc_L"),
         "best_val_acc": max((r["val_acc"] for r in done if r.get("val_acc") is not None), default=None),
@@ -200,13 +218,17 @@ def write_csv(rows: list[dict], path: str) -> None:
 def format_table(rows: list[dict], target: float | None = None) -> str:
     """The comparison table (lowband.comparison.table) of these runs, as plain text, with its target."""
     body, target, why = table.rows(rows, target)
-    return table.text(body) + "\n\n" + table.describe_target(target, why)
+    return table.text(body) + "\n\n" + table.describe_target(target, why, table.metric_of(rows))
 
 
 def print_summary(rows: list[dict], folder: str, target: float | None = None) -> None:
     print("\n" + format_table(rows, target))
     tuned = dict.fromkeys(f"{r['label']} {r['tuned']}" for r in rows if r.get("tuned"))
+    word = table.metric_of(rows).name
     if tuned:
-        print("\nTuned (best validation accuracy of the sweep, tuning.csv): " + "; ".join(tuned))
-    print(f"\nruns, summary.csv and report.md/report.html (plots: accuracy against epoch, bytes and time; "
-          f"projected time to target against link rate; accuracy against bytes) in {folder}")
+        print(f"\nTuned (best validation {word} of the sweep, tuning.csv): " + "; ".join(tuned))
+    from lowband.comparison.report import verdict
+
+    print("\n" + "\n".join(verdict([folder], target)))
+    print(f"\nruns, summary.csv and report.md/report.html (plots: {word} against epoch, bytes and time; "
+          f"projected time to target against link rate; {word} against bytes) in {folder}")

@@ -4,13 +4,17 @@ Input: runs, each a dict with `label`, `method`, `workers`, `status` and `record
 records, in epoch order). Runs sharing a label are the seeds of one configuration; figures are
 their mean ± sample standard deviation.
 
-One reference, the target accuracy: a number when the suite or the user gives one, else the
-mean final validation accuracy of the Allreduce runs. A label "reaches" it at the first epoch at
-which its mean validation accuracy over seeds is at least the target; the epochs, bytes and
-seconds to target are the seeds' means at that epoch, and the speed-up is Allreduce's seconds to
-target over the label's. When the gap between a label's mean final validation accuracy and the
-target is smaller than its spread, the gap is marked "within noise". Every figure that selects
-(target, to-target, best) reads validation accuracy; test accuracy is reported for the final model.
+The figures read the workload's metric (lowband.data.metric, each run's `metric`): validation
+accuracy for a classifier (higher is better), validation bits per byte for a language model (lower
+is better, reached within a relative margin). One reference, the target: a number when the suite or
+the user gives one, else the mean final validation figure of the Allreduce runs. A label "reaches"
+it at the first epoch at which its mean validation figure over seeds reaches the target; the epochs,
+bytes and seconds to target are the seeds' means at that epoch, and the speed-up is Allreduce's
+seconds to target over the label's. When the gap between a label's mean final validation figure
+and the target is smaller than its spread, the gap is marked "within noise". Every figure that
+selects (target, to-target, best) reads the validation split; the test split is reported for the
+final model. `dedicated s to target` charges each worker the step time measured alone
+(lowband.comparison.calibrate) per step, plus the run's link's transfer time for its bytes.
 When a run has sites (`sites` > 1: lowband.comm.sites), an "inter-site/worker" column shows the
 bytes per worker that crossed a site boundary beside all bytes sent.
 """
@@ -21,6 +25,7 @@ import statistics
 from collections.abc import Sequence
 from dataclasses import dataclass
 
+from lowband.data.metric import ACCURACY, Metric
 from lowband.run.metrics import human_bytes
 
 REFERENCE = "allreduce"
@@ -62,8 +67,15 @@ def final(runs: list[dict], key: str) -> Stat | None:
     return Stat.of([evaluated(r)[-1].get(key) for r in runs if evaluated(r)])
 
 
-def mean_curve(runs: list[dict], key: str = "val_acc") -> list[tuple[int, float]]:
-    """(epoch, mean of `key` over the runs) at every epoch all of them evaluated."""
+def metric_of(runs: list[dict]) -> Metric:
+    """The workload's metric of these runs (each run's `metric`; accuracy when none says)."""
+    return next((r["metric"] for r in runs if r.get("metric") is not None), ACCURACY)
+
+
+def mean_curve(runs: list[dict], key: str | None = None) -> list[tuple[int, float]]:
+    """(epoch, mean of `key` over the runs) at every epoch all of them evaluated (`key` default: the
+    metric's validation figure)."""
+    key = key or metric_of(runs).val_key
     done = [{r["epoch"]: r[key] for r in evaluated(run) if r.get(key) is not None} for run in runs]
     done = [d for d in done if d]
     if not done:
@@ -73,10 +85,11 @@ def mean_curve(runs: list[dict], key: str = "val_acc") -> list[tuple[int, float]
 
 
 def hit_epoch(runs: list[dict], target: float | None) -> int | None:
-    """The first epoch at which the runs' mean validation accuracy reaches `target` (None: never)."""
+    """The first epoch at which the runs' mean validation figure reaches `target` (None: never)."""
     if target is None:
         return None
-    return next((e for e, acc in mean_curve(runs) if acc >= target), None)
+    metric = metric_of(runs)
+    return next((e for e, value in mean_curve(runs) if metric.reaches(value, target)), None)
 
 
 def at_epoch(runs: list[dict], epoch: int, value) -> float | None:
@@ -86,27 +99,30 @@ def at_epoch(runs: list[dict], epoch: int, value) -> float | None:
 
 
 def reference(runs: list[dict], target: float | None) -> tuple[float | None, str]:
-    """(target accuracy, why): the given number, else Allreduce's mean final validation accuracy."""
+    """(target, why): the given number, else Allreduce's mean final validation figure."""
     if target is not None:
         return target, "given"
-    ref = next((g for g in groups(runs).values() if g[0]["method"] == REFERENCE and final(g, "val_acc")), None)
+    key = metric_of(runs).val_key
+    ref = next((g for g in groups(runs).values() if g[0]["method"] == REFERENCE and final(g, key)), None)
     if ref is None:
         return None, "none (no Allreduce run and no target given)"
-    stat = final(ref, "val_acc")
+    stat = final(ref, key)
     assert stat is not None  # ref was chosen for having one
     seeds = f" over {stat.n} seeds" if stat.n > 1 else ""
-    return stat.mean, f"mean final validation accuracy of {ref[0]['label']}{seeds}"
+    return stat.mean, f"mean final validation {metric_of(runs).name} of {ref[0]['label']}{seeds}"
 
 
 def row(label: str, runs: list[dict], target: float | None) -> dict:
     ok = [r for r in runs if r["status"] == "ok"]
-    val, hit = final(runs, "val_acc"), hit_epoch(runs, target)
+    metric = metric_of(runs)
+    val, hit = final(runs, metric.val_key), hit_epoch(runs, target)
     last = [r["records"][-1] for r in runs if r["records"]]
     gap = None if val is None or target is None else val.mean - target
     return {
         "label": label, "method": runs[0]["method"], "workers": runs[0]["workers"], "seeds": len(runs),
         "status": "ok" if len(ok) == len(runs) else f"{len(runs) - len(ok)} of {len(runs)} failed",
-        "val_acc": val, "test_acc": final(runs, "test_acc"), "val_acc_L": final(runs, "val_acc_L"),
+        "metric": metric, "val": val, "test": final(runs, metric.test_key), "target": target,
+        "val_acc": final(runs, "val_acc"), "test_acc": final(runs, "test_acc"), "val_acc_L": final(runs, "val_acc_L"),
         "gap": gap, "within_noise": val is not None and gap is not None and val.sd is not None and abs(gap) < val.sd,
         "samples": Stat.of([r.get("samples") for r in last]),
         "bytes": Stat.of([r.get("bytes_sent_per_worker", 0.0) for r in last]),
@@ -116,12 +132,23 @@ def row(label: str, runs: list[dict], target: float | None) -> dict:
         "epochs_to_target": hit,
         "bytes_to_target": None if hit is None else at_epoch(runs, hit, lambda r: r.get("bytes_sent_per_worker")),
         "seconds_to_target": None if hit is None else at_epoch(runs, hit, lambda r: r["time"]["train_s"]),
+        "dedicated_to_target": None if hit is None else dedicated_at(runs, hit),
         "speedup": None,
     }
 
 
+def dedicated_at(runs: list[dict], epoch: int) -> float | None:
+    """Mean over seeds of the dedicated-machine seconds through `epoch` on each run's own link (None:
+    a run has no calibrated step time)."""
+    from lowband.comparison.projection import dedicated_through
+
+    found = [dedicated_through(r["records"], epoch, r.get("step_s"), r.get("link")) for r in runs]
+    known = [s for s in found if s is not None]
+    return sum(known) / len(known) if known and len(known) == len(found) else None
+
+
 def rows(runs: list[dict], target: float | None = None) -> tuple[list[dict], float | None, str]:
-    """(one row per label, the target accuracy, why that target)."""
+    """(one row per label, the target (in the runs' metric), why that target)."""
     target, why = reference(runs, target)
     out = [row(label, group, target) for label, group in groups(runs).items()]
     ref = next((r for r in out if r["method"] == REFERENCE and r["seconds_to_target"] is not None), None)
@@ -139,7 +166,7 @@ def _acc(s: Stat | None) -> str:
 def _gap(r: dict) -> str:
     if r["gap"] is None:
         return "-"
-    return f"{100 * r['gap']:+.2f} pts" + (" (within noise)" if r["within_noise"] else "")
+    return r["metric"].gap(r["val"].mean, r["target"]) + (" (within noise)" if r["within_noise"] else "")
 
 
 def _count(n: float) -> str:
@@ -154,12 +181,15 @@ def _never(v, fmt) -> str:
 
 
 INTER = "inter-site/worker"
+SIDE_ACC = "val acc"  # a language model's next-byte accuracy, beside its bits per byte
+DEDICATED = "dedicated s to target"
 COLUMNS = [
     ("method", lambda r: r["label"]),
     ("seeds", lambda r: str(r["seeds"])),
     ("workers", lambda r: str(r["workers"])),
-    ("val acc", lambda r: _acc(r["val_acc"])),
-    ("test acc", lambda r: _acc(r["test_acc"])),
+    ("val METRIC", lambda r: _acc(r["val"])),
+    ("test METRIC", lambda r: _acc(r["test"])),
+    (SIDE_ACC, lambda r: _acc(r["val_acc"])),
     ("vs target", _gap),
     ("samples", lambda r: "-" if r["samples"] is None else _count(r["samples"].mean)),
     ("sent/worker", lambda r: "-" if r["bytes"] is None else human_bytes(r["bytes"].mean)),
@@ -168,14 +198,22 @@ COLUMNS = [
     ("epochs to target", lambda r: _never(r["epochs_to_target"], str)),
     ("bytes to target", lambda r: _never(r["bytes_to_target"], human_bytes)),
     ("seconds to target", lambda r: _never(r["seconds_to_target"], lambda v: f"{v:.1f}")),
+    (DEDICATED, lambda r: _never(r["dedicated_to_target"], lambda v: f"{v:.1f}")),
     ("speed-up vs allreduce", lambda r: "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"),
 ]
 
 
 def columns(table: list[dict]) -> list:
-    """The columns shown: the inter-site bytes only when some row's runs had more than one site."""
+    """The columns shown, titled in the metric's word: the inter-site bytes only when some row's runs had
+    more than one site; accuracy beside a language model's bits per byte; the dedicated-machine seconds
+    when some run has a calibrated step time."""
     sites = any(r.get("sites", 0) > 1 for r in table)
-    return [c for c in COLUMNS if sites or c[0] != INTER]
+    metric = table[0]["metric"] if table else ACCURACY
+    dedicated = any(r.get("dedicated_to_target") is not None for r in table)
+    shown = [(title.replace("METRIC", metric.short), show) for title, show in COLUMNS
+             if (sites or title != INTER) and (metric is not ACCURACY or title != SIDE_ACC)
+             and (dedicated or title != DEDICATED)]
+    return shown
 
 
 def head(table: list[dict]) -> list[str]:
@@ -204,5 +242,5 @@ def text(table: list[dict]) -> str:
     return "\n".join([line(titles), line(["-" * w for w in widths])] + [line(b) for b in body])
 
 
-def describe_target(target: float | None, why: str) -> str:
-    return f"Target accuracy (validation): {'-' if target is None else f'{target:.4f}'} ({why})"
+def describe_target(target: float | None, why: str, metric: Metric = ACCURACY) -> str:
+    return metric.describe_target(target, why)

@@ -66,6 +66,8 @@ def scalars(record: dict) -> dict[str, float | None]:
     out: dict[str, float | None] = {"loss/train": record.get("train_loss")}
     for key in ("val_acc", "test_acc", "val_acc_L", "test_acc_L"):
         out[f"accuracy/{key}"] = record.get(key)
+    for key in ("val_loss", "test_loss", "val_bpb", "test_bpb"):
+        out[f"loss/{key}"] = record.get(key)
     out["lr"] = record.get("lr")
     out["samples_per_s"] = record.get("samples_per_s")
     out["bytes/sent_per_worker"] = record.get("bytes_sent_per_worker")
@@ -76,7 +78,7 @@ def scalars(record: dict) -> dict[str, float | None]:
         out[f"seconds/{key.removesuffix('_s')}"] = value
     known = {"epoch", "samples", "steps", "train_loss", "lr", "samples_per_s", "time", "bytes", "bytes_total",
              "bytes_sent_per_worker", "bytes_recv_per_worker", "reached_target_epoch",
-             "val_acc", "test_acc", "val_acc_L", "test_acc_L"}
+             "val_acc", "test_acc", "val_acc_L", "test_acc_L", "val_loss", "test_loss", "val_bpb", "test_bpb"}
     for key, value in record.items():  # method extras (Diff_LG, buffer volume, ...): numbers only
         if key not in known and not key.endswith("_ranks"):
             out[f"method/{key}"] = value

@@ -100,8 +100,9 @@ class MetricsSink:
 
 def format_record(r: dict, total_epochs: int) -> str:
     acc = "   -  " if r.get("val_acc") is None else f"{r['val_acc']:.4f}"
+    bpb = f"val bpb {r['val_bpb']:.4f}  " if r.get("val_bpb") is not None else ""
     t = r["time"]
-    return (f"epoch {r['epoch']:>3}/{total_epochs}  loss {r['train_loss']:.4f}  val acc {acc}  "
+    return (f"epoch {r['epoch']:>3}/{total_epochs}  loss {r['train_loss']:.4f}  {bpb}val acc {acc}  "
             f"lr {r['lr']:.4g}  sent/worker {human_bytes(r['bytes_sent_per_worker'])}  "
             f"compute {t['compute_s']:.1f}s comm {t['comm_s']:.1f}s wait {t['wait_s']:.1f}s")
 

@@ -21,6 +21,7 @@ from collections.abc import Sequence
 from dataclasses import asdict, dataclass, field
 
 from lowband.comm import BOOKKEEPING_TAGS, Communicator
+from lowband.data.metric import ACCURACY, BITS_PER_BYTE, Metric, bits_per_byte
 from lowband.run.loggers import build as build_loggers
 from lowband.run.metrics import MetricsSink
 from lowband.run.rundir import RunDir
@@ -39,6 +40,8 @@ class RankFigures:
     seen: int = 0  # trained on since the run began (a world change hands these on: lowband.run.reshard)
     test_acc: float | None = None  # this rank's own model; None when the epoch was not evaluated
     val_acc: float | None = None
+    test_loss: float | None = None  # mean cross-entropy in nats (a language model: per byte)
+    val_loss: float | None = None
     bytes: dict[str, dict[str, float]] = field(default_factory=dict)  # tag -> {"sent", "recv", "calls", "wire", "inter"}
 
     @property
@@ -75,10 +78,11 @@ class EpochReporter:
     """Gathers `RankFigures` over `scope` and writes the scope's records to `run`'s metrics stream."""
 
     def __init__(self, scope: Communicator, run: RunDir, log: logging.Logger, total_epochs: int,
-                 loggers: Sequence[str] = (), config: dict | None = None):
+                 loggers: Sequence[str] = (), config: dict | None = None, metric: Metric = ACCURACY):
         """`loggers`: train.loggers; the scope's leader builds them (lowband.run.loggers) and feeds them every
-        record it writes; `config`: the resolved config as a dict, which they record as hyper-parameters."""
-        self.scope, self.log = scope, log
+        record it writes; `config`: the resolved config as a dict, which they record as hyper-parameters;
+        `metric`: the workload's (lowband.data.metric), whose val_/test_ figures each record carries."""
+        self.scope, self.log, self.metric = scope, log, metric
         self.leader = scope.rank == 0
         built = build_loggers(list(loggers), run.path, run.rank, config or {}) if self.leader and loggers else []
         self.sink = MetricsSink(run.stream("metrics"), self.leader, total_epochs, log, built)
@@ -102,12 +106,16 @@ class EpochReporter:
         none, so rank 0's own model stands for it); `extra`: figures the trainer adds (steps, lr, time)."""
         evaluated = ranks[0].test_acc is not None
         best = self.best_local(ranks)
-        head = glob or {"test_acc": ranks[0].test_acc, "val_acc": ranks[0].val_acc}
+        head = glob or {"test_acc": ranks[0].test_acc, "val_acc": ranks[0].val_acc,
+                        "test_loss": ranks[0].test_loss, "val_loss": ranks[0].val_loss}
         return {
             "epoch": epoch, "samples": sum(r.seen for r in ranks),
             "train_loss": _mean([r.loss for r in ranks]), "train_loss_ranks": [r.loss for r in ranks],
             "test_acc": head["test_acc"] if evaluated else None,
             "val_acc": head["val_acc"] if evaluated else None,
+            "test_loss": head.get("test_loss") if evaluated else None,
+            "val_loss": head.get("val_loss") if evaluated else None,
+            **(self._bits_per_byte(head) if evaluated and self.metric is BITS_PER_BYTE else {}),
             "test_acc_L": ranks[best].test_acc if evaluated else None,
             "val_acc_L": ranks[best].val_acc if evaluated else None,
             "test_acc_ranks": [r.test_acc for r in ranks] if evaluated else None,
@@ -118,6 +126,10 @@ class EpochReporter:
             "bytes": _per_tag(ranks, _mean), "bytes_total": _per_tag(ranks, sum),
             **extra,
         }
+
+    @staticmethod
+    def _bits_per_byte(head: dict) -> dict:
+        return {"val_bpb": bits_per_byte(head.get("val_loss")), "test_bpb": bits_per_byte(head.get("test_loss"))}
 
     def write(self, record: dict) -> None:
         self.sink.write(record)

@@ -17,6 +17,7 @@ import torch.nn.functional as F
 from lowband.comm import BOOKKEEPING_TAGS, Communicator
 from lowband.config import Config, to_dict
 from lowband.data import Batches, TensorData, load_dataset, partition, steps_per_epoch
+from lowband.data.metric import metric_for
 from lowband.methods.base import Context, Method
 from lowband.models import build_model
 from lowband.registry import METHODS
@@ -27,7 +28,7 @@ from lowband.run.reporter import EpochReporter, RankFigures, TrainingError, tag_
 from lowband.run.rundir import RunDir
 from lowband.run.schedule import lr_at
 
-__all__ = ["Trainer", "TrainingError", "train_step", "make_plan", "accuracy"]
+__all__ = ["Trainer", "TrainingError", "train_step", "make_plan", "accuracy", "scores", "task_loss"]
 
 
 @dataclass
@@ -64,10 +65,16 @@ def make_optimizer(cfg, params):
                            weight_decay=cfg.weight_decay)
 
 
+def task_loss(outputs: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -> torch.Tensor:
+    """Cross-entropy of logits (batch, classes) against labels (batch,), or of a language model's
+    logits (batch, positions, vocabulary) against next tokens (batch, positions), over every position."""
+    return F.cross_entropy(outputs.flatten(0, -2), y.flatten(), reduction=reduction)
+
+
 def train_step(model: torch.nn.Module, method: Method, optimizer, batch, step: int) -> float:
     """One optimizer step with the method's hooks in their fixed order; returns the minibatch loss."""
     outputs = model(batch.x)
-    loss = method.loss(batch, outputs, F.cross_entropy(outputs, batch.y))
+    loss = method.loss(batch, outputs, task_loss(outputs, batch.y))
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     method.after_backward(step)
@@ -77,13 +84,23 @@ def train_step(model: torch.nn.Module, method: Method, optimizer, batch, step: i
 
 
 @torch.no_grad()
-def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, device) -> float:
+def scores(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, device) -> tuple[float, float]:
+    """(accuracy, mean cross-entropy in nats) of `model` on (x, y), over every sample (a language
+    model: every position of every window)."""
     was_training = model.training
     model.eval()
-    correct = sum((model(x[i:i + batch].to(device)).argmax(1).cpu() == y[i:i + batch]).sum().item()
-                  for i in range(0, len(x), batch))
+    correct, loss_sum = 0.0, 0.0
+    for i in range(0, len(x), batch):
+        outputs, target = model(x[i:i + batch].to(device)), y[i:i + batch].to(device)
+        correct += (outputs.argmax(-1) == target).sum().item()
+        loss_sum += task_loss(outputs, target, reduction="sum").item()
     model.train(was_training)
-    return correct / max(len(x), 1)
+    count = max(y.numel(), 1)
+    return correct / count, loss_sum / count
+
+
+def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, device) -> float:
+    return scores(model, x, y, batch, device)[0]
 
 
 class Trainer:
@@ -112,7 +129,7 @@ class Trainer:
         # ranks that train one model together report together; separate models report alone
         self.scope = comm.alone() if method_cls.independent_models else comm
         self.reporter = EpochReporter(self.scope, self.run, self.log, cfg.train.epochs, cfg.train.loggers,
-                                      to_dict(cfg))
+                                      to_dict(cfg), metric_for(cfg.data.name))
         self.reached_target: int | None = None
         self.final_global: torch.nn.Module | None = None  # the global model of the latest evaluated epoch
         self.best_local_rank = 0
@@ -182,9 +199,12 @@ class Trainer:
         return sum(s.seconds for tag, s in self.comm.stats.items() if tag not in BOOKKEEPING_TAGS)
 
     def _accuracies(self, model: torch.nn.Module) -> dict:
+        """{test_acc, val_acc, test_loss, val_loss} of `model` (validation None without a validation split)."""
         d, bs = self.plan.data, self.cfg.train.eval_batch_size
-        val = accuracy(model, d.x_val, d.y_val, bs, self.device) if d.x_val is not None and d.y_val is not None else None
-        return {"test_acc": accuracy(model, d.x_test, d.y_test, bs, self.device), "val_acc": val}
+        test_acc, test_loss = scores(model, d.x_test, d.y_test, bs, self.device)
+        val_acc, val_loss = (scores(model, d.x_val, d.y_val, bs, self.device)
+                             if d.x_val is not None and d.y_val is not None else (None, None))
+        return {"test_acc": test_acc, "val_acc": val_acc, "test_loss": test_loss, "val_loss": val_loss}
 
     def _evaluate(self, model: torch.nn.Module) -> float:
         """Validation accuracy of a model a method asks about (rounds, ensembles); timed as evaluation."""
@@ -204,6 +224,7 @@ class Trainer:
         if evaluate:
             local = self._accuracies(self.method.local_model())
             mine.test_acc, mine.val_acc = local["test_acc"], local["val_acc"]
+            mine.test_loss, mine.val_loss = local["test_loss"], local["val_loss"]
             glob = self.method.global_model(final=last)
             glob_accs = self._accuracies(glob) if glob is not None and self.scope.rank == 0 else None
         times["eval_s"] = time.perf_counter() - t_eval
