@@ -111,7 +111,8 @@ class ModelConfig:
 
 @dataclass(kw_only=True)
 class OptimConfig:
-    name: Literal["sgd", "adam"] = opt("sgd", "optimizer")
+    name: Literal["sgd", "adam", "adamw"] = opt(
+        "sgd", "optimizer; adamw (decoupled weight decay, betas 0.9/0.95, as GPT training uses) for the gpt model")
     lr: float = opt(0.05, "base learning rate (for one worker's batch)")
     momentum: float = opt(0.9, "sgd momentum")
     nesterov: bool = opt(False, "sgd: Nesterov momentum")
