@@ -72,7 +72,8 @@ class TrainConfig:
 @dataclass(kw_only=True)
 class DataConfig:
     name: str = opt("mnist1d", "data set: mnist1d, mnist5k, digits, cifar10, cifar100, imagefolder, "
-                                     "package.module:factory or PATH.npz (your own; see lowband.data.custom)")
+                                     "package.module:factory or PATH.npz (your own; see lowband.data.custom), "
+                                     "text (the King James Bible as bytes) or text:PATH (a UTF-8 file or directory)")
     root: str = opt("", "directory holding cifar10/cifar100/imagefolder data")
     num_samples: int = opt(5000, "mnist1d: samples generated (80% train, 20% test)")
     partition: Literal["iid", "dirichlet", "same"] = opt(
@@ -84,13 +85,24 @@ class DataConfig:
     val_fraction: float = opt(0.1, "share of the training data held out for validation (stratified, never trained "
                                    "on); model selection, targets and early stopping read it, never the test set")
     val_seed: int = opt(0, "seed of the validation split (the same for every method and train.seed)")
+    context: int = opt(128, "text: bytes per training window (the model's context)")
+    max_bytes: int = opt(0, "text: use only the corpus's first this many bytes (0: all of it)")
 
     def __post_init__(self):
         require(self.num_samples >= 50, "data.num_samples", self.num_samples, "must be >= 50")
+        require(self.context >= 2, "data.context", self.context, "must be >= 2")
+        require(self.max_bytes >= 0, "data.max_bytes", self.max_bytes, "must be >= 0 (0: the whole corpus)")
+        require(not self.is_text or self.partition != "dirichlet", "data.partition", self.partition,
+                "text data has no class labels to skew; use 'iid' or 'same'")
         require(self.alpha > 0, "data.alpha", self.alpha, "must be > 0")
         require(self.image_size >= 8, "data.image_size", self.image_size, "must be >= 8")
         require(0 < self.val_fraction <= 0.5, "data.val_fraction", self.val_fraction, "must be in (0, 0.5]")
         require(0 <= self.val_seed <= MAX_SEED, "data.val_seed", self.val_seed, f"must be in 0..{MAX_SEED}")
+
+    @property
+    def is_text(self) -> bool:
+        """`text` or `text:PATH`: a byte-level corpus (lowband.data.text), not a classification set."""
+        return self.name == "text" or self.name.startswith("text:")
 
 
 @dataclass(kw_only=True)
