@@ -84,10 +84,9 @@ def read_dataset(cfg: DataConfig) -> TensorData:
     `text` / `text:PATH` is a byte corpus (lowband.data.text; checked first, since a path may hold a
     colon); a factory spec or an .npz path is the user's own data (lowband.data.custom)."""
     from lowband.data.custom import is_custom, load_custom
-    from lowband.data.text import load_text
 
     if cfg.is_text:
-        return load_text(cfg)
+        return DATASETS.get("text")(cfg)  # lowband.data.text, for text and text:PATH alike
     if is_custom(cfg.name):
         return TensorData(*load_custom(cfg.name))
     loader = DATASETS.get(cfg.name)
