@@ -23,6 +23,7 @@ MAX_SEED = 2**32 - 1  # numpy's seeds
 MAX_WORKERS = 1024  # worker processes on one machine: each needs memory, a port and a process
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 MAX_LR = 1e3
+GptSize = Literal["nano", "tiny", "small", "medium", "large"]  # their shapes: lowband.models.gpt.SIZES
 
 
 def opt(default, help: str):
@@ -107,15 +108,32 @@ class DataConfig:
 
 @dataclass(kw_only=True)
 class ModelConfig:
-    name: str = opt("cnn1d", "mlp, cnn1d, cnn2d, resnet20, resnet32, vgg16, nin, cnn13, or package.module:factory")
+    name: str = opt("cnn1d", "mlp, cnn1d, cnn2d, resnet20, resnet32, vgg16, nin, cnn13, gpt (text data), "
+                             "or package.module:factory")
     hidden: int = opt(256, "mlp: hidden width")
     channels: int = opt(25, "cnn1d: channels of each convolution (25 in the MNIST-1D paper; wider makes a teacher)")
+    size: GptSize = opt("tiny", "gpt: named size (parameters at vocabulary 256, context 128): nano 2 layers x 24 "
+                                "(23,712), tiny 4 x 64 (224,640), small 4 x 128 (842,496), medium 6 x 192 "
+                                "(2,743,296), large 10 x 512 (31,721,472)")
+    n_layer: int = opt(0, "gpt: transformer blocks (0: from model.size)")
+    n_head: int = opt(0, "gpt: attention heads, must divide model.n_embd (0: from model.size)")
+    n_embd: int = opt(0, "gpt: embedding width (0: from model.size)")
+    context: int = opt(0, "gpt: longest input in tokens, the position table's length (0: the data's window, "
+                          "data.context)")
+    dropout: float = opt(0.0, "gpt: dropout probability after attention, MLP and embeddings")
     kwargs: dict = opt({}, "package.module:factory models: keyword arguments for the factory, e.g. "
                            "--set model.kwargs.width=128 (a [model.kwargs] table in TOML)")
 
     def __post_init__(self):
         require(self.hidden >= 1, "model.hidden", self.hidden, "must be >= 1")
         require(self.channels >= 1, "model.channels", self.channels, "must be >= 1")
+        require(self.size in typing.get_args(GptSize), "model.size", self.size,
+                "known sizes: " + ", ".join(typing.get_args(GptSize)))
+        for name in ("n_layer", "n_head", "n_embd", "context"):
+            require(getattr(self, name) >= 0, f"model.{name}", getattr(self, name), "must be >= 0 (0: the default, see its help)")
+        require(not (self.n_embd and self.n_head) or self.n_embd % self.n_head == 0, "model.n_embd", self.n_embd,
+                f"must be divisible by model.n_head={self.n_head}")
+        require(0 <= self.dropout < 1, "model.dropout", self.dropout, "must be in [0, 1)")
         require(not self.kwargs or ":" in self.name, "model.kwargs", self.kwargs,
                 f"only a package.module:factory model takes keyword arguments; {self.name} has model.hidden "
                 f"and model.channels")
