@@ -84,7 +84,8 @@ class DataConfig:
     image_size: int = opt(32, "imagefolder: images are resized to this square size")
     cache_dir: str = opt("", "where generated data sets are cached (default ~/.cache/lowband)")
     val_fraction: float = opt(0.1, "share of the training data held out for validation (stratified, never trained "
-                                   "on); model selection, targets and early stopping read it, never the test set")
+                                   "on); model selection, targets and early stopping read it, never the test set; "
+                                   "text: the share of the corpus in each of the validation and test blocks")
     val_seed: int = opt(0, "seed of the validation split (the same for every method and train.seed)")
     context: int = opt(128, "text: bytes per training window (the model's context)")
     max_bytes: int = opt(0, "text: use only the corpus's first this many bytes (0: all of it)")
