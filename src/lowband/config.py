@@ -23,6 +23,7 @@ MAX_SEED = 2**32 - 1  # numpy's seeds
 MAX_WORKERS = 1024  # worker processes on one machine: each needs memory, a port and a process
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 MAX_LR = 1e3
+GptSize = Literal["nano", "tiny", "small", "medium", "large"]  # their shapes: lowband.models.gpt.SIZES
 
 
 def opt(default, help: str):
@@ -72,7 +73,8 @@ class TrainConfig:
 @dataclass(kw_only=True)
 class DataConfig:
     name: str = opt("mnist1d", "data set: mnist1d, mnist5k, digits, cifar10, cifar100, imagefolder, "
-                                     "package.module:factory or PATH.npz (your own; see lowband.data.custom)")
+                                     "package.module:factory or PATH.npz (your own; see lowband.data.custom), "
+                                     "text (the King James Bible as bytes) or text:PATH (a UTF-8 file or directory)")
     root: str = opt("", "directory holding cifar10/cifar100/imagefolder data")
     num_samples: int = opt(5000, "mnist1d: samples generated (80% train, 20% test)")
     partition: Literal["iid", "dirichlet", "same"] = opt(
@@ -82,28 +84,57 @@ class DataConfig:
     image_size: int = opt(32, "imagefolder: images are resized to this square size")
     cache_dir: str = opt("", "where generated data sets are cached (default ~/.cache/lowband)")
     val_fraction: float = opt(0.1, "share of the training data held out for validation (stratified, never trained "
-                                   "on); model selection, targets and early stopping read it, never the test set")
+                                   "on); model selection, targets and early stopping read it, never the test set; "
+                                   "text: the share of the corpus in each of the validation and test blocks")
     val_seed: int = opt(0, "seed of the validation split (the same for every method and train.seed)")
+    context: int = opt(128, "text: bytes per training window (the model's context)")
+    max_bytes: int = opt(0, "text: use only the corpus's first this many bytes (0: all of it)")
 
     def __post_init__(self):
         require(self.num_samples >= 50, "data.num_samples", self.num_samples, "must be >= 50")
+        require(self.context >= 2, "data.context", self.context, "must be >= 2")
+        require(self.max_bytes >= 0, "data.max_bytes", self.max_bytes, "must be >= 0 (0: the whole corpus)")
+        require(not self.is_text or self.partition != "dirichlet", "data.partition", self.partition,
+                "text data has no class labels to skew; use 'iid' or 'same'")
         require(self.alpha > 0, "data.alpha", self.alpha, "must be > 0")
         require(self.image_size >= 8, "data.image_size", self.image_size, "must be >= 8")
         require(0 < self.val_fraction <= 0.5, "data.val_fraction", self.val_fraction, "must be in (0, 0.5]")
         require(0 <= self.val_seed <= MAX_SEED, "data.val_seed", self.val_seed, f"must be in 0..{MAX_SEED}")
 
+    @property
+    def is_text(self) -> bool:
+        """`text` or `text:PATH`: a byte-level corpus (lowband.data.text), not a classification set."""
+        return self.name == "text" or self.name.startswith("text:")
+
 
 @dataclass(kw_only=True)
 class ModelConfig:
-    name: str = opt("cnn1d", "mlp, cnn1d, cnn2d, resnet20, resnet32, vgg16, nin, cnn13, or package.module:factory")
+    name: str = opt("cnn1d", "mlp, cnn1d, cnn2d, resnet20, resnet32, vgg16, nin, cnn13, gpt (text data), "
+                             "or package.module:factory")
     hidden: int = opt(256, "mlp: hidden width")
     channels: int = opt(25, "cnn1d: channels of each convolution (25 in the MNIST-1D paper; wider makes a teacher)")
+    size: GptSize = opt("tiny", "gpt: named size (parameters at vocabulary 256, context 128): nano 2 layers x 24 "
+                                "(23,712), tiny 4 x 64 (224,640), small 4 x 128 (842,496), medium 6 x 192 "
+                                "(2,743,296), large 10 x 512 (31,721,472)")
+    n_layer: int = opt(0, "gpt: transformer blocks (0: from model.size)")
+    n_head: int = opt(0, "gpt: attention heads, must divide model.n_embd (0: from model.size)")
+    n_embd: int = opt(0, "gpt: embedding width (0: from model.size)")
+    context: int = opt(0, "gpt: longest input in tokens, the position table's length (0: the data's window, "
+                          "data.context)")
+    dropout: float = opt(0.0, "gpt: dropout probability after attention, MLP and embeddings")
     kwargs: dict = opt({}, "package.module:factory models: keyword arguments for the factory, e.g. "
                            "--set model.kwargs.width=128 (a [model.kwargs] table in TOML)")
 
     def __post_init__(self):
         require(self.hidden >= 1, "model.hidden", self.hidden, "must be >= 1")
         require(self.channels >= 1, "model.channels", self.channels, "must be >= 1")
+        require(self.size in typing.get_args(GptSize), "model.size", self.size,
+                "known sizes: " + ", ".join(typing.get_args(GptSize)))
+        for name in ("n_layer", "n_head", "n_embd", "context"):
+            require(getattr(self, name) >= 0, f"model.{name}", getattr(self, name), "must be >= 0 (0: the default, see its help)")
+        require(not (self.n_embd and self.n_head) or self.n_embd % self.n_head == 0, "model.n_embd", self.n_embd,
+                f"must be divisible by model.n_head={self.n_head}")
+        require(0 <= self.dropout < 1, "model.dropout", self.dropout, "must be in [0, 1)")
         require(not self.kwargs or ":" in self.name, "model.kwargs", self.kwargs,
                 f"only a package.module:factory model takes keyword arguments; {self.name} has model.hidden "
                 f"and model.channels")

@@ -1,6 +1,6 @@
 """Data sets (held in memory as tensors), partitioners and the per-worker batch stream."""
 
-from lowband.data import datasets, images  # noqa: F401  (fill the registry)
+from lowband.data import datasets, images, text  # noqa: F401  (fill the registry)
 from lowband.data.base import TensorData, load_dataset
 from lowband.data.loader import Batch, Batches
 from lowband.data.partition import partition, steps_per_epoch

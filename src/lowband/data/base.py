@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -17,7 +17,9 @@ from lowband.registry import DATASETS
 
 @dataclass
 class TensorData:
-    """A whole data set as tensors: x float32 (N, *in_shape), y int64 (N,)."""
+    """A whole data set as tensors. Classification: x float32 (N, *in_shape), y int64 class labels (N,).
+    Text (lowband.data.text): x int64 byte windows (N, context), y int64 the next byte at every
+    position (N, context), and `meta` says which corpus it is."""
 
     x_train: torch.Tensor
     y_train: torch.Tensor
@@ -26,10 +28,16 @@ class TensorData:
     num_classes: int
     x_val: torch.Tensor | None = None  # held out of the training data (data.val_fraction); never trained on
     y_val: torch.Tensor | None = None
+    meta: dict = field(default_factory=dict)  # text: corpus, corpus_sha256, corpus_bytes, task; else empty
 
     @property
     def in_shape(self) -> tuple[int, ...]:
         return tuple(self.x_train.shape[1:])
+
+    @property
+    def task(self) -> str:
+        """"lm" when every position has a target (text), else "classify"."""
+        return "lm" if self.y_train.dim() == 2 else "classify"
 
     def tensors(self) -> dict[str, torch.Tensor]:
         return {k: getattr(self, k).contiguous() for k in ("x_train", "y_train", "x_test", "y_test")}
@@ -45,7 +53,10 @@ def _cache_path(cfg: DataConfig) -> str:
 
 
 def load_dataset(cfg: DataConfig) -> TensorData:
-    """Load `cfg.name` and hold out its validation part (`data.val_fraction`)."""
+    """Load `cfg.name` and hold out its validation part (`data.val_fraction`); text data comes
+    already cut into contiguous train / validation / test blocks."""
+    if cfg.is_text:
+        return read_dataset(cfg)
     return hold_out(read_dataset(cfg), cfg.val_fraction, cfg.val_seed)
 
 
@@ -70,9 +81,12 @@ def hold_out(data: TensorData, fraction: float, seed: int) -> TensorData:
 
 def read_dataset(cfg: DataConfig) -> TensorData:
     """The whole data set `cfg.name` as its source splits it (train, test); generated ones are cached.
-    A factory spec or an .npz path is the user's own data (lowband.data.custom)."""
+    `text` / `text:PATH` is a byte corpus (lowband.data.text; checked first, since a path may hold a
+    colon); a factory spec or an .npz path is the user's own data (lowband.data.custom)."""
     from lowband.data.custom import is_custom, load_custom
 
+    if cfg.is_text:
+        return DATASETS.get("text")(cfg)  # lowband.data.text, for text and text:PATH alike
     if is_custom(cfg.name):
         return TensorData(*load_custom(cfg.name))
     loader = DATASETS.get(cfg.name)

@@ -13,7 +13,8 @@ from lowband.errors import ConfigError
 
 
 def partition(labels: torch.Tensor, workers: int, mode: str, seed: int, alpha: float = 0.5) -> list[torch.Tensor]:
-    """Return one sorted int64 index tensor per worker."""
+    """Return one sorted int64 index tensor per worker. `labels` may be per-position targets (N, T)
+    (text): iid and same split rows; dirichlet needs one class label per sample."""
     n = len(labels)
     rng = np.random.default_rng(seed)
     if mode == "same":
@@ -21,6 +22,9 @@ def partition(labels: torch.Tensor, workers: int, mode: str, seed: int, alpha: f
     elif mode == "iid":
         shards = np.array_split(rng.permutation(n), workers)
     elif mode == "dirichlet":
+        if labels.dim() != 1:
+            raise ConfigError("data.partition", mode, "needs one class label per sample; this data (text) has a "
+                                                      "target per position: use 'iid' or 'same'")
         shards = _dirichlet(labels.numpy(), workers, alpha, rng)
     else:
         raise ConfigError("data.partition", mode, "must be one of 'iid', 'dirichlet', 'same'")

@@ -27,13 +27,16 @@ class Classifier(nn.Module):
         return self.head(self.features(x))
 
 
-def build_model(cfg: ModelConfig, in_shape: tuple[int, ...], num_classes: int) -> nn.Module:
-    """Build `cfg.name` (a registered name or `package.module:factory`) and check it fits the data."""
+def build_model(cfg: ModelConfig, in_shape: tuple[int, ...], num_classes: int, *,
+                input_dtype: torch.dtype = torch.float32, per_position: bool = False) -> nn.Module:
+    """Build `cfg.name` (a registered name or `package.module:factory`) and check it fits the data:
+    inputs of `input_dtype` (int64 for text: data.x_train.dtype), and logits (batch, num_classes),
+    or (batch, T, num_classes) when every position has a target (`per_position`: data.task == "lm")."""
     if ":" in cfg.name:
         model = _call_factory(cfg.name, in_shape, num_classes, cfg.kwargs)
     else:
         model = MODELS.get(cfg.name)(cfg, in_shape, num_classes)
-    _check_fits(model, cfg.name, in_shape, num_classes)
+    _check_fits(model, cfg.name, in_shape, num_classes, input_dtype, per_position)
     return model
 
 
@@ -53,20 +56,24 @@ def _call_factory(spec: str, in_shape, num_classes: int, kwargs: dict | None = N
     return model
 
 
-def _check_fits(model: nn.Module, name: str, in_shape, num_classes: int) -> None:
+def _check_fits(model: nn.Module, name: str, in_shape, num_classes: int, input_dtype: torch.dtype = torch.float32,
+                per_position: bool = False) -> None:
+    expected = (2, *in_shape[:1], num_classes) if per_position else (2, num_classes)
     was_training = model.training
     model.eval()
     try:
         with torch.no_grad():
-            out = model(torch.zeros(2, *in_shape))
+            out = model(torch.zeros(2, *in_shape, dtype=input_dtype))
     except Exception as e:  # noqa: BLE001 - user code
-        raise ConfigError("model.name", name, f"does not accept inputs of shape {tuple(in_shape)} ({e})") from None
+        kind = "" if input_dtype == torch.float32 else f" {str(input_dtype).removeprefix('torch.')}"
+        raise ConfigError("model.name", name, f"does not accept{kind} inputs of shape {tuple(in_shape)} ({e})") from None
     finally:
         model.train(was_training)
     if not isinstance(out, torch.Tensor):
         raise ConfigError("model.name", name, f"gives {type(out).__name__}, expected a tensor of logits")
-    if tuple(out.shape) != (2, num_classes):
-        raise ConfigError("model.name", name, f"gives outputs {tuple(out.shape)}, expected (batch, {num_classes})")
+    if tuple(out.shape) != expected:
+        shown = ", ".join(map(str, expected[1:]))
+        raise ConfigError("model.name", name, f"gives outputs {tuple(out.shape)}, expected (batch, {shown})")
 
 
 def features_of(model: nn.Module) -> nn.Module:
