@@ -98,6 +98,8 @@ def _common(p: argparse.ArgumentParser, with_method: bool = True) -> None:
 
 
 def parser() -> argparse.ArgumentParser:
+    from lowband.comparison.request import suite_names
+
     p = argparse.ArgumentParser(prog="lowband", description="Train neural networks on workers that talk rarely, "
                                 "and compare what each method costs in bytes and time.",
                                 epilog=EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -117,7 +119,7 @@ def parser() -> argparse.ArgumentParser:
                    help="set train.target_accuracy to that run's final test accuracy (e.g. an allreduce run)")
     c = sub.add_parser("compare", help="train several methods on the same data and seeds; table and report",
                        epilog=COMPARE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
-    c.add_argument("--suite", help="a built-in suite: " + ", ".join(["quick", "afsd", "ecdnn", "rdpsgd", "edl"]))
+    c.add_argument("--suite", help="a built-in suite: " + ", ".join(suite_names()) + " (`lowband list` says what each runs)")
     c.add_argument("--methods", help="comma-separated methods, each NAME or NAME:KEY=VALUE[:...] "
                                      "(default: the quick suite's)")
     _common(c, with_method=False)

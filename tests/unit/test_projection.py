@@ -91,3 +91,30 @@ def test_the_backends_own_exchange_time_overlaps_the_transfer():
     assert epoch_seconds(timed, LinkSpec(80e6)) == [pytest.approx(2.0)]  # 0.1 s of transfer < 0.4 s
     slow = [{**timed[0], "time": {"epoch_train_s": 3.2, "compute_s": 1.5, "comm_s": 1.6}}]  # measured on 1 MB/s
     assert epoch_seconds(slow, LinkSpec(80e6), MB_PER_S) == [pytest.approx(2.2 - 0.6 + 0.6)]
+
+
+def test_dedicated_machines_charge_steps_at_the_calibrated_time_plus_transfer():
+    from lowband.comparison.projection import dedicated_epoch_seconds, dedicated_through
+
+    # epoch 1: 100 steps, 1 MB in 10 messages; epoch 2: 50 more steps, 2 MB in 10 messages
+    records = [{**RECORDS[0], "steps": 100}, {**RECORDS[1], "steps": 150}]
+    link = LinkSpec(8e6, 0.01)  # 1 MB/s, 10 ms a message
+    # by hand: 100 * 0.02 + 1 + 10 * 0.01 = 3.1;  50 * 0.02 + 2 + 10 * 0.01 = 3.1
+    assert dedicated_epoch_seconds(records, 0.02, link) == [pytest.approx(3.1), pytest.approx(3.1)]
+    assert dedicated_through(records, 2, 0.02, link) == pytest.approx(6.2)
+    # the measured seconds (2.0 and 3.0, shared cores) play no part; unlimited: the steps alone
+    assert dedicated_through(records, 2, 0.02) == pytest.approx(3.0)
+    assert dedicated_through(records, 2, None, link) is None and dedicated_through(records, 3, 0.02) is None
+
+
+def test_single_on_one_dedicated_machine_beats_allreduce_only_where_the_link_is_slow():
+    from lowband.comparison.projection import dedicated_through
+
+    # single takes 4x the steps and sends nothing; allreduce 1/4 of the steps and 10 MB
+    single = [{"epoch": 1, "steps": 400, "bytes": {}, "time": {"epoch_train_s": 1.0}}]
+    allreduce = [{"epoch": 1, "steps": 100, "bytes": {"grad": {"sent": 1e7, "recv": 1e7, "calls": 100}},
+                  "time": {"epoch_train_s": 9.0}}]
+    for rate, single_wins in ((1e6, True), (1e10, False)):
+        s, a = (dedicated_through(r, 1, 0.01, LinkSpec(rate)) for r in (single, allreduce))
+        assert s == pytest.approx(4.0) and a == pytest.approx(1.0 + 8e7 / rate)
+        assert (s < a) == single_wins

@@ -38,7 +38,7 @@ def key(cfg: C.Config) -> str:
 def measure(cfg: C.Config, steps: int = STEPS, warmup: int = WARMUP) -> float:
     """Median seconds of one optimizer step of `cfg`'s model on its data, one thread, measured here."""
     from lowband.data import load_dataset
-    from lowband.models import build_model
+    from lowband.models import build_for_task
     from lowband.run.trainer import make_optimizer, resolve_device, task_loss
 
     threads = torch.get_num_threads()
@@ -47,7 +47,7 @@ def measure(cfg: C.Config, steps: int = STEPS, warmup: int = WARMUP) -> float:
         data = load_dataset(cfg.data)
         device = resolve_device(cfg.train.device)
         torch.manual_seed(0)
-        model = build_model(cfg.model, data.in_shape, data.num_classes).to(device)
+        model = build_for_task(cfg.model, data.in_shape, data.num_classes, data.task).to(device)
         optimizer = make_optimizer(cfg.optim, model.parameters())
         n = min(cfg.train.batch_size, len(data.x_train))
         times = []

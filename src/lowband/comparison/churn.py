@@ -12,9 +12,10 @@ import torch
 from safetensors.torch import load_file
 
 from lowband.data import load_dataset
+from lowband.data.metric import task_of
 from lowband.distill.ensemble import Ensemble
 from lowband.errors import UsageError
-from lowband.models import build_model
+from lowband.models import build_for_task
 from lowband.run import session
 
 
@@ -36,10 +37,10 @@ def load_final_model(run_dir: str, in_shape, num_classes: int, name: str = "mode
     except Exception as e:  # noqa: BLE001 - any damage to the file is the same answer
         raise UsageError(f"{path} is unreadable ({type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''})") from None
     if "weights" in state and any(k.startswith("members.") for k in state):
-        members = [build_model(cfg.model, in_shape, num_classes) for _ in range(len(state["weights"]))]
+        members = [build_for_task(cfg.model, in_shape, num_classes, task_of(cfg.data.name)) for _ in range(len(state["weights"]))]
         model: torch.nn.Module = Ensemble(members)
     else:
-        model = build_model(cfg.model, in_shape, num_classes)
+        model = build_for_task(cfg.model, in_shape, num_classes, task_of(cfg.data.name))
     try:
         model.load_state_dict(state)
     except RuntimeError as e:

@@ -323,8 +323,19 @@ def build(folders: list[str], out: str | None = None, target: float | None = Non
 
 
 def facts(runs: list[dict], folders: list[str], target: float | None, why: str) -> list[str]:
-    return [table.describe_target(target, why, table.metric_of(runs)), f"Machine: {machine()}", f"Link: {link_of(runs)}",
+    return [table.describe_target(target, why, table.metric_of(runs)), f"Machine: {machine()}", *corpus_facts(runs),
+            f"Link: {link_of(runs)}",
             f"Budget: {budgets(folders)}", f"Comparisons: {', '.join(folders)}"]
+
+
+def corpus_facts(runs: list[dict]) -> list[str]:
+    """'Text: sha256 ... (N bytes)' for language-model runs; a warning when they trained on different text."""
+    seen = {(r["records"][-1].get("corpus_sha256"), r["records"][-1].get("corpus_bytes")) for r in runs
+            if r["records"] and r["records"][-1].get("corpus_sha256")}
+    if not seen:
+        return []
+    shown = "; ".join(f"sha256 {h} ({n:,} bytes)" for h, n in sorted(seen, key=str))
+    return [("Text: " if len(seen) == 1 else "Text (WARNING: the runs trained on different text): ") + shown]
 
 
 BUDGET_WORDS = {"epochs": "equal epochs over each worker's own data",

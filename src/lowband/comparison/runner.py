@@ -22,7 +22,7 @@ from lowband.run.metrics import median, read_metrics
 from lowband.run.rundir import RunDir
 
 COLUMNS = ["label", "method", "seed", "workers", "val_acc", "val_acc_L", "final_acc", "final_acc_L", "best_val_acc",
-           "val_bpb", "final_bpb", "epochs", "samples", "bytes_sent_per_worker", "sites",
+           "val_bpb", "final_bpb", "corpus_sha256", "epochs", "samples", "bytes_sent_per_worker", "sites",
            "bytes_inter_per_worker", "train_s", "step_s", "samples_per_s", "speedup", "tuned", "status", "run_dir"]
 
 
@@ -181,7 +181,7 @@ def summarize(label: str, cfg: C.Config, run_dir: str, code: int) -> dict:
     return {
         "label": label, "method": cfg.method.name, "seed": cfg.train.seed, "workers": session.world_size(cfg),
         "metric": metric, "val_bpb": end.get("val_bpb"), "final_bpb": end.get("test_bpb"),
-        "link": run_link(C.to_dict(cfg)),
+        "link": run_link(C.to_dict(cfg)), "corpus_sha256": last.get("corpus_sha256"),
         "val_acc": end.get("val_acc"), "val_acc_L": end.get("val_acc_L"),
         "final_acc": end.get("test_acc"), "final_acc_L": end.get("test_acc_L"),
         "best_val_acc": max((r["val_acc"] for r in done if r.get("val_acc") is not None), default=None),

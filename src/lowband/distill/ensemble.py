@@ -19,9 +19,9 @@ class Ensemble(nn.Module):
     @torch.no_grad()
     def member_probs(self, x: torch.Tensor) -> torch.Tensor:
         """(K, N, C) softmax outputs of every member on x."""
-        return torch.stack([torch.softmax(m(x), dim=1) for m in self.members])
+        return torch.stack([torch.softmax(m(x), dim=-1) for m in self.members])
 
     def forward(self, x: torch.Tensor) -> torch.Tensor:
-        probs = torch.stack([torch.softmax(m(x), dim=1) for m in self.members])
-        mixed = (self.weights.view(-1, 1, 1) * probs).sum(0)
+        probs = torch.stack([torch.softmax(m(x), dim=-1) for m in self.members])
+        mixed = (self.weights.view(-1, *[1] * (probs.dim() - 1)) * probs).sum(0)
         return mixed.clamp_min(1e-12).log()  # regression weights may be negative: clamp before the log

@@ -40,8 +40,9 @@ def ensemble_weights(probs: torch.Tensor, labels: torch.Tensor | None = None, me
 
 
 def soft_cross_entropy(logits: torch.Tensor, target_probs: torch.Tensor) -> torch.Tensor:
-    """Per-sample cross-entropy of softmax(logits) against a probability vector."""
-    return -(target_probs * F.log_softmax(logits, dim=1)).sum(1)
+    """Per-sample cross-entropy of softmax(logits) against a probability vector (the last dimension
+    holds the classes: a language model's logits give one value per position)."""
+    return -(target_probs * F.log_softmax(logits, dim=-1)).sum(-1)
 
 
 def diversity_penalty(logits: torch.Tensor, mean_probs: torch.Tensor) -> torch.Tensor:
@@ -50,7 +51,7 @@ def diversity_penalty(logits: torch.Tensor, mean_probs: torch.Tensor) -> torch.T
     Adding alpha * L_sim to the loss and minimising it pushes the output away from the mean
     output of the latest compressed models (more diverse local models).
     """
-    return -(F.softmax(logits, dim=1) - mean_probs).pow(2).sum(1)
+    return -(F.softmax(logits, dim=-1) - mean_probs).pow(2).sum(-1)
 
 
 def codistill_loss(logits: torch.Tensor, peer_logits, temperature: float = 1.0) -> torch.Tensor:
@@ -60,7 +61,7 @@ def codistill_loss(logits: torch.Tensor, peer_logits, temperature: float = 1.0) 
     peers = list(peer_logits)
     if not peers:
         raise ValueError("peer_logits must hold at least one tensor")
-    target = torch.stack([F.softmax(p.detach() / temperature, dim=1) for p in peers]).mean(0)
+    target = torch.stack([F.softmax(p.detach() / temperature, dim=-1) for p in peers]).mean(0)
     return soft_cross_entropy(logits / temperature, target).mean() * temperature ** 2
 
 
@@ -83,7 +84,7 @@ def afsd_loss(features: torch.Tensor, peer_features, distance: str = "euclidean"
 
     E and E_j are the pairwise-distance matrices of this model's and peer j's features on the
     same batch. normalize "n" divides by n as the AFSD paper does; "n2" by n^2. Gradient flows
-    into `features` only.
+    into `features` only. A language model's features (n, T, d) are compared as whole windows (n, T*d).
     """
     peers = list(peer_features)
     if not peers:
@@ -91,9 +92,9 @@ def afsd_loss(features: torch.Tensor, peer_features, distance: str = "euclidean"
     if normalize not in ("n", "n2"):
         raise ValueError(f"normalize={normalize!r}: must be 'n' or 'n2'")
     n = features.shape[0]
-    mine = pairwise_distances(features, distance)
+    mine = pairwise_distances(features.flatten(1), distance)
     scale = n if normalize == "n" else n * n
-    terms = [(mine - pairwise_distances(p.detach(), distance)).abs().sum() / scale for p in peers]
+    terms = [(mine - pairwise_distances(p.detach().flatten(1), distance)).abs().sum() / scale for p in peers]
     return torch.stack(terms).mean()
 
 
@@ -102,10 +103,12 @@ def kd_loss(logits: torch.Tensor, teacher_logits: torch.Tensor, labels: torch.Te
     """Hinton et al.'s distillation loss, as EDL-Dist trains the student:
     alpha * CE(y, student) + beta * T^2 * KL(softmax(teacher / T) || softmax(student / T)), batch mean.
     The T^2 keeps the soft term's gradients on the hard term's scale as T changes. `hard`: the
-    CE(y, student) when the caller has it already.
+    CE(y, student) when the caller has it already. A language model's (batch, positions, vocabulary)
+    logits count every position as a sample.
     """
+    logits, teacher_logits, labels = logits.flatten(0, -2), teacher_logits.flatten(0, -2), labels.flatten()
     hard = F.cross_entropy(logits, labels) if hard is None else hard
     t = temperature
-    soft = F.kl_div(F.log_softmax(logits / t, dim=1), F.log_softmax(teacher_logits.to(logits.dtype) / t, dim=1),
+    soft = F.kl_div(F.log_softmax(logits / t, dim=-1), F.log_softmax(teacher_logits.to(logits.dtype) / t, dim=-1),
                     reduction="batchmean", log_target=True)
     return alpha * hard + beta * t * t * soft

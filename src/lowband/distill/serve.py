@@ -53,12 +53,12 @@ def load_teacher(path: str):
     """(model in eval mode, the teacher run's Config, input shape, number of classes)."""
     from lowband.config import from_dict_any_method
     from lowband.data import load_dataset
-    from lowband.models import build_model
+    from lowband.models import build_for_task
     from lowband.run.rundir import RunDir
 
     cfg = from_dict_any_method(RunDir(os.path.dirname(find_run_config(path))).read_config_dict())
     data = load_dataset(cfg.data)
-    model = build_model(cfg.model, data.in_shape, data.num_classes)
+    model = build_for_task(cfg.model, data.in_shape, data.num_classes, data.task)
     try:
         model.load_state_dict(read_weights(path))
     except RuntimeError as e:

@@ -81,6 +81,9 @@ class Method:
     def check(cls, cfg: Any, world: int) -> None:
         """Reject options that cannot work with `world` workers (raise ConfigError); before any worker starts."""
 
+    #: why this method cannot train a language model (lowband.data.metric.task_of == "lm"); None: it can
+    language_model_refused: str | None = None
+
     @classmethod
     def groups(cls, cfg: Any, world: int) -> list[list[int]] | None:
         """The groups of ranks that train one model together (each must lie in one site); None: no groups."""

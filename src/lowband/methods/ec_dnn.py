@@ -60,6 +60,8 @@ class ECDNN(Method):
     cfg: ECDNNConfig
     same_init = False
     min_workers = 2
+    language_model_refused = ("its compression stage keeps the ensemble's soft labels for every training sample, "
+                              "which for a language model is windows x context x 256 values; use ensemble or codistill")
 
     def setup(self, model):
         self.model = model

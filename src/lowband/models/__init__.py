@@ -1,6 +1,6 @@
 """Models. Each exposes `features(x)` (input of the final linear layer) and `head(features)`."""
 
 from lowband.models import cifar_cnns, gpt, resnet, small  # noqa: F401  (fill the registry)
-from lowband.models.base import Classifier, build_model, features_of
+from lowband.models.base import Classifier, build_for_task, build_model, features_of
 
-__all__ = ["Classifier", "build_model", "features_of"]
+__all__ = ["Classifier", "build_for_task", "build_model", "features_of"]

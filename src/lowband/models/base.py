@@ -40,6 +40,12 @@ def build_model(cfg: ModelConfig, in_shape: tuple[int, ...], num_classes: int, *
     return model
 
 
+def build_for_task(cfg: ModelConfig, in_shape: tuple[int, ...], num_classes: int, task: str) -> nn.Module:
+    """`build_model` for a workload: a language model ("lm") takes int64 bytes and predicts every position."""
+    lm = task == "lm"
+    return build_model(cfg, in_shape, num_classes, input_dtype=torch.int64 if lm else torch.float32, per_position=lm)
+
+
 def _call_factory(spec: str, in_shape, num_classes: int, kwargs: dict | None = None) -> nn.Module:
     """factory(in_shape=..., num_classes=..., **model.kwargs), whose failure or non-module result is one line."""
     factory = import_factory(spec, "model.name")

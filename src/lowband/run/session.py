@@ -17,6 +17,7 @@ import torch
 
 from lowband import config as C
 from lowband.comm import Communicator, launched_by_torchrun
+from lowband.data.metric import task_of
 from lowband.errors import ConfigError, UsageError
 from lowband.registry import METHODS
 from lowband.registry.catalog import load_all
@@ -35,6 +36,9 @@ def world_size(cfg: C.Config) -> int:
     if world < method.min_workers:
         raise ConfigError("train.workers", world, f"method {cfg.method.name} needs at least {method.min_workers} workers")
     method.check(cfg.method, world)
+    if method.language_model_refused and task_of(cfg.data.name) == "lm":
+        raise ConfigError("method.name", cfg.method.name, f"cannot train a language model ({cfg.data.name}): "
+                                                          f"{method.language_model_refused}")
     check_sites(cfg, world)
     return world
 
@@ -116,11 +120,11 @@ def read_run_config(run_dir: str) -> C.Config:
 
 def check_plan(cfg: C.Config) -> None:
     """Fail fast in the launcher, before any worker starts: data, shards, model all fit."""
-    from lowband.models import build_model
+    from lowband.models import build_for_task
     from lowband.run.trainer import make_plan
 
     plan = make_plan(cfg, world_size(cfg))
-    build_model(cfg.model, plan.data.in_shape, plan.data.num_classes)
+    build_for_task(cfg.model, plan.data.in_shape, plan.data.num_classes, plan.data.task)
 
 
 def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = False,

@@ -19,7 +19,7 @@ from lowband.config import Config, to_dict
 from lowband.data import Batches, TensorData, load_dataset, partition, steps_per_epoch
 from lowband.data.metric import metric_for
 from lowband.methods.base import Context, Method
-from lowband.models import build_model
+from lowband.models import build_for_task
 from lowband.registry import METHODS
 from lowband.registry.catalog import load_all
 from lowband.run import checkpoint
@@ -117,7 +117,8 @@ class Trainer:
         self.plan = make_plan(cfg, self.world)
         method_cls = METHODS.get(cfg.method.name)
         torch.manual_seed(cfg.train.seed if method_cls.same_init else cfg.train.seed + 7919 * self.rank)
-        model = build_model(cfg.model, self.plan.data.in_shape, self.plan.data.num_classes).to(self.device)
+        data = self.plan.data
+        model = build_for_task(cfg.model, data.in_shape, data.num_classes, data.task).to(self.device)
         self.optimizer = make_optimizer(cfg.optim, model.parameters())
         ctx = Context(cfg, comm, self.device, self.log, self.run, self.plan.steps, self.plan.data,
                       self.plan.shards[self.rank], evaluate=self._evaluate)
@@ -234,7 +235,8 @@ class Trainer:
         ranks = self.reporter.gather(mine)
         self.elapsed += time.perf_counter() - t_start
         self.best_local_rank = self.scope.global_ranks[self.reporter.best_local(ranks)]
-        record = self.reporter.record(epoch, ranks, glob_accs, {"steps": self.step, **self._rates(ranks, times)})
+        facts = {"steps": self.step, **self._rates(ranks, times), **self._corpus()}
+        record = self.reporter.record(epoch, ranks, glob_accs, facts)
         self._check_target(epoch, record)
         self.reporter.write({**record, "reached_target_epoch": self.reached_target, **extra})
         every = self.cfg.train.checkpoint_every
@@ -242,6 +244,11 @@ class Trainer:
             self._save_checkpoint(epoch)
         if evaluate:  # the stopping epoch of an early stop is always evaluated
             self.final_global = glob
+
+    def _corpus(self) -> dict:
+        """Which text a language model trained on (its sha256 and length), so two machines can tell."""
+        meta = self.plan.data.meta
+        return {k: meta[k] for k in ("corpus_sha256", "corpus_bytes") if k in meta}
 
     def _rates(self, ranks: list[RankFigures], times: dict) -> dict:
         samples = sum(r.samples for r in ranks)
@@ -318,10 +325,15 @@ class Trainer:
         params = sum(p.numel() for p in self.method.local_model().parameters())
         val = 0 if d.y_val is None else len(d.y_val)
         return (f"{c.method.name}: {self.world} worker(s), backend {self.comm.backend}, device {self.device}; "
-                f"{c.data.name} {len(d.y_train)} train / {val} validation / {len(d.y_test)} test, partition "
+                f"{c.data.name} {len(d.y_train)} train / {val} validation / {len(d.y_test)} test"
+                f"{self._corpus_banner()}, partition "
                 f"{c.data.partition}; {c.model.name} {params:,} parameters; {self.plan.steps} steps/epoch x "
                 f"{c.train.epochs} epochs, batch {c.train.batch_size}/worker; run dir {self.run.path}"
                 + self._sites_banner())
+
+    def _corpus_banner(self) -> str:
+        meta = self.plan.data.meta
+        return f" windows of {meta['corpus_bytes']:,} bytes (sha256 {meta['corpus_sha256'][:12]})" if meta else ""
 
     def _sites_banner(self) -> str:
         from lowband.comm.sites import configured, describe

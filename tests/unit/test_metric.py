@@ -1,0 +1,71 @@
+"""The workload's metric: direction, margin and words, and the table, tuning and Pareto front that read it."""
+
+import math
+
+import pytest
+
+from lowband.comparison import plan as P
+from lowband.comparison import table
+from lowband.comparison.plots import pareto_front
+from lowband.data.metric import ACCURACY, BITS_PER_BYTE, bits_per_byte, metric_for, task_of
+
+
+def test_each_data_set_names_its_workload():
+    assert task_of("text") == task_of("text:/data/corpus") == "lm" and task_of("mnist1d") == "classify"
+    assert metric_for("text:x") is BITS_PER_BYTE and metric_for("cifar10") is ACCURACY
+
+
+def test_a_loss_reaches_its_target_within_the_relative_margin():
+    assert BITS_PER_BYTE.reaches(2.02, 2.0) and not BITS_PER_BYTE.reaches(2.0201, 2.0)
+    assert BITS_PER_BYTE.reaches(1.5, 2.0)  # lower is better
+    assert BITS_PER_BYTE.threshold(2.0) == pytest.approx(2.02)
+    assert ACCURACY.reaches(0.9, 0.9) and not ACCURACY.reaches(0.8999, 0.9)
+    assert not ACCURACY.reaches(None, 0.9) and not BITS_PER_BYTE.reaches(1.0, None)
+
+
+def test_better_best_and_gap_follow_the_direction():
+    assert BITS_PER_BYTE.better(1.9, 2.0) and not BITS_PER_BYTE.better(2.1, 2.0)
+    assert ACCURACY.better(0.9, 0.8) and BITS_PER_BYTE.best([2.1, 1.9, 2.0]) == 1.9
+    assert ACCURACY.gap(0.905, 0.9) == "+0.50 pts" and BITS_PER_BYTE.gap(2.03, 2.0) == "+1.50%"
+    assert "within 1%" in BITS_PER_BYTE.describe_target(2.0, "given") and "at most 2.0200" in \
+        BITS_PER_BYTE.describe_target(2.0, "given")
+
+
+def test_bits_per_byte_is_nats_over_ln2():
+    assert bits_per_byte(math.log(2) * 3) == pytest.approx(3.0) and bits_per_byte(None) is None
+
+
+def lm_run(label, bpbs, method=None, accs=None):
+    records = [{"epoch": e, "val_acc": (accs or [0.3] * len(bpbs))[e - 1], "test_acc": 0.3, "val_bpb": b,
+                "test_bpb": b + 0.01, "bytes_sent_per_worker": 1e6 * e, "samples": 100 * e, "time": {"train_s": 2.0 * e}}
+               for e, b in enumerate(bpbs, 1)]
+    return {"label": label, "method": method or label.split(":")[0], "workers": 4, "status": "ok",
+            "records": records, "metric": BITS_PER_BYTE}
+
+
+def test_the_table_reads_bits_per_byte_and_reaches_within_one_percent():
+    runs = [lm_run("allreduce", [3.0, 2.5, 2.0]), lm_run("diloco:tau=16", [3.2, 2.6, 2.019]),
+            lm_run("local_sgd:tau=16", [3.3, 2.8, 2.03])]
+    rows, target, why = table.rows(runs)
+    by = {r["label"]: r for r in rows}
+    assert target == 2.0 and "bits per byte" in why
+    assert by["diloco:tau=16"]["epochs_to_target"] == 3  # 2.019 <= 2.02
+    assert by["local_sgd:tau=16"]["epochs_to_target"] is None  # 2.03 > 2.02, although lower loss came first
+    assert by["allreduce"]["val"].mean == 2.0 and by["allreduce"]["test"].mean == pytest.approx(2.01)
+    text = table.text(rows)
+    assert "val bpb" in text and "test bpb" in text and "val acc" in text and "+0.95%" in text
+
+
+def test_tuning_keeps_the_lowest_loss_for_a_loss_metric():
+    runs = [P.Run("k1", "a", "tune", 0, "d1", {}, 0.1, "optim.lr"), P.Run("k2", "a", "tune", 0, "d2", {}, 0.2, "optim.lr"),
+            P.Run("k3", "a", "tune", 0, "d3", {}, 0.4, "optim.lr")]
+    results = list(zip(runs, [2.1, 1.9, None]))
+    assert P.choose(results, BITS_PER_BYTE) == {"a": 0.2}
+    assert P.choose(list(zip(runs, [0.8, 0.9, None])), ACCURACY) == {"a": 0.2}
+    assert P.choose(list(zip(runs, [0.9, 0.8, None])), ACCURACY) == {"a": 0.1}
+
+
+def test_the_pareto_front_of_a_loss_keeps_lower_values():
+    points = [(1.0, 2.5), (2.0, 2.2), (3.0, 2.4), (4.0, 2.0)]
+    assert pareto_front(points, higher_is_better=False) == [(1.0, 2.5), (2.0, 2.2), (4.0, 2.0)]
+    assert pareto_front(points) == [(1.0, 2.5)]
