@@ -16,6 +16,7 @@ from lowband.run.launch import raise_interrupt
 def run_teacher(args) -> int:
     import torch
 
+    from lowband.data.metric import task_of
     from lowband.distill.serve import Registration, load_teacher
     from lowband.distill.teacher import TeacherServer, token_from_env
 
@@ -32,7 +33,7 @@ def run_teacher(args) -> int:
     server = TeacherServer(model, in_shape, classes, host=args.host, port=args.port, token=token_from_env(args.token),
                            device=args.device, max_batch=args.max_batch, max_rate=args.max_rate, name=cfg.model.name,
                            idle_timeout_s=args.idle_timeout, read_timeout_s=args.read_timeout,
-                           max_connections=args.max_connections)
+                           max_connections=args.max_connections, tokens=task_of(cfg.data.name) == "lm")
     rate = server.measure()
     info = TeacherInfo(host=args.advertise or args.host, port=server.port, model=cfg.model.name, device=args.device,
                        throughput=round(rate, 1))

@@ -83,7 +83,8 @@ class TeacherLink:
         if frame.kind != "logits" or frame.id != head.seq or len(frame.tensors) != 1:
             raise TeacherFailed(f"teacher {self.info.id} sent {frame.kind!r} #{frame.id}; expected logits #{head.seq}")
         logits = frame.tensors[0]
-        if tuple(logits.shape) != (len(head.x), self.reader.num_classes):
+        per_position = () if head.x.is_floating_point() else tuple(head.x.shape[1:])  # a language model's windows
+        if tuple(logits.shape) != (len(head.x), *per_position, self.reader.num_classes):
             raise TeacherFailed(f"teacher {self.info.id} sent logits of shape {tuple(logits.shape)}")
         self.reader.deliver(self, logits)
 

@@ -38,12 +38,14 @@ class TeacherServer:
     def __init__(self, model: nn.Module, in_shape: tuple[int, ...], num_classes: int, *, host: str = "127.0.0.1",
                  port: int = 0, token: str | None = None, device: str = "cpu", max_batch: int = 4096,
                  max_rate: float = 0.0, limits: wire.Limits | None = None, name: str = "teacher",
-                 idle_timeout_s: float = 300.0, read_timeout_s: float = 30.0, max_connections: int = 64):
+                 idle_timeout_s: float = 300.0, read_timeout_s: float = 30.0, max_connections: int = 64,
+                 tokens: bool = False):
+        """`tokens`: the model reads int64 token ids below `num_classes` (a language model), not floats."""
         self.device = torch.device(device)
         self.model = model.to(self.device).eval()
         self.in_shape, self.num_classes, self.name = tuple(in_shape), num_classes, name
-        self.token, self.max_batch, self.max_rate = token, max_batch, max_rate
-        item = 4 * max(1, int(torch.tensor(in_shape).prod()))
+        self.token, self.max_batch, self.max_rate, self.tokens = token, max_batch, max_rate, tokens
+        item = 8 * max(1, int(torch.tensor(in_shape).prod()))
         self.limits = limits or wire.Limits(max_payload=max_batch * item + 1024)
         self.sock = socket.create_server((host, port))
         self.host, self.port = host, self.sock.getsockname()[1]
@@ -114,12 +116,16 @@ class TeacherServer:
 
     @torch.no_grad()
     def infer(self, x: torch.Tensor) -> torch.Tensor:
-        if not x.is_floating_point() or tuple(x.shape[1:]) != self.in_shape or not 0 < len(x) <= self.max_batch:
-            raise RequestError(f"expected a float tensor of shape (n, {', '.join(map(str, self.in_shape))}) with "
+        kind = "an int64" if self.tokens else "a float"
+        right_kind = (x.dtype == torch.int64) if self.tokens else x.is_floating_point()
+        if not right_kind or tuple(x.shape[1:]) != self.in_shape or not 0 < len(x) <= self.max_batch:
+            raise RequestError(f"expected {kind} tensor of shape (n, {', '.join(map(str, self.in_shape))}) with "
                                f"1 <= n <= {self.max_batch}; got {x.dtype} {tuple(x.shape)}")
+        if self.tokens and (x.min() < 0 or x.max() >= self.num_classes):
+            raise RequestError(f"token ids must lie in 0..{self.num_classes - 1}")
         with self._lock:
             start = time.monotonic()
-            out = self.model(x.to(self.device, torch.float32)).float().cpu()
+            out = self.model(x.to(self.device) if self.tokens else x.to(self.device, torch.float32)).float().cpu()
             self.samples += len(x)
             self._throttle(len(x), start)
         return out
@@ -134,7 +140,8 @@ class TeacherServer:
     @torch.no_grad()
     def measure(self, batch: int = 64, seconds: float = 0.5) -> float:
         """Samples per second of this server's forward pass (with max_rate applied)."""
-        x = torch.randn(batch, *self.in_shape, device=self.device)
+        x = (torch.randint(0, self.num_classes, (batch, *self.in_shape), device=self.device) if self.tokens
+             else torch.randn(batch, *self.in_shape, device=self.device))
         self.model(x)  # warm-up
         n, t0 = 0, time.perf_counter()
         while time.perf_counter() - t0 < seconds:

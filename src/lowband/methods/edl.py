@@ -170,10 +170,11 @@ def student_rate(model, ctx, seconds: float = 0.3) -> float:
     """Samples/s of one training step of this student on this device (a throwaway copy, no communication)."""
     probe = copy.deepcopy(model).to(ctx.device)
     b = ctx.cfg.train.batch_size
-    x = torch.randn(b, *ctx.data.in_shape, device=ctx.device)
-    y = torch.randint(0, ctx.data.num_classes, (b,), device=ctx.device)
+    sample = ctx.data.x_train[:b].to(ctx.device)  # real inputs: a language model's are token ids
+    y = ctx.data.y_train[:b].to(ctx.device)
     n, t0 = 0, time.perf_counter()
     while time.perf_counter() - t0 < seconds or n < 2 * b:
-        torch.nn.functional.cross_entropy(probe(x), y).backward()
+        outputs = probe(sample)
+        torch.nn.functional.cross_entropy(outputs.flatten(0, -2), y.flatten()).backward()
         n += b
     return n / (time.perf_counter() - t0)
