@@ -14,7 +14,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/lowband compare --suite quick
+	$(BIN)/lowband compare --suite demo
 
 test: $(STAMP) lint
 	$(BIN)/python -m pytest tests

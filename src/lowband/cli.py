@@ -12,6 +12,8 @@ from lowband.errors import UsageError
 
 EXAMPLES = """\
 examples:
+  lowband compare --suite demo           (a GPT on text, 4 workers: Allreduce, local SGD, DiLoCo; bits per byte)
+  lowband compare --suite lm             (every method that runs on a language model)
   lowband compare --suite quick          (every method side by side on MNIST-1D, 4 workers)
   lowband compare --methods local_sgd:tau=16,ec_dnn:ensemble=margin,ec_dnn:ensemble=regression
   lowband compare --suite quick --seeds 0,1,2 --tune optim.lr=0.05,0.1,0.2 --tune-epochs 10
@@ -148,7 +150,8 @@ def parser() -> argparse.ArgumentParser:
     r.add_argument("folders", nargs="+", metavar="COMPARE_DIR", help="a directory `lowband compare` wrote")
     r.add_argument("--out", help="where to write (default: the first directory)")
     r.add_argument("--target", type=float,
-                   help="target validation accuracy (default: the Allreduce runs' mean final validation accuracy)")
+                   help="target in the runs' metric: validation accuracy, or bits per byte for a language model "
+                        "(default: the Allreduce runs' mean final validation figure)")
     r.add_argument("--labels", help="comma-separated names of the directories, prefixed to their methods when "
                                     "overlaid, e.g. base,tuned (default: the directory names)")
     r.add_argument("--latency", default="0ms", help="latency per message in the link projection, e.g. 20ms")

@@ -69,3 +69,34 @@ def test_the_pareto_front_of_a_loss_keeps_lower_values():
     points = [(1.0, 2.5), (2.0, 2.2), (3.0, 2.4), (4.0, 2.0)]
     assert pareto_front(points, higher_is_better=False) == [(1.0, 2.5), (2.0, 2.2), (4.0, 2.0)]
     assert pareto_front(points) == [(1.0, 2.5)]
+
+
+def test_a_report_target_must_be_a_value_of_the_runs_metric():
+    from lowband.comparison.report import check_target
+    from lowband.errors import UsageError
+
+    check_target(0.9, ACCURACY)
+    check_target(2.1, BITS_PER_BYTE)
+    with pytest.raises(UsageError, match=r"--target=2.1 is invalid: these runs report accuracy"):
+        check_target(2.1, ACCURACY)
+    with pytest.raises(UsageError, match="bits per byte"):
+        check_target(-1.0, BITS_PER_BYTE)
+
+
+def test_calibration_is_measured_once_per_setting_and_kept(tmp_path, monkeypatch):
+    from lowband import config as C
+    from lowband.comparison import calibrate
+    from lowband.run.session import method_configs
+
+    cfg = C.from_dict({"data": {"name": "text", "max_bytes": 20000, "context": 16},
+                       "model": {"name": "gpt", "size": "nano"}, "optim": {"name": "adamw", "lr": 0.001}},
+                      method_configs())
+    measured = calibrate.measure(cfg, steps=3, warmup=1)
+    assert 0 < measured < 5.0
+    calls = []
+    monkeypatch.setattr(calibrate, "measure", lambda c: calls.append(c) or 0.25)
+    assert calibrate.step_seconds(cfg, str(tmp_path)) == 0.25
+    assert calibrate.step_seconds(cfg, str(tmp_path)) == 0.25 and len(calls) == 1  # kept in calibration.json
+    other = C.from_dict({**C.to_dict(cfg), "train": {"batch_size": 4}}, method_configs())
+    assert calibrate.step_seconds(other, str(tmp_path)) == 0.25 and len(calls) == 2  # another batch: measured
+    assert len(calibrate.read(str(tmp_path / "calibration.json"))) == 2

@@ -304,6 +304,7 @@ def build(folders: list[str], out: str | None = None, target: float | None = Non
     out = out or folders[0]
     os.makedirs(out, exist_ok=True)
     runs = load_runs(folders, labels)
+    check_target(target, table.metric_of(runs))
     rows, target, why = table.rows(runs, target)
     groups = table.groups(runs)
     md = ["# lowband comparison", "", *[f"- {f}" for f in facts(runs, folders, target, why)], ""]
@@ -320,6 +321,16 @@ def build(folders: list[str], out: str | None = None, target: float | None = Non
         f.write("\n".join(md) + "\n")
     write_html(os.path.join(out, "report.html"), md, out)
     return os.path.join(out, "report.md")
+
+
+def check_target(target: float | None, metric) -> None:
+    """A given target must be a value of the runs' metric: an accuracy in (0, 1], a loss above 0."""
+    if target is None:
+        return
+    if metric.higher_is_better and not 0 < target <= 1:
+        raise UsageError(f"--target={target:g} is invalid: these runs report accuracy; give one in (0, 1]")
+    if not metric.higher_is_better and not target > 0:
+        raise UsageError(f"--target={target:g} is invalid: these runs report {metric.name}; give a loss above 0")
 
 
 def facts(runs: list[dict], folders: list[str], target: float | None, why: str) -> list[str]:
