@@ -48,7 +48,7 @@ class Run:
         from lowband.run.metrics import read_metrics
         from lowband.run.session import read_run_config
 
-        cfg = read_run_config(run_dir)
+        cfg = read_run_config(run_dir, "Run.from_dir(run_dir)")
         records = read_metrics(run_dir)
         done = [r for r in records if r.get("test_acc") is not None]
         end, last = (done[-1] if done else {}), (records[-1] if records else {})
@@ -59,7 +59,7 @@ class Run:
     def config(self) -> C.Config:
         from lowband.run.session import read_run_config
 
-        return read_run_config(self.run_dir)
+        return read_run_config(self.run_dir, "Run.config")
 
     def model(self, local: bool = False):
         """The run's final model (see `load_model`)."""
@@ -169,16 +169,17 @@ def load_model(run_dir: str, local: bool = False):
 
     from lowband.comparison.churn import load_final_model
     from lowband.run.checkpoint import model_metadata
+    from lowband.run.session import read_run_config
 
     name = "model_L.safetensors" if local else "model.safetensors"
+    read_run_config(run_dir, "load_model(run_dir)")  # a path that is no run says so in the API's own words
     meta = model_metadata(os.path.join(run_dir, name))
     if "in_shape" in meta and "num_classes" in meta:  # written by lowband since 0.1.0
         in_shape, classes = tuple(json.loads(meta["in_shape"])), int(meta["num_classes"])
     else:  # an older run: the shapes from its data set
         from lowband.data.base import read_dataset
-        from lowband.run.session import read_run_config
 
-        data = read_dataset(read_run_config(run_dir).data)
+        data = read_dataset(read_run_config(run_dir, "load_model(run_dir)").data)
         in_shape, classes = data.in_shape, data.num_classes
     return load_final_model(run_dir, in_shape, classes, name)
 

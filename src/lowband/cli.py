@@ -8,7 +8,7 @@ import sys
 
 from lowband import __version__
 from lowband import config as C
-from lowband.errors import UsageError
+from lowband.errors import LowbandError, UsageError
 
 EXAMPLES = """\
 examples:
@@ -441,6 +441,9 @@ def main(argv: list[str] | None = None) -> int:
     except UsageError as e:
         print(f"lowband: error: {e}", file=sys.stderr)
         return 2
+    except LowbandError as e:  # e.g. a torchrun worker's divergence (exit code 4)
+        print(f"lowband: error: {e}", file=sys.stderr)
+        return e.exit_code
     except KeyboardInterrupt:
         print("lowband: interrupted", file=sys.stderr)
         return 130

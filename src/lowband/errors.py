@@ -1,4 +1,6 @@
-"""Errors a user can fix. The command line prints them as one line and exits with code 2.
+"""Errors a user can fix. The command line prints them as one line and exits with a code of its own:
+2 bad input (nothing started), 3 a service the run needs stayed away, 4 training diverged, 130
+interrupted; 1 anything else (a worker crashed: its traceback says why).
 
 Every error lowband raises on purpose is a `LowbandError`, so Python callers (lowband.train, ...)
 can catch them all with one clause.
@@ -37,6 +39,18 @@ class RunFailed(LowbandError):
     def __init__(self, code: int, run_dir: str):
         self.code, self.run_dir = code, run_dir
         super().__init__(f"the run in {run_dir} failed (exit code {code}); its train.log says why")
+
+
+class Diverged(LowbandError):
+    """Training produced a non-finite loss; exit code 4. The run keeps its records up to the last good
+    epoch; the full trace goes to the run directory, the console gets this one line."""
+
+    exit_code = 4
+
+    def __init__(self, epoch: int, step: int, rank: int, loss: float, lr: float):
+        self.epoch, self.step, self.rank, self.loss, self.lr = epoch, step, rank, loss, lr
+        super().__init__(f"training diverged at epoch {epoch}, step {step} (worker {rank}): loss {loss}; lower "
+                         f"optim.lr (the step's rate was {lr:.4g}) or check the data")
 
 
 class Unavailable(LowbandError):

@@ -76,7 +76,7 @@ def short_bytes(n: float) -> str:
 
 def finish(fig, ax, path: str, legend: bool = True) -> None:
     ax.grid(alpha=0.3)
-    if legend:
+    if legend and ax.get_legend_handles_labels()[0]:
         ax.legend(loc="upper left", bbox_to_anchor=(1.01, 1.0), fontsize=8, frameon=False)
     fig.savefig(path, bbox_inches="tight", dpi=100)
     plt.close(fig)
@@ -149,6 +149,12 @@ def pareto(rows: list[dict], target: float | None, path: str) -> None:
     finish(fig, ax, path)
 
 
+def nothing(ax, why: str) -> None:
+    """Say in the plot why it is empty (every run failed or diverged, nothing reached the target)."""
+    ax.text(0.5, 0.5, why, transform=ax.transAxes, ha="center", va="center", fontsize=9, color="0.3")
+    ax.set_yticks([])
+
+
 def link_sweep(curves: dict[str, list[float | None]], rates: list[float], classes: dict[str, float],
                ylabel: str, path: str) -> None:
     """Projected seconds (to target) against link rate, log-log, one curve per label; labels whose
@@ -163,12 +169,16 @@ def link_sweep(curves: dict[str, list[float | None]], rates: list[float], classe
             ax.plot([], [], label=f"{label} (never reaches target)", color=s["color"], marker=s["marker"],
                     linestyle="none")
     ax.set_xscale("log")
-    ax.set_yscale("log")
+    ax.set_xlim(min(rates), max(rates))
+    if any(v for secs in curves.values() for v in secs if v):  # a log axis needs a positive value
+        ax.set_yscale("log")
+        ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_seconds_label))
+        ax.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(_seconds_label))
+    else:
+        nothing(ax, "no method reaches the target (see the table's status column)")
     for rate in classes.values():
         ax.axvline(rate, color="0.75", linewidth=0.8, zorder=0)
     ax.xaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(lambda v, _: _rate_label(v)))
-    ax.yaxis.set_major_formatter(matplotlib.ticker.FuncFormatter(_seconds_label))
-    ax.yaxis.set_minor_formatter(matplotlib.ticker.FuncFormatter(_seconds_label))
     ax.set_xlabel("link rate per worker (log)")
     ax.set_ylabel(ylabel)
     finish(fig, ax, path)

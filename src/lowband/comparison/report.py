@@ -166,9 +166,15 @@ def tuning_table(rows: list[dict]) -> list[str]:
     lines = [f"| method | setting | values tried (validation {word}) | chosen |", "|---|---|---|---|"]
     for (label, field), values in tried.items():
         chosen = [v["value"] for v in values if str(v.get("chosen", "")).strip().lower() in ("1", "true", "yes")]
-        shown = ", ".join(f"{v['value']} ({_acc(v.get('val', v.get('val_acc')))})" for v in values)
+        shown = ", ".join(f"{v['value']} ({_tried(v)})" for v in values)
         lines.append(f"| {label} | {field} | {shown} | {', '.join(chosen) or '-'} |")
     return lines
+
+
+def _tried(row: dict) -> str:
+    """A tuning run's figure, or why it has none ('diverged', 'failed (1)')."""
+    status = row.get("status") or "ok"
+    return _acc(row.get("val", row.get("val_acc"))) if status == "ok" else status
 
 
 def _acc(text: str | None) -> str:
@@ -378,10 +384,18 @@ def answer(rows: list[dict], groups: dict[str, list[dict]], target: float | None
     ylabel = "projected seconds to target" if target is not None else "projected seconds to finish training"
     plots.link_sweep(sweep(groups, goals, rates, latency_s, on_dedicated), rates, projection.LINK_CLASSES,
                      ylabel + (" (dedicated machines)" if on_dedicated else ""), os.path.join(out, "time_link.png"))
-    return ["## Which method for my link", "",
+    return ["## Which method for my link", "", *nothing_finished(rows),
             *link_sentences(rows, groups, goals, latency_s, target is not None, on_dedicated),
             "", how_projected(on_dedicated, latency_s), *measured_note(rows, groups, goals, latency_s, on_dedicated),
             "", "![time_link](time_link.png)"]
+
+
+def nothing_finished(rows: list[dict]) -> list[str]:
+    """A sentence when no run finished: every one diverged or failed (each run's status says which)."""
+    if any(r["status"] == "ok" for r in rows):
+        return []
+    return ["No run finished: every run diverged or failed (the table's status column; each run directory's "
+            "diverged.rank*.txt or train.log says why), so there is nothing to compare.", ""]
 
 
 def how_projected(on_dedicated: bool, latency_s: float) -> str:

@@ -17,6 +17,7 @@ from lowband.comparison import table
 from lowband.comparison.plan import fill, parse_spec, spec_config  # noqa: F401 (fill, parse_spec: re-exported)
 from lowband.comparison.projection import run_link
 from lowband.data.metric import ACCURACY, Metric, metric_for
+from lowband.errors import Diverged
 from lowband.run import session
 from lowband.run.metrics import median, read_metrics
 from lowband.run.rundir import RunDir
@@ -47,7 +48,7 @@ def compare(plan: P.Plan, folder: str) -> tuple[int, str, list[dict]]:
         code = prepared(folder, f"prepare/{i}", command)
         if code:
             return code, folder, []
-    results = []
+    results, statuses = [], {}
     metric = metric_for(plan.configs[plan.labels[0]].get("data", {}).get("name", C.DataConfig().name))
     tuning, total = P.tuning_runs(plan), len(P.tuning_runs(plan)) + len(P.full_runs(plan, {}))
     for i, run in enumerate(tuning, 1):
@@ -55,9 +56,10 @@ def compare(plan: P.Plan, folder: str) -> tuple[int, str, list[dict]]:
         if code == 130:
             return 130, folder, []
         results.append((run, final_val(run_dir, metric) if code == 0 else None))
+        statuses[run.key] = status_of(code)
     chosen = P.choose(results, metric)
     if plan.tune is not None:
-        write_tuning(results, chosen, os.path.join(folder, "tuning.csv"), metric)
+        write_tuning(results, chosen, os.path.join(folder, "tuning.csv"), metric, statuses)
     rows: list[dict] = []
     for i, run in enumerate(P.full_runs(plan, chosen), len(tuning) + 1):
         code, run_dir = execute(folder, run, f"run {i}/{total}")
@@ -149,17 +151,20 @@ def dedicated_step(cfg: C.Config, folder: str) -> float | None:
         return None
 
 
-TUNING_COLUMNS = ["label", "method", "field", "value", "metric", "val", "chosen"]
+TUNING_COLUMNS = ["label", "method", "field", "value", "metric", "val", "status", "chosen"]
 
 
-def write_tuning(results: list[tuple[P.Run, float | None]], chosen: dict, path: str, metric: Metric = ACCURACY) -> None:
-    """tuning.csv: one row per tuning run (label, method, field, value, metric, its validation figure, chosen)."""
+def write_tuning(results: list[tuple[P.Run, float | None]], chosen: dict, path: str, metric: Metric = ACCURACY,
+                 statuses: dict[str, str] | None = None) -> None:
+    """tuning.csv: one row per tuning run (label, method, field, value, metric, its validation figure, its
+    status: ok, diverged, failed (N); chosen yes/no). A run that did not finish is never chosen."""
     with open(path, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=TUNING_COLUMNS)
         writer.writeheader()
         for run, value in results:
             writer.writerow({"label": run.label, "method": run.config["method"]["name"], "field": run.field,
                              "value": P.show(run.value), "metric": metric.val_key, "val": "" if value is None else value,
+                             "status": (statuses or {}).get(run.key, "ok"),
                              "chosen": "yes" if chosen.get(run.label) == run.value else "no"})
 
 
@@ -191,8 +196,13 @@ def summarize(label: str, cfg: C.Config, run_dir: str, code: int) -> dict:
         "bytes_inter_per_worker": last.get("bytes_inter_per_worker", last.get("bytes_sent_per_worker", 0.0)),
         "train_s": last.get("time", {}).get("train_s", 0.0), "speedup": None,
         "samples_per_s": median([r["samples_per_s"] for r in records if r.get("samples_per_s")]),
-        "status": "ok" if code == 0 else f"failed ({code})", "run_dir": run_dir, "records": records,
+        "status": status_of(code), "run_dir": run_dir, "records": records,
     }
+
+
+def status_of(code: int) -> str:
+    """A run's status in summary.csv and the table: ok, diverged (lowband.errors.Diverged), or failed (code)."""
+    return "ok" if code == 0 else "diverged" if code == Diverged.exit_code else f"failed ({code})"
 
 
 def time_to(records: list[dict], key: str, target: float) -> float | None:

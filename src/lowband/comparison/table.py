@@ -105,7 +105,9 @@ def reference(runs: list[dict], target: float | None) -> tuple[float | None, str
     key = metric_of(runs).val_key
     ref = next((g for g in groups(runs).values() if g[0]["method"] == REFERENCE and final(g, key)), None)
     if ref is None:
-        return None, "none (no Allreduce run and no target given)"
+        ran = [r for r in runs if r["method"] == REFERENCE]
+        return None, ("none (the Allreduce runs diverged or failed)" if ran else
+                      "none (no Allreduce run and no target given)")
     stat = final(ref, key)
     assert stat is not None  # ref was chosen for having one
     seeds = f" over {stat.n} seeds" if stat.n > 1 else ""
@@ -113,14 +115,13 @@ def reference(runs: list[dict], target: float | None) -> tuple[float | None, str
 
 
 def row(label: str, runs: list[dict], target: float | None) -> dict:
-    ok = [r for r in runs if r["status"] == "ok"]
     metric = metric_of(runs)
     val, hit = final(runs, metric.val_key), hit_epoch(runs, target)
     last = [r["records"][-1] for r in runs if r["records"]]
     gap = None if val is None or target is None else val.mean - target
     return {
         "label": label, "method": runs[0]["method"], "workers": runs[0]["workers"], "seeds": len(runs),
-        "status": "ok" if len(ok) == len(runs) else f"{len(runs) - len(ok)} of {len(runs)} failed",
+        "status": status(runs),
         "metric": metric, "val": val, "test": final(runs, metric.test_key), "target": target,
         "val_acc": final(runs, "val_acc"), "test_acc": final(runs, "test_acc"), "val_acc_L": final(runs, "val_acc_L"),
         "gap": gap, "within_noise": val is not None and gap is not None and val.sd is not None and abs(gap) < val.sd,
@@ -135,6 +136,14 @@ def row(label: str, runs: list[dict], target: float | None) -> dict:
         "dedicated_to_target": None if hit is None else dedicated_at(runs, hit),
         "speedup": None,
     }
+
+
+def status(runs: list[dict]) -> str:
+    """'ok', or how many of the seeds diverged and how many failed otherwise ('1 of 3 diverged')."""
+    diverged = sum(r["status"] == "diverged" for r in runs)
+    failed = sum(r["status"] not in ("ok", "diverged") for r in runs)
+    parts = [f"{n} of {len(runs)} {word}" for n, word in ((diverged, "diverged"), (failed, "failed")) if n]
+    return "; ".join(parts) or "ok"
 
 
 def dedicated_at(runs: list[dict], epoch: int) -> float | None:

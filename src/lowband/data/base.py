@@ -12,6 +12,7 @@ import torch
 from safetensors.torch import load_file, save_file
 
 from lowband.config import DataConfig
+from lowband.errors import ConfigError
 from lowband.registry import DATASETS
 
 
@@ -57,7 +58,31 @@ def load_dataset(cfg: DataConfig) -> TensorData:
     already cut into contiguous train / validation / test blocks."""
     if cfg.is_text:
         return read_dataset(cfg)
-    return hold_out(read_dataset(cfg), cfg.val_fraction, cfg.val_seed)
+    return hold_out(check_values(read_dataset(cfg), cfg.name), cfg.val_fraction, cfg.val_seed)
+
+
+def check_values(data: TensorData, name: str) -> TensorData:
+    """Refuse data that cannot train: a non-finite feature, a label outside 0..C-1, a class with no
+    training sample. One line naming the array and the first bad index (ConfigError on data.name)."""
+    for key in ("x_train", "x_test"):
+        x = getattr(data, key)
+        if x.is_floating_point():
+            bad = (~torch.isfinite(x.reshape(len(x), -1))).any(1).nonzero()
+            if len(bad):
+                raise ConfigError("data.name", name, f"{key}[{int(bad[0])}] holds a non-finite value (NaN or inf); "
+                                                     "clean or drop that sample")
+    classes = data.num_classes
+    for key in ("y_train", "y_test"):
+        y = getattr(data, key)
+        bad = ((y < 0) | (y >= classes)).nonzero()
+        if len(bad):
+            raise ConfigError("data.name", name, f"{key}[{int(bad[0])}] = {int(y[bad[0]])} is not a class in "
+                                                 f"0..{classes - 1}")
+    missing = sorted(set(range(classes)) - set(data.y_train.unique().tolist()))
+    if missing:
+        raise ConfigError("data.name", name, f"class {missing[0]} has no training sample ({len(missing)} of {classes} "
+                                             "classes have none); drop it or add samples")
+    return data
 
 
 def hold_out(data: TensorData, fraction: float, seed: int) -> TensorData:

@@ -72,7 +72,7 @@ def _restarting(entry, args, world, rendezvous_dir, threads, keep_going, net, ma
     attempt = 0
     while True:
         code = _run(entry, args if attempt == 0 else restart_args, world, rendezvous_dir, threads, keep_going, net)
-        if code in (0, 2, 130) or attempt >= max_restarts or restart_args is None:
+        if code in (0, 2, 4, 130) or attempt >= max_restarts or restart_args is None:  # a restart cannot mend these
             return code
         attempt += 1
         print(f"lowband: restarting all {world} worker(s) from the latest checkpoint "
@@ -105,7 +105,7 @@ def supervise(procs: list[subprocess.Popen], poll_s: float = 0.05, keep_going: b
     while True:
         codes = [p.poll() for p in procs]
         failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
-        if keep_going and failed and any(c in (None, 0) for c in codes) and 2 not in codes:
+        if keep_going and failed and any(c in (None, 0) for c in codes) and not {2, 4} & set(codes):
             for rank, code in failed:
                 if rank not in reported:
                     reported.add(rank)
@@ -120,7 +120,7 @@ def supervise(procs: list[subprocess.Popen], poll_s: float = 0.05, keep_going: b
             rank, code = failed[0]
             others = sum(c is None for c in codes)
             stop(procs)
-            if code != 2:  # exit 2 is a usage error the worker has already explained
+            if code not in (2, 4):  # a usage error the worker explained; a divergence the launcher's caller explains
                 print(f"lowband: worker {rank} (pid {procs[rank].pid}) {_describe(code or 0)}; "
                       f"stopped the other {others} running worker(s)", file=sys.stderr)
             return _exit_code(code)
@@ -164,7 +164,7 @@ def _remove(path: str) -> None:
 
 def worker_main(argv: list[str]) -> int:
     """Body of a worker process: call MODULE:FUNCTION(*ARGS), mapping failures to exit codes."""
-    from lowband.errors import Unavailable, UsageError
+    from lowband.errors import Diverged, Unavailable, UsageError
 
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     module, _, func = argv[0].partition(":")
@@ -173,6 +173,8 @@ def worker_main(argv: list[str]) -> int:
         return 0
     except (UsageError, Unavailable) as e:  # the launcher checks the config first, so this is rank-specific
         print(f"lowband: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except Diverged as e:  # several ranks may diverge at once: the run's starter says it once (session.py)
         return e.exit_code
     except KeyboardInterrupt:
         return 130

@@ -80,6 +80,20 @@ class RunDir:
             f.write(text)
         os.replace(tmp, path)
 
+    def divergences(self) -> list[tuple[str, str]]:
+        """(path, first line) of each diverged.rank{R}.txt a worker left (lowband.errors.Diverged)."""
+        out = []
+        for name in sorted(os.listdir(self.path)) if os.path.isdir(self.path) else []:
+            if name.startswith("diverged.rank") and name.endswith(".txt"):
+                with open(self.file(name)) as f:
+                    out.append((self.file(name), f.readline().strip()))
+        return out
+
+    def clear_divergences(self) -> None:
+        """Remove the diverged.rank{R}.txt files of an earlier attempt (a resume starts afresh)."""
+        for path, _ in self.divergences():
+            os.remove(path)
+
     def read_config_dict(self) -> dict[str, Any]:
         from lowband.config import read_toml
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 import shutil
 import sys
 import time
@@ -18,7 +19,7 @@ import torch
 from lowband import config as C
 from lowband.comm import Communicator, launched_by_torchrun
 from lowband.data.metric import task_of
-from lowband.errors import ConfigError, UsageError
+from lowband.errors import ConfigError, Diverged, UsageError
 from lowband.registry import METHODS
 from lowband.registry.catalog import load_all
 from lowband.run import checkpoint, launch, loggers
@@ -111,11 +112,12 @@ def write_config(cfg: C.Config, run_dir: str) -> None:
     RunDir(run_dir).write_text("config.toml", C.to_toml(cfg))
 
 
-def read_run_config(run_dir: str) -> C.Config:
+def read_run_config(run_dir: str, asked_by: str = "--resume") -> C.Config:
+    """A run's config.toml; `asked_by` names the option or argument that gave `run_dir`, for the error."""
     run = RunDir(run_dir)
     if not run.is_run():
-        raise ConfigError("--resume", run_dir, "not a run directory (no config.toml)")
-    return C.from_dict(C.read_toml(run.config_path, "--resume"), method_configs())
+        raise ConfigError(asked_by, run_dir, "not a run directory (no config.toml)")
+    return C.from_dict(C.read_toml(run.config_path, asked_by), method_configs())
 
 
 def check_plan(cfg: C.Config) -> None:
@@ -158,9 +160,23 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
                           run_dir, cfg.train.threads, keep_going=method.independent_models,
                           netns=netns, max_restarts=cfg.train.max_restarts, restart_args=[run_dir, "1"],
                           sites=sites, intra=cfg.link.intra_spec)
-    if method.independent_models and code not in (2, 130):
+    if code == Diverged.exit_code:
+        print(f"lowband: error: {first_divergence(run_dir)}", file=sys.stderr)
+    elif method.independent_models and code not in (2, 130):
         code = salvage(run_dir, world_size(cfg), code)
     return code, run_dir
+
+
+def first_divergence(run_dir: str) -> str:
+    """The diverged workers' first line, the earliest step first, with where the full trace is."""
+    notes = RunDir(run_dir).divergences()
+    if not notes:
+        return f"training diverged; see {run_dir}"
+    def when(note: tuple[str, str]) -> tuple[int, ...]:
+        return tuple(int(n) for n in re.findall(r"(?:epoch|step) (\d+)", note[1])) or (0,)
+
+    path, line = min(notes, key=when)
+    return f"{line} (full trace: {path}; records up to the last good epoch kept in {run_dir})"
 
 
 def _settle_resume(cfg: C.Config, run_dir: str, old_world: int | None, note: str | None = None) -> None:
@@ -168,6 +184,7 @@ def _settle_resume(cfg: C.Config, run_dir: str, old_world: int | None, note: str
     then record the config the resume runs with."""
     if note:
         print(f"lowband: {note}", file=sys.stderr)
+    RunDir(run_dir).clear_divergences()
     if old_world is not None and old_world != world_size(cfg):
         change_world(run_dir, old_world, world_size(cfg))
     write_config(cfg, run_dir)
@@ -204,7 +221,12 @@ def salvage(run_dir: str, world: int, code: int) -> int:
 def train_worker(run_dir: str, resume: str = "0") -> None:
     """Entry point of a locally launched worker."""
     cfg = read_run_config(run_dir)
-    _run(cfg, run_dir, resume == "1", _join(cfg))
+    try:
+        _run(cfg, run_dir, resume == "1", _join(cfg))
+    except Exception:
+        if RunDir(run_dir).divergences():  # a peer diverged and left mid-exchange: this failure follows from it
+            raise SystemExit(Diverged.exit_code) from None
+        raise
 
 
 def _join(cfg: C.Config) -> Communicator:

@@ -7,8 +7,10 @@ epoch reporter (reporter.py), which owns the metrics records.
 
 from __future__ import annotations
 
+import math
 import os
 import time
+import traceback
 from dataclasses import dataclass
 
 import torch
@@ -18,6 +20,7 @@ from lowband.comm import BOOKKEEPING_TAGS, Communicator
 from lowband.config import Config, to_dict
 from lowband.data import Batches, TensorData, load_dataset, partition, steps_per_epoch
 from lowband.data.metric import metric_for
+from lowband.errors import Diverged
 from lowband.methods.base import Context, Method
 from lowband.models import build_for_task
 from lowband.registry import METHODS
@@ -141,6 +144,13 @@ class Trainer:
 
     # ---- the loop ----------------------------------------------------------------------------
     def fit(self, resume: bool = False) -> None:
+        try:
+            self._fit(resume)
+        except Diverged as e:
+            self.run.write_text(f"diverged.rank{self.rank}.txt", f"{e}\n\n{traceback.format_exc()}")
+            raise
+
+    def _fit(self, resume: bool) -> None:
         if resume:
             self._resume()
         if self.epoch == 0 and self.rank == 0:
@@ -156,6 +166,8 @@ class Trainer:
     def train_step(self, batch) -> float:
         loss = train_step(self.model, self.method, self.optimizer, batch, self.step)
         self.step += 1
+        if not math.isfinite(loss):  # this rank alone knows: it stops, and the launcher stops the others
+            raise Diverged(self.epoch + 1, self.step, self.rank, loss, self.optimizer.param_groups[0]["lr"])
         return loss
 
     def _should_stop(self) -> bool:
