@@ -118,7 +118,8 @@ def parser() -> argparse.ArgumentParser:
                         "takes old rank r %% K's model and optimizer, byte counts carry over, the old "
                         "checkpoints are kept in RUN_DIR/checkpoints/world-K/ (data-parallel methods only)")
     t.add_argument("--target-from", metavar="RUN_DIR",
-                   help="set train.target_accuracy to that run's final test accuracy (e.g. an allreduce run)")
+                   help="set train.target_accuracy to that run's final test accuracy (e.g. an allreduce run); for a "
+                        "language model, train.target_bpb to its final test bits per byte")
     c = sub.add_parser("compare", help="train several methods on the same data and seeds; table and report",
                        epilog=COMPARE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("--suite", help="a built-in suite: " + ", ".join(suite_names()) + " (`lowband list` says what each runs)")
@@ -227,13 +228,21 @@ def overrides(args) -> dict:
         if value is not None:
             raw = C.merge(raw, C.nest(key.split("."), value))
     if getattr(args, "target_from", None):
-        raw = C.merge(raw, {"train": {"target_accuracy": final_accuracy(args.target_from)}})
+        raw = C.merge(raw, {"train": target_from(args.target_from)})
     if getattr(args, "loggers", None):
         raw = C.merge(raw, {"train": {"loggers": list(args.loggers)}})
     for item in args.sets:
         path, value = C.parse_set(item)
         raw = C.merge(raw, C.nest(path, value))
     return raw
+
+
+def target_from(run_dir: str) -> dict:
+    """{target_bpb: the run's final test bits per byte} for a language model's run, else {target_accuracy: ...}."""
+    from lowband.run.metrics import read_metrics
+
+    bpb = [r["test_bpb"] for r in read_metrics(run_dir) if r.get("test_bpb") is not None]
+    return {"target_bpb": bpb[-1]} if bpb else {"target_accuracy": final_accuracy(run_dir)}
 
 
 def final_accuracy(run_dir: str) -> float:

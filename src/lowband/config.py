@@ -48,14 +48,17 @@ class TrainConfig:
     timeout_s: float = opt(300.0, "process-group timeout: a collective waiting longer fails")
     threads: int = opt(1, "torch threads per worker process")
     target_accuracy: float = opt(0.0, "report the first epoch whose validation accuracy reaches this (0: none)")
-    stop_at_target: bool = opt(False, "stop training at the first epoch that reaches target_accuracy")
+    target_bpb: float = opt(0.0, "language models: report the first epoch whose validation bits per byte is within "
+                                 "1% of this (0: none)")
+    stop_at_target: bool = opt(False, "stop training at the first epoch that reaches target_accuracy (target_bpb)")
     loggers: list = opt([], "experiment loggers mirroring every epoch's figures: tensorboard, wandb "
                             "(offline unless WANDB_MODE is set) or package.module:factory")
 
     def __post_init__(self):
         require(0 <= self.target_accuracy <= 1, "train.target_accuracy", self.target_accuracy, "must be in [0, 1]")
-        require(not self.stop_at_target or self.target_accuracy > 0, "train.stop_at_target", self.stop_at_target,
-                "needs train.target_accuracy > 0 (or --target-from RUN_DIR)")
+        require(self.target_bpb >= 0, "train.target_bpb", self.target_bpb, "must be >= 0 (0: none)")
+        require(not self.stop_at_target or self.target_accuracy > 0 or self.target_bpb > 0, "train.stop_at_target",
+                self.stop_at_target, "needs train.target_accuracy > 0, train.target_bpb > 0 or --target-from RUN_DIR")
         for name in ("workers", "epochs", "batch_size", "eval_every", "eval_batch_size", "threads"):
             require(getattr(self, name) >= 1, f"train.{name}", getattr(self, name), "must be >= 1")
         require(self.checkpoint_every >= 0, "train.checkpoint_every", self.checkpoint_every,
@@ -226,6 +229,14 @@ class Config:
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     link: LinkConfig = dataclasses.field(default_factory=LinkConfig)
+
+    def __post_init__(self):
+        """A target in the workload's own metric: accuracy for a classifier, bits per byte for text."""
+        text = self.data.is_text
+        require(not (text and self.train.target_accuracy), "train.target_accuracy", self.train.target_accuracy,
+                f"{self.data.name} trains a language model, judged in bits per byte: set train.target_bpb instead")
+        require(not (not text and self.train.target_bpb), "train.target_bpb", self.train.target_bpb,
+                f"{self.data.name} is classified, judged by accuracy: set train.target_accuracy instead")
 
 
 SECTIONS = {"train": TrainConfig, "data": DataConfig, "model": ModelConfig, "optim": OptimConfig, "link": LinkConfig}

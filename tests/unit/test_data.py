@@ -38,8 +38,10 @@ def test_cifar100_uses_fine_labels(tmp_path):
         with open(tmp_path / name, "wb") as f:
             pickle.dump({b"data": rng.integers(0, 256, (n, 3072), dtype=np.uint8),
                          b"fine_labels": [99] * n, b"coarse_labels": [1] * n}, f)
-    d = load_dataset(DataConfig(name="cifar100", root=str(tmp_path)))
+    d = read_dataset(DataConfig(name="cifar100", root=str(tmp_path)))  # the reader alone: 99 classes have no sample
     assert d.num_classes == 100 and set(d.y_train.tolist()) == {99}
+    with pytest.raises(ConfigError, match="class 0 has no training sample"):  # which training refuses
+        load_dataset(DataConfig(name="cifar100", root=str(tmp_path)))
 
 
 def test_a_data_file_that_would_run_code_is_refused(tmp_path):

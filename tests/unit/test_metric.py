@@ -100,3 +100,14 @@ def test_calibration_is_measured_once_per_setting_and_kept(tmp_path, monkeypatch
     other = C.from_dict({**C.to_dict(cfg), "train": {"batch_size": 4}}, method_configs())
     assert calibrate.step_seconds(other, str(tmp_path)) == 0.25 and len(calls) == 2  # another batch: measured
     assert len(calibrate.read(str(tmp_path / "calibration.json"))) == 2
+
+
+def test_a_target_is_set_in_the_workloads_own_metric(capsys):
+    from lowband.cli import main
+
+    assert main(["train", "--dataset", "text", "--model", "gpt", "--set", "train.target_accuracy=0.5"]) == 2
+    assert "set train.target_bpb instead" in capsys.readouterr().err
+    assert main(["train", "--set", "train.target_bpb=2.0"]) == 2
+    assert "set train.target_accuracy instead" in capsys.readouterr().err
+    assert main(["train", "--set", "train.stop_at_target=true"]) == 2
+    assert "needs train.target_accuracy > 0, train.target_bpb > 0" in capsys.readouterr().err

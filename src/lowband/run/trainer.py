@@ -19,7 +19,7 @@ import torch.nn.functional as F
 from lowband.comm import BOOKKEEPING_TAGS, Communicator
 from lowband.config import Config, to_dict
 from lowband.data import Batches, TensorData, load_dataset, partition, steps_per_epoch
-from lowband.data.metric import metric_for
+from lowband.data.metric import BITS_PER_BYTE, metric_for
 from lowband.errors import Diverged
 from lowband.methods.base import Context, Method
 from lowband.models import build_for_task
@@ -134,8 +134,9 @@ class Trainer:
         self.warmup = self.method.default_warmup_epochs() if warm == "auto" else float(warm)
         # ranks that train one model together report together; separate models report alone
         self.scope = comm.alone() if method_cls.independent_models else comm
+        self.metric = metric_for(cfg.data.name)
         self.reporter = EpochReporter(self.scope, self.run, self.log, cfg.train.epochs, cfg.train.loggers,
-                                      to_dict(cfg), metric_for(cfg.data.name))
+                                      to_dict(cfg), self.metric)
         self.reached_target: int | None = None
         self.final_global: torch.nn.Module | None = None  # the global model of the latest evaluated epoch
         self.best_local_rank = 0
@@ -158,8 +159,7 @@ class Trainer:
         for epoch in range(self.epoch + 1, self.cfg.train.epochs + 1):
             self._run_epoch(epoch)
             if self._should_stop():
-                self.log.info(f"stopping at epoch {epoch}: validation accuracy reached "
-                              f"{self.cfg.train.target_accuracy}")
+                self.log.info(f"stopping at epoch {epoch}: validation {self.metric.name} reached {self._target()}")
                 break
         self._save_final()
 
@@ -269,12 +269,16 @@ class Trainer:
                 "time": {**{k: round(v, 4) for k, v in times.items()}, "train_s": round(self.train_s, 4),
                          "elapsed_s": round(self.elapsed, 4)}}
 
+    def _target(self) -> float:
+        """train.target_accuracy, or train.target_bpb for a language model (0: none)."""
+        return self.cfg.train.target_bpb if self.metric is BITS_PER_BYTE else self.cfg.train.target_accuracy
+
     def _check_target(self, epoch: int, record: dict) -> None:
-        """The first epoch whose validation accuracy reaches train.target_accuracy (never the test set)."""
-        target, acc = self.cfg.train.target_accuracy, record["val_acc"]
-        if target and self.reached_target is None and acc is not None and acc >= target:
+        """The first epoch whose validation figure reaches the target in the workload's metric (never the test set)."""
+        target, value = self._target(), record.get(self.metric.val_key)
+        if target and self.reached_target is None and self.metric.reaches(value, target):
             self.reached_target = epoch
-            self.log.info(f"epoch {epoch}: validation accuracy {acc:.4f} reached the target {target}")
+            self.log.info(f"epoch {epoch}: validation {self.metric.name} {value:.4f} reached the target {target}")
 
     def _save_final(self) -> None:
         """The scope's final model (the global one if the method has one, else this rank's); model_L too."""
