@@ -41,6 +41,8 @@ class Run:
     bytes_sent_per_worker: float  # training traffic, mean over workers, whole run
     epochs: int
     records: list[dict] = field(repr=False, default_factory=list)
+    val_bpb: float | None = None  # a language model's final validation bits per byte (None: a classifier)
+    test_bpb: float | None = None
 
     @classmethod
     def from_dir(cls, run_dir: str) -> Run:
@@ -53,7 +55,8 @@ class Run:
         done = [r for r in records if r.get("test_acc") is not None]
         end, last = (done[-1] if done else {}), (records[-1] if records else {})
         return cls(run_dir, cfg.method.name, end.get("val_acc"), end.get("test_acc"),
-                   last.get("bytes_sent_per_worker", 0.0), last.get("epoch", 0), records)
+                   last.get("bytes_sent_per_worker", 0.0), last.get("epoch", 0), records,
+                   end.get("val_bpb"), end.get("test_bpb"))
 
     @property
     def config(self) -> C.Config:

@@ -30,7 +30,9 @@ def test_the_recorded_bits_per_byte_are_the_final_models_own(tmp_path):
     last = read_metrics(str(run))[-1]
     assert last["corpus_bytes"] == 20000 and len(last["corpus_sha256"]) == 64
     model = lowband.load_model(str(run))
-    data = load_dataset(lowband.Run.from_dir(str(run)).config.data)
+    result = lowband.Run.from_dir(str(run))
+    assert result.val_bpb == last["val_bpb"] and result.test_bpb == last["test_bpb"]
+    data = load_dataset(result.config.data)
     with torch.no_grad():
         logits = model(data.x_val).double().numpy()
     # cross-entropy in NumPy: log-sum-exp minus the target's logit, every position, in bits
