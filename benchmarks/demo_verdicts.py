@@ -15,7 +15,6 @@ import sys
 import tempfile
 
 from common import commit
-
 from lowband.comparison import report, table
 
 
