@@ -306,3 +306,53 @@ def diloco_trace(out_dir: str, steps: str, options: str) -> None:
                 "stats": before_final, "stats_final": comm.snapshot(),
                 "state": method.state_dict()}, os.path.join(out_dir, f"rank{comm.rank}.pt"))
     close(comm)
+
+
+def codistill_server_trace(out_dir: str, steps: str, interval: str, method: str, codec: str, topk: str,
+                           crash_at: str = "0") -> None:
+    """Codistillation (or AFSD) through prediction servers, in lockstep (wait_s > 0); records per step the
+    model before the step, the distillation term (None without one) and the answers' versions. With
+    crash_at = v > 0, rank 0's server stops at exchange v instead of taking its model (a crash); it
+    starts again at the next exchange."""
+    import types
+
+    from lowband.methods.afsd import AFSD, AFSDConfig
+    from lowband.methods.codistill import Codistill, CodistillConfig
+
+    torch.set_num_threads(1)
+    steps, interval, crash_at = int(steps), int(interval), int(crash_at)
+    comm = Communicator.from_env(torch.device("cpu"), "gloo", timeout_s=60)
+    cls, config = (AFSD, AFSDConfig) if method == "afsd" else (Codistill, CodistillConfig)
+    mcfg = config(interval=interval, wait_s=20.0, exchange="server", codec=codec, answer_topk=int(topk),
+                  server_timeout_s=20.0)
+    data = types.SimpleNamespace(in_shape=IN_SHAPE, num_classes=CLASSES, task="classify")
+    ctx = Context(Config(method=mcfg, train=TrainConfig(epochs=1)), comm, torch.device("cpu"), logging.getLogger("t"),
+                  out_dir, steps, data=data)  # type: ignore[arg-type]
+    torch.manual_seed(comm.rank)
+    codistill = cls(mcfg, ctx)
+    model = codistill.setup(build_model(ModelConfig(name="cnn1d"), IN_SHAPE, CLASSES))
+    publish = codistill.peers.publish
+    if comm.rank == 0 and crash_at:
+        def crashing(step, model):
+            if step == crash_at:
+                codistill.peers.server.close()
+            else:
+                publish(step, model)
+        codistill.peers.publish = crashing
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    xs, ys = fixed_batches(steps, 8 * comm.world)
+    before, terms, versions = [], [], []
+    for s in range(steps):
+        before.append(flat_state(codistill.local_model()).clone())
+        codistill.sums.pop("distill_loss", None)
+        train_step(model, codistill, opt, rank_batch(xs, ys, s, comm.rank, 8), s)
+        terms.append(codistill.sums.get("distill_loss"))
+        versions.append(dict(codistill.peers.versions))
+    figures = codistill.end_epoch(1)
+    comm.barrier()  # every replica has asked its last question before the servers stop
+    codistill.peers.settle()  # count what the server answered since the last step
+    codistill.close()
+    torch.save({"before": torch.stack(before), "after": flat_state(codistill.local_model()).clone(), "terms": terms,
+                "versions": versions, "stats": comm.snapshot(), "metrics": figures},
+               os.path.join(out_dir, f"rank{comm.rank}.pt"))
+    comm.close()

@@ -15,12 +15,13 @@ from tests.conftest import ROOT, children, small
 from tests.faults.test_processes import rank_of, wait_for
 
 
-def kill_codistill_rank(tmp_path, rank: int, epochs: int) -> tuple[str, subprocess.Popen, str, str]:
+def kill_codistill_rank(tmp_path, rank: int, epochs: int, exchange: str = "store") -> tuple[str, subprocess.Popen, str, str]:
     """A 3-worker codistillation run whose rank `rank` is killed after its first checkpoint, run to its end:
     (run dir, the launcher, its stdout, its stderr)."""
     run = str(tmp_path / "run")
     args = ["train", "--method", "codistill", "--workers", "3", "--epochs", str(epochs), "--run-dir", run,
-            *small(tmp_path), "--samples", "2000", "--batch-size", "8", "--set", "method.interval=20"]
+            *small(tmp_path), "--samples", "2000", "--batch-size", "8", "--set", "method.interval=20",
+            "--set", f"method.exchange={exchange}"]
     proc = subprocess.Popen([sys.executable, "-m", "lowband", *args], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     wait_for(lambda: checkpoint.epochs_saved(run, rank) or proc.poll() is not None, 120, f"rank {rank}'s first checkpoint")

@@ -27,6 +27,11 @@ def factories(tmp_path, monkeypatch):
     monkeypatch.syspath_prepend(str(tmp_path))
 
 
+def SET(*options: str) -> list[str]:
+    """`--set method.OPTION` for each option."""
+    return [arg for option in options for arg in ("--set", f"method.{option}")]
+
+
 CASES = {
     "method-name-list": (["--set", "method.name=[1]"], "method.name"),
     "method-name-table": (["--set", "method.name={a=1}"], "method.name"),
@@ -55,6 +60,20 @@ CASES = {
     "kwargs-rejected": (["--model", "badfactories:raises", "--set", "model.kwargs.width=3"], "model.kwargs"),
     "kwargs-builtin-model": (["--set", "model.kwargs.width=3"], "model.kwargs"),
     "kwargs-not-a-table": (["--model", "badfactories:raises", "--set", "model.kwargs=3"], "model.kwargs"),
+    "exchange-unknown": (["--method", "codistill", *SET("exchange=pigeon")], "method.exchange"),
+    "server-without-peers": (["--method", "codistill", *SET("exchange=server", "group_size=2"), "--workers", "2"],
+                             "method.group_size"),
+    "server-groups-do-not-divide": (["--method", "afsd", *SET("exchange=server", "group_size=2"), "--workers", "3"],
+                                    "method.group_size"),
+    "topk-with-store": (["--method", "codistill", *SET("answer_topk=4"), "--workers", "2"], "method.answer_topk"),
+    "topk-of-features": (["--method", "afsd", *SET("exchange=server", "answer_topk=4"), "--workers", "2"],
+                         "method.answer_topk"),
+    "topk-negative": (["--method", "codistill", *SET("exchange=server", "answer_topk=-1"), "--workers", "2"],
+                      "method.answer_topk"),
+    "server-with-a-store": (["--method", "codistill", *SET("exchange=server", "store=/tmp/x"), "--workers", "2"],
+                            "method.store"),
+    "server-timeout-zero": (["--method", "codistill", *SET("exchange=server", "server_timeout_s=0"), "--workers", "2"],
+                            "method.server_timeout_s"),
 }
 
 

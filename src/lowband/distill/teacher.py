@@ -86,11 +86,10 @@ class TeacherServer:
                 got = wire.recv(conn, self.limits, self.idle_timeout_s, self.read_timeout_s)
                 if got is None:
                     return
-                frame, _ = got
-                if frame.kind != "infer" or len(frame.tensors) != 1:
-                    raise RequestError(f"expected one 'infer' tensor, got {frame.kind!r} with {len(frame.tensors)}")
-                wire.send(conn, wire.encode("logits", frame.id, [self.infer(frame.tensors[0])]))
+                reply = self.answer(*got)
+                wire.send(conn, reply)
                 self.served += 1
+                self.answered(got[0], got[1], len(reply))
         except (wire.WireError, RequestError, PermissionError, TimeoutError) as e:
             self.rejected += 1
             log.warning(f"rejected a request and closed its connection: {e}")
@@ -114,8 +113,22 @@ class TeacherServer:
         wire.send(conn, wire.encode("ready", meta={"in_shape": list(self.in_shape), "classes": self.num_classes,
                                                    "model": self.name, "max_batch": self.max_batch}))
 
-    @torch.no_grad()
+    def answer(self, frame: wire.Frame, size: int) -> bytes:
+        """The reply to one request frame of `size` bytes (the hello excepted)."""
+        if frame.kind != "infer" or len(frame.tensors) != 1:
+            raise RequestError(f"expected one 'infer' tensor, got {frame.kind!r} with {len(frame.tensors)}")
+        return wire.encode("logits", frame.id, [self.infer(frame.tensors[0])])
+
+    def answered(self, frame: wire.Frame, request_bytes: int, reply_bytes: int) -> None:
+        """Called after each reply has been sent (a hook for servers that count their bytes)."""
+
     def infer(self, x: torch.Tensor) -> torch.Tensor:
+        self.check(x)
+        with self._lock:
+            return self.forward(x)
+
+    def check(self, x: torch.Tensor) -> None:
+        """Raise RequestError unless `x` is a batch this model reads."""
         kind = "an int64" if self.tokens else "a float"
         right_kind = (x.dtype == torch.int64) if self.tokens else x.is_floating_point()
         if not right_kind or tuple(x.shape[1:]) != self.in_shape or not 0 < len(x) <= self.max_batch:
@@ -123,11 +136,14 @@ class TeacherServer:
                                f"1 <= n <= {self.max_batch}; got {x.dtype} {tuple(x.shape)}")
         if self.tokens and (x.min() < 0 or x.max() >= self.num_classes):
             raise RequestError(f"token ids must lie in 0..{self.num_classes - 1}")
-        with self._lock:
-            start = time.monotonic()
-            out = self.model(x.to(self.device) if self.tokens else x.to(self.device, torch.float32)).float().cpu()
-            self.samples += len(x)
-            self._throttle(len(x), start)
+
+    @torch.no_grad()
+    def forward(self, x: torch.Tensor, model: nn.Module | None = None) -> torch.Tensor:
+        """The output of `model` (default: the served one) on a checked batch (the caller holds the lock)."""
+        start, model = time.monotonic(), model or self.model
+        out = model(x.to(self.device) if self.tokens else x.to(self.device, torch.float32)).float().cpu()
+        self.samples += len(x)
+        self._throttle(len(x), start)
         return out
 
     def _throttle(self, n: int, start: float) -> None:
@@ -149,6 +165,10 @@ class TeacherServer:
             n += batch
         rate = n / (time.perf_counter() - t0)
         return min(rate, self.max_rate) if self.max_rate > 0 else rate
+
+    @property
+    def closed(self) -> bool:
+        return self._closed
 
     def close(self) -> None:
         self._closed = True

@@ -6,6 +6,9 @@ allreduce gradients among themselves. Every N steps each model's first rank publ
 checkpoint to the store (comm/store.py, tag "ckpt") and every rank loads the newest checkpoint
 of each other model; those stale copies are its teachers until the next exchange. After a
 burn-in of B steps the loss is CE(y, f_i(x)) + alpha * CE(mean_j softmax(f_j(x) / T), f_i(x)) T^2.
+With `exchange = "server"` (the papers' other exchange) models never travel: each model's first rank
+serves its model as of the last exchange, and every step each rank sends its batch's inputs to the
+peers' servers and reads back their logits (distill/peer_answers.py, distill/predictions.py).
 Models never meet in a collective, so one that dies or falls behind does not stop the others:
 they keep its last good checkpoint and say so. Data: `same` (every model sees all data, in its
 own order) or `partitioned` (disjoint shards); a model's shard is split over its g ranks.
@@ -24,6 +27,7 @@ import torch
 from lowband.comm.store import CheckpointStore, check_architecture
 from lowband.config import MethodConfig, opt
 from lowband.distill.losses import codistill_loss
+from lowband.distill.peer_answers import PeerAnswers
 from lowband.errors import ConfigError, require
 from lowband.methods.base import Method
 from lowband.registry import METHODS
@@ -33,16 +37,28 @@ from lowband.registry import METHODS
 class CodistillConfig(MethodConfig):
     name: str = opt("codistill", "training method")
     group_size: int = opt(1, "g: ranks per model, which allreduce among themselves (m = K / g models)")
-    interval: int = opt(50, "N: steps between checkpoint exchanges")
+    interval: int = opt(50, "N: steps between exchanges (checkpoints written and read, or the servers' models refreshed)")
     alpha: float = opt(1.0, "weight of the distillation term")
     burn_in: int = opt(0, "B: steps of plain training before distillation starts")
     data: Literal["same", "partitioned"] = opt("same", "same: every model sees all data; partitioned: disjoint shards")
     store: str = opt("", "checkpoint store: a directory or fsspec URL (default RUN_DIR/exchange)")
     temperature: float = opt(1.0, "distillation temperature T")
-    wait_s: float = opt(0.0, "at an exchange, wait this long for peers' checkpoints of the same step (0: take the newest)")
-    codec: Literal["fp32", "fp16", "bf16", "int8"] = opt("fp32", "precision of the checkpoints written to the "
-                                                                  "store (fp16/bf16: half the bytes, int8 about a "
-                                                                  "quarter; read back as float32)")
+    wait_s: float = opt(0.0, "lockstep: wait this long for peers' checkpoints (or answers) of the same "
+                                    "step (0: take the newest)")
+    codec: Literal["fp32", "fp16", "bf16", "int8"] = opt("fp32", "precision of what is exchanged: the checkpoints "
+                                                                  "written to the store, or the server's answers "
+                                                                  "(fp16/bf16: half the bytes, int8 about a quarter; "
+                                                                  "read back as float32)")
+    exchange: Literal["store", "server"] = opt("store", "store: every N steps each model writes its checkpoint and "
+                                                        "every rank loads its peers'; server: each model serves its "
+                                                        "model and every rank asks the peers' servers for their "
+                                                        "outputs on each batch")
+    answer_topk: int = opt(0, "exchange=server, codistill: the server sends each row's k largest logits only "
+                              "(0: all; the rest read as probability 0)")
+    server_host: str = opt("127.0.0.1", "exchange=server: the interface the prediction servers bind (0.0.0.0 for "
+                                        "workers on several machines)")
+    server_timeout_s: float = opt(30.0, "exchange=server: a peer that does not answer within this many seconds is "
+                                        "skipped (training goes on without its term) until the next exchange")
 
     def __post_init__(self):
         require(self.group_size >= 1, "method.group_size", self.group_size, "must be an integer >= 1")
@@ -51,6 +67,12 @@ class CodistillConfig(MethodConfig):
         require(self.burn_in >= 0, "method.burn_in", self.burn_in, "must be >= 0")
         require(self.temperature > 0, "method.temperature", self.temperature, "must be > 0")
         require(self.wait_s >= 0, "method.wait_s", self.wait_s, "must be >= 0")
+        require(self.answer_topk >= 0, "method.answer_topk", self.answer_topk, "must be an integer >= 0")
+        require(self.server_timeout_s > 0, "method.server_timeout_s", self.server_timeout_s, "must be > 0")
+        require(self.answer_topk == 0 or self.exchange == "server", "method.answer_topk", self.answer_topk,
+                "applies to exchange=server only (the store sends whole checkpoints)")
+        require(not self.store or self.exchange == "store", "method.store", self.store,
+                "is the store's location; exchange=server uses no store (leave it empty)")
 
 
 class TappedModel(torch.nn.Module):
@@ -79,7 +101,7 @@ class Codistill(Method):
         g = cfg.group_size
         if world % g or world // g < 2:
             raise ConfigError("method.group_size", g, f"must divide the {world} workers into at least 2 models")
-        if cfg.store:
+        if cfg.store and cfg.exchange == "store":
             CheckpointStore(cfg.store)  # unreachable or read-only: fail before any worker starts
 
     @classmethod
@@ -104,13 +126,20 @@ class Codistill(Method):
         self.net = self.wrap(model)
         self.model = self.group.data_parallel(self.net, tag="grad") if g > 1 else self.net
         self._has_buffers = any(b.is_floating_point() for b in model.buffers())
-        url = self.cfg.store or self.ctx.run.file("exchange")
-        self.store = CheckpointStore(url, comm, self.ctx.log, dtype=self.cfg.codec)
+        self.peers: PeerAnswers | None = None
+        if self.cfg.exchange == "server":
+            self.peers = PeerAnswers(self.cfg, comm, self.groups(self.cfg, comm.world), self.local_model(),
+                                     self.ctx.data, self.answers_features, self.ctx.log)
+        else:
+            url = self.cfg.store or self.ctx.run.file("exchange")
+            self.store = CheckpointStore(url, comm, self.ctx.log, dtype=self.cfg.codec)
         self.teachers: dict[int, torch.nn.Module] = {}
         self.teacher_step: dict[int, int] = {}
         self.silent: set[int] = set()
         self.sums: dict[str, float] = {}
         return self.model
+
+    answers_features = False  # what a prediction server answers: logits (codistillation) or features (AFSD)
 
     def wrap(self, model):
         return model
@@ -121,16 +150,25 @@ class Codistill(Method):
     # ---- the loss --------------------------------------------------------------------------------
     def loss(self, batch, outputs, loss):
         self._add("ce", loss.item())
-        if not self.teachers or self.steps_done < self.cfg.burn_in:
+        started = self.teachers if self.peers is None else self.exchanged > 0  # both begin at the first exchange
+        if not started or self.steps_done < self.cfg.burn_in:
             return loss
         term = self.distill_term(batch.x, outputs)
+        if term is None:  # no peer's server answered
+            return loss
         self._add("distill_loss", term.item())
         return loss + self.cfg.alpha * term
 
     def distill_term(self, x, outputs):
+        peers = self.peer_outputs(x)
+        return codistill_loss(outputs, peers, self.cfg.temperature) if peers else None
+
+    def peer_outputs(self, x) -> list[torch.Tensor]:
+        """The peers' outputs on `x`: from their servers, or from their stored checkpoints run here."""
+        if self.peers is not None:
+            return self.peers.ask(x, self.exchanged if self.cfg.wait_s > 0 else 0)
         with torch.no_grad():
-            peers = [t(x) for t in self.teachers.values()]
-        return codistill_loss(outputs, peers, self.cfg.temperature)
+            return [t(x) for t in self.teachers.values()]
 
     def _add(self, key: str, value: float) -> None:
         self.sums[key] = self.sums.get(key, 0.0) + value
@@ -138,6 +176,7 @@ class Codistill(Method):
 
     # ---- the exchange ----------------------------------------------------------------------------
     steps_done = 0
+    exchanged = 0  # the step of the last exchange
 
     def after_backward(self, step: int) -> None:
         if self.cfg.group_size > 1:
@@ -145,12 +184,19 @@ class Codistill(Method):
 
     def after_step(self, step: int) -> None:
         self.steps_done = step + 1
+        if self.peers is not None:
+            self.peers.settle()
         if self._has_buffers and self.cfg.group_size > 1:
             self.group.broadcast_state(self.local_model(), src=0, tag="buffers", buffers_only=True)
         if (step + 1) % self.cfg.interval == 0:
             self.exchange(step + 1)
 
     def exchange(self, step: int) -> None:
+        self.exchanged = step
+        if self.peers is not None:
+            self.peers.publish(step, self.local_model())
+            self.peers.reconnect()
+            return
         if self.group.rank == 0:
             self.store.publish(self.model_id, step, self.local_model().state_dict())
         deadline = time.monotonic() + self.cfg.wait_s
@@ -178,10 +224,17 @@ class Codistill(Method):
         self.teachers[peer].load_state_dict(state)
         self.teacher_step[peer] = version
 
+    def close(self) -> None:
+        if self.peers is not None:
+            self.peers.close()
+
     # ---- reporting -------------------------------------------------------------------------------
     def end_epoch(self, epoch: int) -> dict:
         out: dict = {k: self.sums[k] / self.sums[k + "#"] for k in self.sums if not k.endswith("#")}
-        out["teacher_steps"] = {str(k): v for k, v in sorted(self.teacher_step.items())}
+        steps = self.peers.versions if self.peers is not None else self.teacher_step
+        out["teacher_steps"] = {str(k): v for k, v in sorted(steps.items())}
+        if self.peers is not None:
+            out.update(self.peers.figures())
         self.sums = {}
         return out
 
@@ -189,8 +242,12 @@ class Codistill(Method):
         return {"steps_done": self.steps_done}
 
     def load_state_dict(self, state: dict) -> None:
-        """On resume, take each peer's newest checkpoint as teacher again."""
+        """On resume, take each peer's newest checkpoint as teacher again (or serve this model again)."""
         self.steps_done = state["steps_done"]
+        self.exchanged = self.steps_done // self.cfg.interval * self.cfg.interval
+        if self.peers is not None:
+            self.peers.publish(self.exchanged, self.local_model())
+            return
         for peer in range(self.models):
             if peer != self.model_id:
                 self._refresh(peer, self.steps_done, time.monotonic())
