@@ -17,7 +17,7 @@ demo: $(STAMP)
 	$(BIN)/lowband compare --suite demo
 
 test: $(STAMP) lint
-	$(BIN)/python -m pytest tests
+	$(BIN)/python -m pytest tests --durations=15
 
 # ruff (lint + import order) and mypy (types, src/), both configured in pyproject.toml, gate `make test`
 lint: $(STAMP)
