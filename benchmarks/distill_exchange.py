@@ -3,7 +3,7 @@
 For each workload, one `lowband compare` of every setting over the seeds, 4 workers in 2 models of 2
 ranks (group_size 2: each model's two ranks allreduce gradients, which both exchanges pay alike):
   cnn1d: MNIST-1D, the quick suite's settings (SGD at its scaled rule), accuracy
-  gpt:   the lm suite's workload (GPT tiny, 224,640 parameters, first 1 MB of the KJV text, context 64,
+  gpt:   the lm suite's workload (GPT tiny, 220,544 parameters at context 64, first 1 MB of the KJV text, context 64,
          batch 16, AdamW 0.003), validation bits per byte
 Per setting it prints the mean ± sd final validation figure, the exchange's bytes per worker (the store:
 checkpoints written and read, tag `ckpt`; the server: requests and answers, tags `predictions` and

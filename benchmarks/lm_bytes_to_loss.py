@@ -1,6 +1,6 @@
 """Bytes to Allreduce's loss on a language model: how few bytes per worker DiLoCo-style settings need.
 
-Runs, in one `lowband compare` on the lm suite's workload (byte-level GPT "tiny", 224,640 parameters,
+Runs, in one `lowband compare` on the lm suite's workload (byte-level GPT "tiny", 220,544 parameters at context 64,
 on the first 1 MB of the KJV text, context 64, batch 16, 4 workers, AdamW with warm-up and cosine):
 Allreduce and settings of local SGD and DiLoCo (codecs, fragments), each tuned on validation loss at
 the run's own length (`--tune optim.lr=...` with `--tune-epochs` = the run's epochs, first seed), then
@@ -71,7 +71,7 @@ def report(folder: str, labels: dict[str, str], args) -> None:
     ref_bpb = statistics.mean(float(r["val_bpb"]) for r in ref)
     ref_bytes = statistics.mean(float(r["bytes_sent_per_worker"]) for r in ref)
     tuned = {r["label"]: r["tuned"] for r in rows}
-    print(f"\nGPT tiny (224,640 parameters), KJV first 1 MB, context 64, batch 16, 4 workers, {args.epochs} epochs, "
+    print(f"\nGPT tiny (220,544 parameters), KJV first 1 MB, context 64, batch 16, 4 workers, {args.epochs} epochs, "
           f"seeds {args.seeds}, lr tuned over {args.lrs} (validation loss, full length); commit {commit()}")
     print(f"comparison directory: {folder}\n")
     print("| setting | lr | val bpb (mean ± sd) | vs allreduce | MB sent/worker | ratio | within 1% | ratio at equal loss |")
