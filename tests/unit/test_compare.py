@@ -61,3 +61,12 @@ def test_suites_may_prepare_and_refer_to_their_folder(tmp_path):
     bad.write_text('methods = ["single"]\nprepare = "train"\n')
     with pytest.raises(ConfigError, match="prepare"):
         load_suite(path=str(bad))
+
+
+@pytest.mark.parametrize("name", ["quick", "demo", "lm", "afsd", "ecdnn", "edl", "rdpsgd", "sites"])
+def test_every_built_in_suite_plans_with_every_runs_config_checked(tmp_path, name):
+    from lowband.comparison.request import Request, load_suite, plan_for, suite_names
+
+    assert name in suite_names()
+    plan, folder = plan_for(Request(suite=name, out=str(tmp_path)))  # a bad spec or option raises here
+    assert plan.labels == load_suite(name)["methods"] and folder.startswith(str(tmp_path))
