@@ -63,7 +63,7 @@ class PeerAnswers:
                 continue
             t0 = time.perf_counter()
             try:
-                out, version, sent, recv = client.ask(x.cpu(), version)
+                out, version, sent, recv = self._ask_once_more(client, x.cpu(), version)
             except FAILURES as e:
                 self._lost(m, e)
                 continue
@@ -71,6 +71,18 @@ class PeerAnswers:
             self.versions[m] = version
             answers.append(out.to(x.device))
         return answers
+
+    @staticmethod
+    def _ask_once_more(client: PredictionClient, x: torch.Tensor, version: int):
+        """`client.ask`, again on a fresh connection if an open one failed (a server closes connections
+        idle for longer than its idle timeout, e.g. through a long evaluation)."""
+        was_open = client.sock is not None
+        try:
+            return client.ask(x, version)
+        except FAILURES:
+            if not was_open:
+                raise
+        return client.ask(x, version)
 
     def _count(self, m: int, sent: int, recv: int, t0: float) -> None:
         inter, link = self.comm.crosses(self.peer_rank[m]), self.comm.link
