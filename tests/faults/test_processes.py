@@ -131,3 +131,24 @@ def test_bad_input_is_one_line_exit_2_and_leaves_nothing(tmp_path, args, field):
     assert len(lines) == 1 and lines[0].startswith("lowband: error: ") and field in lines[0], p.stderr
     assert "Traceback" not in p.stderr
     assert not (tmp_path / "runs").exists()  # no run directory left behind
+
+
+def test_a_divergence_explains_the_crash_of_a_peer_seen_first(capsys):
+    # a rank that diverges (exit 4) can cut a peer's collective short, and the peer may crash first;
+    # the launcher names the cause, not the consequence, and says nothing of the crash
+    from lowband.run.launch import supervise
+
+    crash = "import os, signal; os.kill(os.getpid(), signal.SIGABRT)"
+    diverge = "import sys, time; time.sleep(0.2); sys.exit(4)"
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for code in (crash, diverge)]
+    assert supervise(procs) == 4
+    assert "SIGABRT" not in capsys.readouterr().err
+
+
+def test_a_crash_alone_is_reported_with_its_signal(capsys):
+    from lowband.run.launch import supervise
+
+    procs = [subprocess.Popen([sys.executable, "-c", "import os, signal; os.kill(os.getpid(), signal.SIGABRT)"]),
+             subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])]
+    assert supervise(procs) == 134
+    assert "worker 0" in capsys.readouterr().err and all(p.poll() is not None for p in procs)

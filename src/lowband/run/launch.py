@@ -11,12 +11,14 @@ from __future__ import annotations
 
 import ctypes
 import importlib
+import logging
 import os
 import signal
 import subprocess
 import sys
 import time
 import uuid
+from typing import NoReturn
 
 GRACE_S = 5.0
 
@@ -117,8 +119,8 @@ def supervise(procs: list[subprocess.Popen], poll_s: float = 0.05, keep_going: b
             time.sleep(poll_s)
             continue
         if failed:
-            rank, code = failed[0]
-            others = sum(c is None for c in codes)
+            rank, code = _cause(procs, poll_s)
+            others = sum(p.poll() is None for p in procs)
             stop(procs)
             if code not in (2, 4):  # a usage error the worker explained; a divergence the launcher's caller explains
                 print(f"lowband: worker {rank} (pid {procs[rank].pid}) {_describe(code or 0)}; "
@@ -127,6 +129,22 @@ def supervise(procs: list[subprocess.Popen], poll_s: float = 0.05, keep_going: b
         if all(c == 0 for c in codes):
             return 0
         time.sleep(poll_s)
+
+
+def _failures(procs: list[subprocess.Popen]) -> list[tuple[int, int]]:
+    """(rank, exit status) of each worker that has ended in failure."""
+    return [(r, c) for r, c in enumerate(p.poll() for p in procs) if c is not None and c != 0]
+
+
+def _cause(procs: list[subprocess.Popen], poll_s: float, settle_s: float = 0.5) -> tuple[int, int]:
+    """The failure that explains the others: a worker's usage error (2) or divergence (4) before a
+    peer's crash, which often follows from it (a collective cut short by the leaver). The peers get
+    `settle_s` to show their codes, since the crash may be seen before the cause."""
+    deadline, failed = time.monotonic() + settle_s, _failures(procs)
+    while not any(c in (2, 4) for _, c in failed) and time.monotonic() < deadline:
+        time.sleep(poll_s)
+        failed = _failures(procs)
+    return min(failed, key=lambda f: (f[1] not in (2, 4), f[1] != 2, f[0]))
 
 
 def stop(procs: list[subprocess.Popen], grace_s: float = GRACE_S) -> None:
@@ -162,6 +180,15 @@ def _remove(path: str) -> None:
         pass
 
 
+def leave_now(code: int) -> NoReturn:
+    """Exit at once with `code`, skipping interpreter teardown: a rank that leaves while its peers
+    are mid-collective must not destroy its process group, which makes gloo abort (SIGABRT)."""
+    logging.shutdown()
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os._exit(code)
+
+
 def worker_main(argv: list[str]) -> int:
     """Body of a worker process: call MODULE:FUNCTION(*ARGS), mapping failures to exit codes."""
     from lowband.errors import Diverged, Unavailable, UsageError
@@ -175,7 +202,7 @@ def worker_main(argv: list[str]) -> int:
         print(f"lowband: error: {e}", file=sys.stderr)
         return e.exit_code
     except Diverged as e:  # several ranks may diverge at once: the run's starter says it once (session.py)
-        return e.exit_code
+        leave_now(e.exit_code)
     except KeyboardInterrupt:
         return 130
 

@@ -225,7 +225,9 @@ def train_worker(run_dir: str, resume: str = "0") -> None:
         _run(cfg, run_dir, resume == "1", _join(cfg))
     except Exception:
         if RunDir(run_dir).divergences():  # a peer diverged and left mid-exchange: this failure follows from it
-            raise SystemExit(Diverged.exit_code) from None
+            from lowband.run.launch import leave_now
+
+            leave_now(Diverged.exit_code)
         raise
 
 
@@ -242,16 +244,20 @@ def _join(cfg: C.Config) -> Communicator:
 def _run(cfg: C.Config, run_dir: str, resume: bool, comm: Communicator) -> None:
     from lowband.run.trainer import Trainer
 
-    trainer, clean = None, False
+    trainer, clean, diverged = None, False, False
     try:
         trainer = Trainer(cfg, comm, run_dir)
         trainer.fit(resume=resume)
         clean = not METHODS.get(cfg.method.name).independent_models  # independent ranks never meet
+    except Diverged:
+        diverged = True
+        raise
     finally:
         if trainer is not None:
             trainer.close()
         del trainer  # frees the DDP model before its process group goes
-        comm.close(clean)
+        if not diverged:  # peers may be mid-collective: tearing the group down under them makes gloo abort
+            comm.close(clean)
 
 
 def _as_torchrun_worker(cfg: C.Config, run_dir: str | None, out: str, resume: bool,
