@@ -10,6 +10,9 @@ the gap to Allreduce's mean in percent, bytes sent per worker, Allreduce's bytes
 loss (Allreduce's bytes to its own final loss over the setting's bytes until its mean curve first
 came within 1% of it; "-" when it never did). Goal: a ratio of 1000 or more within 1%.
 
+Then, per setting, the mean validation bits per byte after each epoch, the last epochs' training loss and
+the outer steps taken, which say why a setting fell short. `--from DIR` reports an earlier comparison again.
+
 Run: python benchmarks/lm_bytes_to_loss.py [--seeds 0,1,2] [--epochs 4] [--lrs 0.002,0.004] [--only LABEL,...]
 About a minute per run on 2 cores (4 workers); the default is 5 settings x (2 tuning + 3 seeds).
 """
@@ -72,7 +75,8 @@ def report(folder: str, labels: dict[str, str], args) -> None:
     ref_bytes = statistics.mean(float(r["bytes_sent_per_worker"]) for r in ref)
     tuned = {r["label"]: r["tuned"] for r in rows}
     print(f"\nGPT tiny (220,544 parameters), KJV first 1 MB, context 64, batch 16, 4 workers, {args.epochs} epochs, "
-          f"seeds {args.seeds}, lr tuned over {args.lrs} (validation loss, full length); commit {commit()}")
+          f"seeds {args.seeds}, lr tuned over {args.lrs} (validation loss, full length); "
+          + (f"reported again at commit {commit()}" if args.source else f"commit {commit()}"))
     print(f"comparison directory: {folder}\n")
     print("| setting | lr | val bpb (mean ± sd) | vs allreduce | MB sent/worker | ratio | within 1% | ratio at equal loss |")
     print("|---|---|---|---|---|---|---|---|")
@@ -88,6 +92,25 @@ def report(folder: str, labels: dict[str, str], args) -> None:
               f"{sent / 1e6:.3f} | {ratio} | {'yes' if within else 'no'} | {equal} |")
 
 
+def curves(folder: str, labels: dict[str, str]) -> None:
+    """Per setting, the mean over seeds of validation bits per byte after each epoch, the workers' mean
+    training loss in the last two epochs (nats), and the outer steps taken (steps a worker / tau)."""
+    with open(os.path.join(folder, "summary.csv")) as f:
+        by: dict[str, list[dict]] = {}
+        for r in csv.DictReader(f):
+            by.setdefault(r["label"], []).append(r)
+    print("\nMean over seeds after each epoch: validation bits per byte; training loss (nats) in the last two epochs\n")
+    for spec, runs in by.items():
+        recs = [records(r["run_dir"]) for r in runs]
+        epochs = min(len(c) for c in recs)
+        bpb = [statistics.mean(c[e]["val_bpb"] for c in recs) for e in range(epochs)]
+        train = [statistics.mean(c[e]["train_loss"] for c in recs) for e in range(max(epochs - 2, 0), epochs)]
+        tau = next((int(o.split("=")[1]) for o in spec.split(":")[1:] if o.startswith("tau=")), None)
+        outer = f"; {recs[0][epochs - 1]['steps'] // tau} outer steps" if tau else ""
+        print(f"{labels.get(spec, spec)}: val bpb {' '.join(f'{v:.3f}' for v in bpb)}; "
+              f"train loss {' -> '.join(f'{v:.3f}' for v in train)}{outer}")
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", default="0,1,2")
@@ -95,11 +118,14 @@ def main() -> None:
     p.add_argument("--lrs", default="0.002,0.004", help="the inner learning rates each setting is tuned over")
     p.add_argument("--only", help="comma-separated labels (allreduce is always run)")
     p.add_argument("--out", default=None, help="where the comparison goes (default: a temporary directory)")
+    p.add_argument("--from", dest="source", metavar="DIR",
+                   help="report an earlier run of this script's comparison directory instead of running again")
     args = p.parse_args()
     settings = [s for s in SETTINGS if not args.only or s[0] == "allreduce" or s[0] in args.only.split(",")]
-    out = args.out or tempfile.mkdtemp(prefix="lm_bytes_")
-    folder = compare([spec for _, spec in settings], args, out)
-    report(folder, {spec: label for label, spec in settings}, args)
+    folder = args.source or compare([spec for _, spec in settings], args, args.out or tempfile.mkdtemp(prefix="lm_bytes_"))
+    labels = {spec: label for label, spec in settings}
+    report(folder, labels, args)
+    curves(folder, labels)
 
 
 if __name__ == "__main__":
