@@ -332,12 +332,14 @@ def codistill_server_trace(out_dir: str, steps: str, interval: str, method: str,
     codistill = cls(mcfg, ctx)
     model = codistill.setup(build_model(ModelConfig(name="cnn1d"), IN_SHAPE, CLASSES))
     publish = codistill.peers.publish
-    if comm.rank == 0 and crash_at:
+    if crash_at:
         def crashing(step, model):
             if step == crash_at:
-                codistill.peers.server.close()
-            else:
-                publish(step, model)
+                comm.barrier()  # rank 1 has asked its last question of the version before
+                if comm.rank == 0:
+                    codistill.peers.server.close()
+                    return
+            publish(step, model)
         codistill.peers.publish = crashing
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     xs, ys = fixed_batches(steps, 8 * comm.world)
@@ -355,4 +357,43 @@ def codistill_server_trace(out_dir: str, steps: str, interval: str, method: str,
     torch.save({"before": torch.stack(before), "after": flat_state(codistill.local_model()).clone(), "terms": terms,
                 "versions": versions, "stats": comm.snapshot(), "metrics": figures},
                os.path.join(out_dir, f"rank{comm.rank}.pt"))
+    comm.close()
+
+
+def codistill_finish_trace(out_dir: str, steps: str, late_s: str, says_done: str) -> None:
+    """Codistillation through prediction servers without lockstep, where rank 1 is `late_s` seconds late
+    for its last two steps: rank 0 ends first and calls end_training. Records per step whether a
+    term was trained on, and how long end_training took. With says_done = 0, rank 1 skips
+    end_training (as a rank that died would), so rank 0's server only stops when nobody asks."""
+    import time
+    import types
+
+    from lowband.methods.codistill import Codistill, CodistillConfig
+
+    torch.set_num_threads(1)
+    steps = int(steps)
+    comm = Communicator.from_env(torch.device("cpu"), "gloo", timeout_s=60)
+    mcfg = CodistillConfig(interval=2, exchange="server", server_timeout_s=3.0)
+    data = types.SimpleNamespace(in_shape=IN_SHAPE, num_classes=CLASSES, task="classify")
+    ctx = Context(Config(method=mcfg, train=TrainConfig(epochs=1)), comm, torch.device("cpu"), logging.getLogger("t"),
+                  out_dir, steps, data=data)  # type: ignore[arg-type]
+    torch.manual_seed(comm.rank)
+    codistill = Codistill(mcfg, ctx)
+    model = codistill.setup(build_model(ModelConfig(name="cnn1d"), IN_SHAPE, CLASSES))
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    xs, ys = fixed_batches(steps, 8 * comm.world)
+    terms = []
+    for s in range(steps):
+        if comm.rank == 1 and s == steps - 2:
+            time.sleep(float(late_s))
+        codistill.sums.pop("distill_loss", None)
+        train_step(model, codistill, opt, rank_batch(xs, ys, s, comm.rank, 8), s)
+        terms.append(codistill.sums.get("distill_loss"))
+    t0 = time.monotonic()
+    if comm.rank == 0 or says_done == "1":
+        codistill.end_training()
+    ended_s = time.monotonic() - t0
+    down = dict(codistill.peers.down)
+    codistill.close()
+    torch.save({"terms": terms, "ended_s": ended_s, "down": down}, os.path.join(out_dir, f"rank{comm.rank}.pt"))
     comm.close()

@@ -95,3 +95,23 @@ def test_a_stopped_server_costs_no_step_and_rejoins(tmp_path):
         assert ranks[1]["terms"][s] == pytest.approx(want, rel=1e-4, abs=1e-6)
     assert [s for s in range(STEPS) if ranks[0]["terms"][s] is None] == [0, 1]  # rank 1's server never stopped
     assert len(ranks[1]["before"]) == STEPS  # every step was taken
+
+
+def finish(tmp_path, late_s: float, says_done: bool) -> list[dict]:
+    args = [str(tmp_path), "8", str(late_s), "1" if says_done else "0"]
+    assert run_workers("tests.distributed.helpers:codistill_finish_trace", args, 2, str(tmp_path),
+                       keep_going=False) == 0
+    return [torch.load(tmp_path / f"rank{r}.pt", weights_only=False) for r in range(2)]
+
+
+def test_a_model_that_ends_first_keeps_serving_until_its_peers_are_done(tmp_path):
+    ranks = finish(tmp_path, late_s=1.5, says_done=True)
+    late = ranks[1]
+    assert all(t is not None for t in late["terms"][2:]) and late["down"] == {}  # its last steps had the term
+    assert 1.0 < ranks[0]["ended_s"] < 3.0  # rank 0 waited for rank 1's last steps, not for the timeout
+
+
+def test_a_peer_that_never_says_done_stops_the_server_after_the_timeout(tmp_path):
+    ranks = finish(tmp_path, late_s=0.0, says_done=False)
+    assert all(t is not None for t in ranks[1]["terms"][2:])
+    assert 2.5 < ranks[0]["ended_s"] < 6.0  # server_timeout_s = 3 s without a question

@@ -11,7 +11,8 @@ travelled.
 A peer whose server does not answer (refused, reset, no reply within `server_timeout_s`) costs no
 step: the replica trains without that peer's term, says so once, and reconnects at the next exchange;
 a server that stopped is started again on the same port at its rank's next exchange, and its
-replicas rejoin.
+replicas rejoin. At the end each rank tells the peers' servers it is done, and a server whose own
+model has finished keeps answering until every peer rank has (`finish`).
 """
 
 from __future__ import annotations
@@ -34,6 +35,7 @@ class PeerAnswers:
         from the group's first rank); `data`: in_shape, num_classes and task of the training data."""
         self.cfg, self.comm, self.log = cfg, comm, log
         self.model_id = next(m for m, ranks in enumerate(groups) if comm.rank in ranks)
+        self.askers = {r for m, ranks in enumerate(groups) if m != self.model_id for r in ranks}
         self.server: PredictionServer | None = None
         self._serve_args = dict(in_shape=tuple(data.in_shape), classes=data.num_classes, features=features,
                                 codec=cfg.codec, topk=cfg.answer_topk, site=comm.site(comm.rank), wait_s=cfg.wait_s,
@@ -139,6 +141,28 @@ class PeerAnswers:
         out = {"server_misses": self.misses}
         self.misses = 0
         return out
+
+    # ---- the end -------------------------------------------------------------------------------
+    def finish(self) -> None:
+        """After this rank's last step: tell each peer's server it is done, then keep this rank's own
+        server answering until every peer rank has said the same (or none has asked for
+        `server_timeout_s`), so a model that finishes first does not leave the others without its term
+        for their last steps."""
+        for m, client in self.clients.items():
+            if m in self.down:
+                continue
+            t0 = time.perf_counter()
+            try:
+                sent, recv = client.done(self.comm.rank)
+            except FAILURES:
+                continue  # that server is gone already: nothing waits for this rank there
+            self._count(m, sent, recv, t0)
+        if self.server is not None:
+            missing = self.server.linger(self.askers, self.cfg.server_timeout_s)
+            if missing:
+                self.log.warning(f"model {self.model_id}: rank(s) {sorted(missing)} never said they were done; "
+                                 f"its prediction server stopped after {self.cfg.server_timeout_s:g} s without a question")
+            self.settle()
 
     def close(self) -> None:
         for client in self.clients.values():

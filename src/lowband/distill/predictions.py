@@ -23,6 +23,7 @@ import math
 import secrets
 import socket
 import threading
+import time
 
 import torch
 from torch import nn
@@ -98,6 +99,8 @@ class PredictionServer(TeacherServer):
         self.fresh = threading.Condition(self._lock)
         self.counting = threading.Lock()
         self.bytes_in = self.bytes_out = self.bytes_inter = 0
+        self.finished: set[int] = set()  # asker ranks that said they are done (`done` frames)
+        self.last_ask = time.monotonic()
 
     def publish(self, version: int, state: dict) -> None:
         """Serve `state` (the model's state dict after step `version`) from now on."""
@@ -110,6 +113,8 @@ class PredictionServer(TeacherServer):
             self.fresh.notify_all()
 
     def answer(self, frame: wire.Frame, size: int) -> bytes:
+        if frame.kind == "done":
+            return self._done(frame)
         if frame.kind != "ask" or len(frame.tensors) != 1:
             raise wire.WireError(f"expected one 'ask' tensor, got {frame.kind!r} with {len(frame.tensors)}")
         x = frame.tensors[0]
@@ -124,7 +129,30 @@ class PredictionServer(TeacherServer):
         tensors, meta = encode_answer(out, self.codec, self.topk)
         return wire.encode("answer", frame.id, tensors, {**meta, "version": version})
 
+    def _done(self, frame: wire.Frame) -> bytes:
+        """An asker rank has finished training and will ask no more."""
+        rank = frame.meta.get("rank")
+        if not isinstance(rank, int) or isinstance(rank, bool):
+            raise wire.WireError(f"a done frame names its rank as an integer, got {rank!r}")
+        with self.fresh:
+            self.finished.add(rank)
+            self.fresh.notify_all()
+        return wire.encode("bye", frame.id)
+
+    def linger(self, askers: set[int], idle_s: float) -> set[int]:
+        """After this server's own model has finished: go on answering until every rank in `askers` has
+        said it is done, or none has asked for `idle_s` seconds (a peer that died); the ranks that never
+        said so."""
+        with self.fresh:
+            while not askers <= self.finished:
+                left = idle_s - (time.monotonic() - self.last_ask)
+                if left <= 0:
+                    break
+                self.fresh.wait(timeout=min(left, 0.5))
+            return askers - self.finished
+
     def answered(self, frame: wire.Frame, request_bytes: int, reply_bytes: int) -> None:
+        self.last_ask = time.monotonic()
         with self.counting:
             self.bytes_in += request_bytes
             self.bytes_out += reply_bytes
@@ -189,6 +217,23 @@ class PredictionClient:
         except BaseException:
             self.close()
             raise
+
+    def done(self, rank: int) -> tuple[int, int]:
+        """Tell the server that `rank` will ask no more (it keeps serving until its askers are done);
+        (bytes sent, bytes received)."""
+        if self.sock is None:
+            self.connect()
+        assert self.sock is not None
+        self.seq += 1
+        request = wire.encode("done", self.seq, meta={"rank": rank})
+        try:
+            wire.send(self.sock, request)
+            frame, size = self._recv(self.sock)
+            if frame.kind != "bye":
+                raise ConnectionError(f"expected bye, got {frame.kind!r}: {frame.meta.get('message', '')}")
+            return len(request), size
+        finally:
+            self.close()
 
     def _recv(self, sock: socket.socket) -> tuple[wire.Frame, int]:
         got = wire.recv(sock, self.limits)

@@ -13,6 +13,8 @@ hooks, each of which does nothing by default:
   global_model(final)     the method's global model now (averaged, ensemble), or None; called on
                           every rank (it may communicate), evaluated on rank 0
   state_dict()/load_state_dict()   method state that a resumed run needs
+  end_training()          after the last step of a run that finished (not after a failure): let
+                          peers finish with what they still use (codistillation's prediction servers)
   close()                 release what the method holds (threads, connections); always called
   services(cfg)           (classmethod) processes to run beside the workers, in the launcher
 """
@@ -123,6 +125,9 @@ class Method:
     def batches(self, epoch: int, source):
         """The epoch's minibatches; a method may add to each (EDL-Dist adds the teacher's logits)."""
         return source.epoch(epoch)
+
+    def end_training(self) -> None:
+        pass
 
     def close(self) -> None:
         pass

@@ -224,6 +224,10 @@ class Codistill(Method):
         self.teachers[peer].load_state_dict(state)
         self.teacher_step[peer] = version
 
+    def end_training(self) -> None:
+        if self.peers is not None:
+            self.peers.finish()
+
     def close(self) -> None:
         if self.peers is not None:
             self.peers.close()

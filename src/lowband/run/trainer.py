@@ -161,6 +161,7 @@ class Trainer:
             if self._should_stop():
                 self.log.info(f"stopping at epoch {epoch}: validation {self.metric.name} reached {self._target()}")
                 break
+        self.method.end_training()
         self._save_final()
 
     def train_step(self, batch) -> float:
