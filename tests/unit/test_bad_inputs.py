@@ -74,6 +74,12 @@ CASES = {
                             "method.store"),
     "server-timeout-zero": (["--method", "codistill", *SET("exchange=server", "server_timeout_s=0"), "--workers", "2"],
                             "method.server_timeout_s"),
+    "server-host-unknown": (["--method", "codistill", *SET("exchange=server", "server_host='not-an-ip'"),
+                             "--workers", "2"], "method.server_host='not-an-ip'"),
+    "server-host-elsewhere": (["--method", "codistill", *SET("exchange=server", "server_host='192.0.2.1'"),
+                               "--workers", "2"], "method.server_host='192.0.2.1'"),
+    "model-beyond-memory": (["--model", "gpt", "--dataset", "text", "--set", "model.n_embd=1000000000000",
+                             "--set", "model.n_head=1"], "does not fit in this machine's memory"),
 }
 
 
@@ -124,3 +130,12 @@ def test_resume_of_a_binary_config_is_one_line(tmp_path, capsys):
     assert main(["train", "--resume", str(tmp_path)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "--resume" in err and "UTF-8" in err, err
+
+
+def test_a_comparison_of_bad_input_leaves_no_folder(tmp_path, capsys):
+    out = tmp_path / "comparisons"
+    code = main(["compare", "--methods", "single,allreduce", "--out", str(out), "--epochs", "1", "-q",
+                 "--model", "gpt", "--dataset", "text", "--set", "model.n_head=5"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "model.n_head=5" in err, err
+    assert not out.exists()

@@ -18,7 +18,7 @@ from lowband.comparison.plan import fill, parse_spec, spec_config  # noqa: F401 
 from lowband.comparison.projection import run_link
 from lowband.data.metric import ACCURACY, Metric, metric_for
 from lowband.errors import Diverged
-from lowband.run import session
+from lowband.run import loggers, session
 from lowband.run.metrics import median, read_metrics
 from lowband.run.rundir import RunDir
 
@@ -41,6 +41,8 @@ def compare(plan: P.Plan, folder: str) -> tuple[int, str, list[dict]]:
     First the plan's preparation commands (e.g. training a teacher), then its tuning runs, then
     the full runs with each spec's chosen value; writes tuning.csv, summary.csv and the report.
     """
+    if not os.path.exists(folder):
+        preflight(plan)
     P.save(plan, folder)
     if describe_budget(plan):
         print(describe_budget(plan), flush=True)
@@ -89,6 +91,15 @@ def describe_budget(plan: P.Plan) -> str:
         return ""
     epochs = [f"{run.label} {run.config['train']['epochs']}" for run in P.full_runs(plan, {})[:len(plan.labels)]]
     return f"budget {plan.budget} (as many as Allreduce's in train.epochs); epochs: " + ", ".join(epochs)
+
+
+def preflight(plan: P.Plan) -> None:
+    """Every spec's data, shards and model fit (session.check_plan), before the comparison's folder
+    is made: bad input leaves no folder behind."""
+    for label in plan.labels:
+        cfg = C.from_dict(plan.configs[label], session.method_configs())
+        session.check_plan(cfg)
+        loggers.check(cfg.train.loggers)
 
 
 def execute(folder: str, run: P.Run, position: str = "") -> tuple[int, str]:

@@ -28,6 +28,7 @@ from lowband.comm.store import CheckpointStore, check_architecture
 from lowband.config import MethodConfig, opt
 from lowband.distill.losses import codistill_loss
 from lowband.distill.peer_answers import PeerAnswers
+from lowband.distill.predictions import check_bindable
 from lowband.errors import ConfigError, require
 from lowband.methods.base import Method
 from lowband.registry import METHODS
@@ -103,6 +104,8 @@ class Codistill(Method):
             raise ConfigError("method.group_size", g, f"must divide the {world} workers into at least 2 models")
         if cfg.store and cfg.exchange == "store":
             CheckpointStore(cfg.store)  # unreachable or read-only: fail before any worker starts
+        if cfg.exchange == "server":
+            check_bindable(cfg.server_host, "method.server_host")
 
     @classmethod
     def groups(cls, cfg, world: int) -> list[list[int]]:

@@ -126,7 +126,20 @@ def check_plan(cfg: C.Config) -> None:
     from lowband.run.trainer import make_plan
 
     plan = make_plan(cfg, world_size(cfg))
-    build_for_task(cfg.model, plan.data.in_shape, plan.data.num_classes, plan.data.task)
+    try:
+        build_for_task(cfg.model, plan.data.in_shape, plan.data.num_classes, plan.data.task)
+    except (RuntimeError, MemoryError) as e:  # e.g. model.n_embd=10**12: the allocator refuses
+        if "alloc" not in str(e) and not isinstance(e, MemoryError):
+            raise
+        raise UsageError(f"model.name={cfg.model.name!r} with these settings does not fit in this machine's memory "
+                         f"({_allocation(e)}); make it smaller (model.size, n_layer, n_embd, context, "
+                         "hidden)") from None
+
+
+def _allocation(error: BaseException) -> str:
+    """The allocator's words for a refused allocation: 'you tried to allocate N bytes'."""
+    found = re.search(r"tried to allocate \d+ bytes", str(error))
+    return found.group(0) if found else str(error).splitlines()[0][:90]
 
 
 def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = False,
