@@ -55,7 +55,7 @@ class CodistillConfig(MethodConfig):
                                                         "model and every rank asks the peers' servers for their "
                                                         "outputs on each batch")
     answer_topk: int = opt(0, "exchange=server, codistill: the server sends each row's k largest logits only "
-                              "(0: all; the rest read as probability 0)")
+                              "(0, or k >= the classes or vocabulary: all; the rest read as probability 0)")
     server_host: str = opt("127.0.0.1", "exchange=server: the interface the prediction servers bind (0.0.0.0 for "
                                         "workers on several machines)")
     server_timeout_s: float = opt(30.0, "exchange=server: a peer that does not answer within this many seconds is "
