@@ -308,29 +308,34 @@ def diloco_trace(out_dir: str, steps: str, options: str) -> None:
     close(comm)
 
 
+def server_codistill(out_dir: str, steps: int, cls, mcfg):
+    """(communicator, method, model) of a codistillation (or AFSD) rank on cnn1d, set up with `mcfg`."""
+    import types
+
+    torch.set_num_threads(1)
+    comm = Communicator.from_env(torch.device("cpu"), "gloo", timeout_s=60)
+    data = types.SimpleNamespace(in_shape=IN_SHAPE, num_classes=CLASSES, task="classify")
+    ctx = Context(Config(method=mcfg, train=TrainConfig(epochs=1)), comm, torch.device("cpu"), logging.getLogger("t"),
+                  out_dir, steps, data=data)  # type: ignore[arg-type]
+    torch.manual_seed(comm.rank)
+    codistill = cls(mcfg, ctx)
+    return comm, codistill, codistill.setup(build_model(ModelConfig(name="cnn1d"), IN_SHAPE, CLASSES))
+
+
 def codistill_server_trace(out_dir: str, steps: str, interval: str, method: str, codec: str, topk: str,
                            crash_at: str = "0") -> None:
     """Codistillation (or AFSD) through prediction servers, in lockstep (wait_s > 0); records per step the
     model before the step, the distillation term (None without one) and the answers' versions. With
     crash_at = v > 0, rank 0's server stops at exchange v instead of taking its model (a crash); it
     starts again at the next exchange."""
-    import types
-
     from lowband.methods.afsd import AFSD, AFSDConfig
     from lowband.methods.codistill import Codistill, CodistillConfig
 
-    torch.set_num_threads(1)
     steps, interval, crash_at = int(steps), int(interval), int(crash_at)
-    comm = Communicator.from_env(torch.device("cpu"), "gloo", timeout_s=60)
     cls, config = (AFSD, AFSDConfig) if method == "afsd" else (Codistill, CodistillConfig)
     mcfg = config(interval=interval, wait_s=20.0, exchange="server", codec=codec, answer_topk=int(topk),
                   server_timeout_s=20.0)
-    data = types.SimpleNamespace(in_shape=IN_SHAPE, num_classes=CLASSES, task="classify")
-    ctx = Context(Config(method=mcfg, train=TrainConfig(epochs=1)), comm, torch.device("cpu"), logging.getLogger("t"),
-                  out_dir, steps, data=data)  # type: ignore[arg-type]
-    torch.manual_seed(comm.rank)
-    codistill = cls(mcfg, ctx)
-    model = codistill.setup(build_model(ModelConfig(name="cnn1d"), IN_SHAPE, CLASSES))
+    comm, codistill, model = server_codistill(out_dir, steps, cls, mcfg)
     publish = codistill.peers.publish
     if crash_at:
         def crashing(step, model):
@@ -366,20 +371,12 @@ def codistill_finish_trace(out_dir: str, steps: str, late_s: str, says_done: str
     term was trained on, and how long end_training took. With says_done = 0, rank 1 skips
     end_training (as a rank that died would), so rank 0's server only stops when nobody asks."""
     import time
-    import types
 
     from lowband.methods.codistill import Codistill, CodistillConfig
 
-    torch.set_num_threads(1)
     steps = int(steps)
-    comm = Communicator.from_env(torch.device("cpu"), "gloo", timeout_s=60)
     mcfg = CodistillConfig(interval=2, exchange="server", server_timeout_s=3.0)
-    data = types.SimpleNamespace(in_shape=IN_SHAPE, num_classes=CLASSES, task="classify")
-    ctx = Context(Config(method=mcfg, train=TrainConfig(epochs=1)), comm, torch.device("cpu"), logging.getLogger("t"),
-                  out_dir, steps, data=data)  # type: ignore[arg-type]
-    torch.manual_seed(comm.rank)
-    codistill = Codistill(mcfg, ctx)
-    model = codistill.setup(build_model(ModelConfig(name="cnn1d"), IN_SHAPE, CLASSES))
+    comm, codistill, model = server_codistill(out_dir, steps, Codistill, mcfg)
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
     xs, ys = fixed_batches(steps, 8 * comm.world)
     terms = []
