@@ -151,12 +151,12 @@ class PeerAnswers:
         for m, client in self.clients.items():
             if m in self.down:
                 continue
-            t0 = time.perf_counter()
             try:
                 sent, recv = client.done(self.comm.rank)
             except FAILURES:
                 continue  # that server is gone already: nothing waits for this rank there
-            self._count(m, sent, recv, t0)
+            # bookkeeping, after this rank's last record: the server's `served` leaves it out too
+            self.comm.count("control", sent=sent, recv=recv, inter=sent if self.comm.crosses(self.peer_rank[m]) else 0)
         if self.server is not None:
             missing = self.server.linger(self.askers, self.cfg.server_timeout_s)
             if missing:

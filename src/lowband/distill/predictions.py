@@ -153,6 +153,8 @@ class PredictionServer(TeacherServer):
             return askers - self.finished
 
     def answered(self, frame: wire.Frame, request_bytes: int, reply_bytes: int) -> None:
+        if frame.kind == "done":  # the asker counts the handshake, as control
+            return
         self.last_ask = time.monotonic()
         with self.counting:
             self.bytes_in += request_bytes
