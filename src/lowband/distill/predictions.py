@@ -17,6 +17,7 @@ server binds 127.0.0.1 unless told otherwise, and every socket has a timeout.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import json
 import math
@@ -204,39 +205,44 @@ class PredictionClient:
     def ask(self, x: torch.Tensor, version: int) -> tuple[torch.Tensor, int, int, int]:
         """(answer, its version, bytes sent, bytes received) for the inputs `x`, from the model as of
         `version` if the server holds it (else its newest)."""
+        with self._closing_on_failure():
+            frame, sent, recv = self._request("ask", [x], {"version": version, "site": self.site}, "answer")
+            return decode_answer(frame, self.codec), int(frame.meta.get("version", 0)), sent, recv
+
+    def done(self, rank: int) -> tuple[int, int]:
+        """Tell the server that `rank` will ask no more (it keeps serving until its askers are done);
+        (bytes sent, bytes received). The connection is closed afterwards."""
+        try:
+            _, sent, recv = self._request("done", [], {"rank": rank}, "bye")
+            return sent, recv
+        finally:
+            self.close()
+
+    def _request(self, kind: str, tensors: list[torch.Tensor], meta: dict, reply: str) -> tuple[wire.Frame, int, int]:
+        """Send one frame (connecting first if needed) and read the server's `reply` frame to it:
+        (that frame, bytes sent, bytes received). An error frame or any other reply raises
+        ConnectionError, and any failure closes the connection."""
         if self.sock is None:
             self.connect()
         assert self.sock is not None
         self.seq += 1
-        request = wire.encode("ask", self.seq, [x], {"version": version, "site": self.site})
-        try:
+        request = wire.encode(kind, self.seq, tensors, meta)
+        with self._closing_on_failure():
             wire.send(self.sock, request)
             frame, size = self._recv(self.sock)
             if frame.kind == "error":
                 raise ConnectionError(frame.meta.get("message", "error"))
-            if frame.kind != "answer" or frame.id != self.seq:
-                raise ConnectionError(f"expected answer #{self.seq}, got {frame.kind!r} #{frame.id}")
-            return decode_answer(frame, self.codec), int(frame.meta.get("version", 0)), len(request), size
+            if frame.kind != reply or frame.id != self.seq:
+                raise ConnectionError(f"expected {reply} #{self.seq}, got {frame.kind!r} #{frame.id}")
+            return frame, len(request), size
+
+    @contextlib.contextmanager
+    def _closing_on_failure(self):
+        try:
+            yield
         except BaseException:
             self.close()
             raise
-
-    def done(self, rank: int) -> tuple[int, int]:
-        """Tell the server that `rank` will ask no more (it keeps serving until its askers are done);
-        (bytes sent, bytes received)."""
-        if self.sock is None:
-            self.connect()
-        assert self.sock is not None
-        self.seq += 1
-        request = wire.encode("done", self.seq, meta={"rank": rank})
-        try:
-            wire.send(self.sock, request)
-            frame, size = self._recv(self.sock)
-            if frame.kind != "bye":
-                raise ConnectionError(f"expected bye, got {frame.kind!r}: {frame.meta.get('message', '')}")
-            return len(request), size
-        finally:
-            self.close()
 
     def _recv(self, sock: socket.socket) -> tuple[wire.Frame, int]:
         got = wire.recv(sock, self.limits)
