@@ -48,7 +48,7 @@ class Run:
     def from_dir(cls, run_dir: str) -> Run:
         """The run in `run_dir` (finished, or stopped: its last records)."""
         from lowband.run.metrics import read_metrics
-        from lowband.run.session import read_run_config
+        from lowband.run.runconfig import read_run_config
 
         cfg = read_run_config(run_dir, "Run.from_dir(run_dir)")
         records = read_metrics(run_dir)
@@ -60,7 +60,7 @@ class Run:
 
     @property
     def config(self) -> C.Config:
-        from lowband.run.session import read_run_config
+        from lowband.run.runconfig import read_run_config
 
         return read_run_config(self.run_dir, "Run.config")
 
@@ -84,7 +84,7 @@ def resolve(config=None, method: str | None = None, overrides: dict | None = Non
     >>> resolve(method="allreduce", overrides={"epochs": 3, "optim.lr": 0.1}).optim.lr
     0.1
     """
-    from lowband.run.session import method_configs
+    from lowband.run.runconfig import method_configs
 
     if isinstance(config, C.Config):
         raw = C.to_dict(config)
@@ -172,7 +172,7 @@ def load_model(run_dir: str, local: bool = False):
 
     from lowband.comparison.churn import load_final_model
     from lowband.run.checkpoint import model_metadata
-    from lowband.run.session import read_run_config
+    from lowband.run.runconfig import read_run_config
 
     name = "model_L.safetensors" if local else "model.safetensors"
     read_run_config(run_dir, "load_model(run_dir)")  # a path that is no run says so in the API's own words

@@ -1,4 +1,4 @@
-"""The `lowband` command: train, compare, report, churn, config, list; distill, teacher, coordinator."""
+"""The `lowband` command: train, join, compare, report, churn, config, list; distill, teacher, coordinator."""
 
 from __future__ import annotations
 
@@ -22,6 +22,7 @@ examples:
   lowband train --method allreduce --set optim.lr=0.1 --set data.partition=dirichlet
   lowband train --method ec_dnn --set method.ensemble=margin --set method.tau=64
   lowband train --resume runs/allreduce-20261121-101500
+  lowband train --elastic --method diloco --run-dir runs/pool; lowband join runs/pool   (workers come and go)
   torchrun --nproc-per-node 4 -m lowband train --method allreduce   (one worker per torchrun process)
   lowband config --method allreduce     (every option, its default and what it means)
   lowband compare --suite quick --link 10mbit,20ms          (modelled slow links)
@@ -120,6 +121,20 @@ def parser() -> argparse.ArgumentParser:
     t.add_argument("--target-from", metavar="RUN_DIR",
                    help="set train.target_accuracy to that run's final test accuracy (e.g. an allreduce run); for a "
                         "language model, train.target_bpb to its final test bits per byte")
+    t.add_argument("--elastic", action="store_true", default=None,
+                   help="local_sgd or diloco with workers that may leave and join (`lowband join RUN_DIR`) while "
+                        "the job trains; same as --set elastic.on=true")
+    t.add_argument("--min-workers", type=int, dest="elastic.min_workers", metavar="N",
+                   help="elastic: the fewest workers an outer step runs with (default 1)")
+    t.add_argument("--max-workers", type=int, dest="elastic.max_workers", metavar="N",
+                   help="elastic: the most workers an outer step takes (default 0: no limit)")
+    t.add_argument("--coordinator", dest="elastic.coordinator", metavar="URL",
+                   help="elastic: the Redis keeping membership (default: an embedded one on 127.0.0.1)")
+    j = sub.add_parser("join", help="add one worker to a running elastic job",
+                       epilog=_examples("lowband train --elastic --method diloco --run-dir runs/pool   (terminal 1)",
+                                        "lowband join runs/pool                                      (terminal 2)"),
+                       formatter_class=argparse.RawDescriptionHelpFormatter)
+    j.add_argument("run_dir", metavar="RUN_DIR", help="the run directory of a running `lowband train --elastic`")
     c = sub.add_parser("compare", help="train several methods on the same data and seeds; table and report",
                        epilog=COMPARE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("--suite", help="a built-in suite: " + ", ".join(suite_names()) + " (`lowband list` says what each runs)")
@@ -211,7 +226,7 @@ def _distill_parsers(sub) -> None:
 
 def resolve(args, method: str | None = None, base: dict | None = None) -> C.Config:
     """Defaults <- suite or --config file <- shortcut flags <- --set overrides; validated."""
-    from lowband.run.session import method_configs
+    from lowband.run.runconfig import method_configs
 
     raw = base if base is not None else (C.read_toml(args.config) if args.config else {})
     name = method if method is not None else getattr(args, "method", None)
@@ -227,6 +242,11 @@ def overrides(args) -> dict:
         value = getattr(args, key, None)
         if value is not None:
             raw = C.merge(raw, C.nest(key.split("."), value))
+    for key in ("elastic.min_workers", "elastic.max_workers", "elastic.coordinator"):
+        if getattr(args, key, None) is not None:
+            raw = C.merge(raw, C.nest(key.split("."), getattr(args, key)))
+    if getattr(args, "elastic", None):
+        raw = C.merge(raw, {"elastic": {"on": True}})
     if getattr(args, "target_from", None):
         raw = C.merge(raw, {"train": target_from(args.target_from)})
     if getattr(args, "loggers", None):
@@ -278,14 +298,16 @@ def cmd_train(args) -> int:
 def resume_config(args) -> tuple[C.Config, str | None]:
     """The run's own config, and a note on what changed; only the epoch count, the loggers and (with
     --allow-world-change) the number of workers may change. Both wait for every check (session.start)."""
-    from lowband.run import session
+    from lowband.run import runconfig
 
     may = {"train.epochs", "train.workers"} if args.allow_world_change else {"train.epochs"}
     changed = [flag for flag, key, _ in SHORTCUTS if getattr(args, key) is not None and key not in may]
+    changed += [key for key in ("elastic", "elastic.min_workers", "elastic.max_workers", "elastic.coordinator")
+                if getattr(args, key, None) is not None]
     if changed or args.sets or args.config or args.method is not None or args.target_from:
         raise UsageError("--resume continues a run with its own config.toml; only --epochs and --logger may change "
                          "(and --workers, with --allow-world-change)")
-    cfg = session.read_run_config(args.resume)
+    cfg = runconfig.read_run_config(args.resume)
     changes = {"epochs": args.__dict__["train.epochs"], "loggers": args.loggers,
                "workers": args.__dict__["train.workers"]}
     changes = {k: v for k, v in changes.items() if v is not None}
@@ -303,6 +325,12 @@ def schedule_replanned(cfg: C.Config, epochs: int) -> str | None:
     return (f"note: train.epochs {cfg.train.epochs} -> {epochs}: the cosine learning-rate schedule is "
             f"re-planned over {epochs} epochs, so from the resumed epoch the rate follows the longer curve "
             f"(it rises again if the run had finished)")
+
+
+def cmd_join(args) -> int:
+    from lowband.run.elastic_job import join
+
+    return join(args.run_dir)
 
 
 def cmd_compare(args) -> int:
@@ -441,7 +469,7 @@ def main(argv: list[str] | None = None) -> int:
             load_all()
         code = {"train": cmd_train, "compare": cmd_compare, "config": cmd_config, "list": cmd_list,
                 "churn": cmd_churn, "report": cmd_report, "distill": cmd_distill, "teacher": cmd_teacher,
-                "coordinator": cmd_coordinator}[args.command](args)
+                "coordinator": cmd_coordinator, "join": cmd_join}[args.command](args)
         sys.stdout.flush()  # a closed pipe shows here, inside the handler below, not at exit
         return code
     except BrokenPipeError:  # `lowband list | head -3`: the reader left; no traceback

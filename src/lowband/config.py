@@ -222,6 +222,34 @@ class MethodConfig:
 
 
 @dataclass(kw_only=True)
+class ElasticConfig:
+    on: bool = opt(False, "elastic membership (local_sgd, diloco): workers may leave and join (`lowband join RUN`) "
+                          "while the job trains; they meet in a quorum at every outer step")
+    min_workers: int = opt(1, "the fewest workers a round runs with; below it the job waits and says so")
+    max_workers: int = opt(0, "the most workers a round takes (0: no limit); more wait for a free place")
+    coordinator: str = opt("", "Redis URL keeping membership (redis://HOST:PORT/DB); empty: an embedded one on "
+                               "127.0.0.1, started by `lowband train`")
+    host: str = opt("127.0.0.1", "address this machine's workers listen on for their quorum's process group")
+    heartbeat_s: float = opt(1.0, "seconds between a worker's heartbeats")
+    dead_after_s: float = opt(5.0, "a worker silent this long is out of the job (it rejoins when it speaks again)")
+    timeout_s: float = opt(30.0, "a quorum's exchange waiting longer than this fails, and the round is redone "
+                                 "without the silent worker")
+    wait_s: float = opt(600.0, "how long a worker waits below min_workers before it gives up")
+
+    def __post_init__(self):
+        require(self.min_workers >= 1, "elastic.min_workers", self.min_workers, "must be >= 1")
+        require(self.max_workers == 0 or self.max_workers >= self.min_workers, "elastic.max_workers",
+                self.max_workers, f"must be 0 (no limit) or >= elastic.min_workers={self.min_workers}")
+        for name in ("heartbeat_s", "dead_after_s", "timeout_s", "wait_s"):
+            value = getattr(self, name)
+            require(math.isfinite(value) and value > 0, f"elastic.{name}", value, "must be > 0 seconds")
+        require(self.dead_after_s > self.heartbeat_s, "elastic.dead_after_s", self.dead_after_s,
+                f"must be longer than elastic.heartbeat_s={self.heartbeat_s:g}")
+        require(self.coordinator == "" or self.coordinator.startswith(("redis://", "rediss://", "unix://")),
+                "elastic.coordinator", self.coordinator, "must be empty or a redis://, rediss:// or unix:// URL")
+
+
+@dataclass(kw_only=True)
 class Config:
     method: MethodConfig
     train: TrainConfig = dataclasses.field(default_factory=TrainConfig)
@@ -229,6 +257,7 @@ class Config:
     model: ModelConfig = dataclasses.field(default_factory=ModelConfig)
     optim: OptimConfig = dataclasses.field(default_factory=OptimConfig)
     link: LinkConfig = dataclasses.field(default_factory=LinkConfig)
+    elastic: ElasticConfig = dataclasses.field(default_factory=ElasticConfig)
 
     def __post_init__(self):
         """A target in the workload's own metric: accuracy for a classifier, bits per byte for text."""
@@ -239,7 +268,8 @@ class Config:
                 f"{self.data.name} is classified, judged by accuracy: set train.target_accuracy instead")
 
 
-SECTIONS = {"train": TrainConfig, "data": DataConfig, "model": ModelConfig, "optim": OptimConfig, "link": LinkConfig}
+SECTIONS = {"train": TrainConfig, "data": DataConfig, "model": ModelConfig, "optim": OptimConfig, "link": LinkConfig,
+            "elastic": ElasticConfig}
 
 
 def _type_name(tp) -> str:

@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from lowband.run import session
+from lowband.run import runconfig
 from lowband.run.metrics import read_metrics
 from tests.conftest import ROOT, cli, small
 
@@ -23,7 +23,7 @@ def test_torchrun_records_its_world_and_refuses_another(tmp_path):
     run = str(tmp_path / "run")
     done = torchrun(2, "--method", "allreduce", "--epochs", "1", "--run-dir", run, *small(tmp_path))
     assert done.returncode == 0, done.stderr
-    assert session.read_run_config(run).train.workers == 2
+    assert runconfig.read_run_config(run).train.workers == 2
     other = torchrun(3, "--resume", run)
     assert other.returncode != 0 and "the run has 2 worker(s), this resume would start 3" in other.stderr
     again = cli("train", "--resume", run, "--epochs", "2")  # lowband's launcher starts the recorded 2
@@ -33,4 +33,4 @@ def test_torchrun_records_its_world_and_refuses_another(tmp_path):
     assert grown.returncode == 0, grown.stderr
     assert "with 3 workers instead of 2 after epoch 2" in grown.stderr
     assert [len(r["train_loss_ranks"]) for r in read_metrics(run)] == [2, 2, 3]
-    assert session.read_run_config(run).train.workers == 3
+    assert runconfig.read_run_config(run).train.workers == 3

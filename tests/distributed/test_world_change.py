@@ -8,7 +8,7 @@ import os
 
 import pytest
 
-from lowband.run import session
+from lowband.run import runconfig
 from lowband.run.metrics import read_metrics
 from tests.conftest import cli, small
 
@@ -42,7 +42,7 @@ def test_allreduce_grows_then_shrinks(tmp_path):
     assert per_step == [2 * 16, 3 * 16, 2 * 16, 2 * 16]  # samples: nothing dropped or counted twice
     for r in records:  # data parallel: every rank evaluates the same model
         assert len(set(r["test_acc_ranks"])) == 1
-    assert session.read_run_config(run).train.workers == 2
+    assert runconfig.read_run_config(run).train.workers == 2
     folder = os.path.join(run, "checkpoints")
     assert {"world-2", "world-3"} <= set(os.listdir(folder))
     assert "rank2-epoch0002.pt" in os.listdir(os.path.join(folder, "world-3"))  # kept, not deleted

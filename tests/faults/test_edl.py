@@ -19,7 +19,7 @@ from safetensors.torch import load_file
 from lowband.data import Batches
 from lowband.run import checkpoint
 from lowband.run.metrics import read_metrics
-from lowband.run.session import read_run_config
+from lowband.run.runconfig import read_run_config
 from lowband.run.trainer import make_plan
 from tests.conftest import ROOT, alive, children, cli, small
 from tests.faults.test_processes import rank_of, wait_for

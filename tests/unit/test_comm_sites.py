@@ -137,7 +137,8 @@ def test_netns_mode_takes_sites_but_refuses_an_intra_latency(monkeypatch):
     from lowband import config
     from lowband.comm import links
     from lowband.errors import UsageError
-    from lowband.run.session import check_sites, method_configs
+    from lowband.run.runconfig import method_configs
+    from lowband.run.session import check_sites
 
     cfg = config.from_dict({"link": {"mode": "netns", "sites": 2}, "train": {"workers": 4}}, method_configs())
     assert check_sites(cfg, 4) == [0, 0, 1, 1]

@@ -80,13 +80,13 @@ def test_target_from_a_run_with_a_broken_line_reads_the_rest(tmp_path, capsys):
 
 def _run_with_model(tmp_path, name: str, model_bytes: bytes | None = None) -> str:
     from lowband.models import build_model
-    from lowband.run import checkpoint, session
+    from lowband.run import checkpoint, runconfig
     from tests.unit.test_config import build as build_config
 
     run = str(tmp_path / name)
     os.makedirs(run)
     cfg = build_config({"data": {"num_samples": 200, "cache_dir": os.environ["LOWBAND_TEST_CACHE"]}})
-    session.write_config(cfg, run)
+    runconfig.write_config(cfg, run)
     path = os.path.join(run, "model.safetensors")
     if model_bytes is None:
         checkpoint.save_model(build_model(cfg.model, (1, 40), 10).state_dict(), path)

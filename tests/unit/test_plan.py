@@ -4,7 +4,8 @@ import pytest
 
 from lowband.comparison import plan as P
 from lowband.errors import ConfigError
-from lowband.run.session import method_configs, world_size
+from lowband.run.runconfig import method_configs
+from lowband.run.session import world_size
 
 
 def test_seeds_are_distinct_non_negative_integers():

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from lowband.errors import UsageError
-from lowband.run import checkpoint, session
+from lowband.run import checkpoint, runconfig, session
 from lowband.run.reshard import merge_counters, plan_sources, reshard
 from tests.unit.test_config import build
 
@@ -23,7 +23,7 @@ def _state(rank: int, epoch: int) -> dict:
 def _run(tmp_path, workers: int, epochs=(1, 2), method: str = "allreduce") -> str:
     run = str(tmp_path / "run")
     os.makedirs(run)
-    session.write_config(build({"method": {"name": method}, "train": {"workers": workers}}), run)
+    runconfig.write_config(build({"method": {"name": method}, "train": {"workers": workers}}), run)
     for epoch in epochs:
         for rank in range(workers):
             checkpoint.save_state(_state(rank, epoch), checkpoint.rank_path(run, rank, epoch))
@@ -92,7 +92,7 @@ def test_a_second_change_keeps_both_archives(tmp_path):
     checkpoint.save_state(_state(0, 3), checkpoint.rank_path(run, 0, 3))
     second = reshard(run, 4, 2)
     assert os.path.basename(second.archive) == "world-4"
-    session.write_config(build({"train": {"workers": 2}}), run)
+    runconfig.write_config(build({"train": {"workers": 2}}), run)
     third = reshard(run, 2, 3)
     assert os.path.basename(third.archive) == "world-2-2"
 

@@ -8,14 +8,14 @@ import pytest
 
 from lowband.cli import main
 from lowband.errors import UsageError
-from lowband.run import checkpoint, session
+from lowband.run import checkpoint, runconfig, session
 from tests.unit.test_config import build
 
 
 def _run(tmp_path, workers: int, ranks) -> str:
     run = str(tmp_path / "run")
     os.makedirs(run)
-    session.write_config(build({"train": {"workers": workers}}), run)
+    runconfig.write_config(build({"train": {"workers": workers}}), run)
     for rank in ranks:
         checkpoint.save_state({"e": 1}, checkpoint.rank_path(run, rank, 1))
     return run

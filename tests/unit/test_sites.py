@@ -8,7 +8,8 @@ from lowband import config as C
 from lowband.cli import main
 from lowband.comm.sites import check_groups, describe, site_map
 from lowband.errors import ConfigError
-from lowband.run.session import method_configs, world_size
+from lowband.run.runconfig import method_configs
+from lowband.run.session import world_size
 
 
 def test_equal_sites_of_consecutive_ranks():

@@ -99,6 +99,23 @@ class Communicator:
         )
         return cls(rank, world, device, dist.group.WORLD)
 
+    @classmethod
+    def over_store(cls, store, rank: int, world: int, device: torch.device, timeout_s: float,
+                   stats: dict[str, TagStats] | None = None) -> Communicator:
+        """A communicator over a gloo group of its own, whose ranks meet through `store` (any object with
+        set, get, add, check, wait, delete_key and num_keys, such as comm/rendezvous.py's RedisStore),
+        sharing `stats`. Such a group is not torch.distributed's default one:
+        collectives work on it, point-to-point calls do not (`p2p` is False). Dropping it closes it."""
+        group = (dist.ProcessGroupGloo(_Store(store), rank, world, timedelta(seconds=timeout_s))
+                 if world > 1 else None)
+        comm = cls(rank, world, device, group)
+        comm.p2p = False
+        if stats is not None:
+            comm.stats = stats
+        return comm
+
+    p2p = True  # point-to-point calls work (False on a group built by over_store)
+
     def split(self, groups: list[list[int]]) -> Communicator:
         """A communicator over this rank's group (ranks renumbered 0..g-1), sharing these byte counters.
 
@@ -145,6 +162,8 @@ class Communicator:
     def close(self, clean: bool = False) -> None:
         """Leave the process group; after a clean finish, first wait until every rank has finished so
         no rank tears the group down under a peer's last collective (gloo aborts the peer otherwise)."""
+        if not self.p2p:  # a group of our own (over_store): nothing to tear down but the object
+            self.group = None
         if self.group is not None and dist.is_initialized():
             if clean:
                 dist.barrier(group=self.group)
@@ -153,7 +172,9 @@ class Communicator:
 
     @property
     def backend(self) -> str:
-        return dist.get_backend(self.group) if self.group is not None else "none"
+        if self.group is None:
+            return "none"
+        return dist.get_backend(self.group) if self.p2p else "gloo"
 
     # ---- accounting -------------------------------------------------------------------------
     def count(self, tag: str, sent: float = 0.0, recv: float = 0.0, seconds: float = 0.0,
@@ -218,7 +239,7 @@ class Communicator:
             pos = (self.rank - src) % self.world
             sent = _nbytes(tensor) if pos < self.world - 1 else 0
             recv = _nbytes(tensor) if pos > 0 else 0
-            self._timed(tag, sent, recv, lambda: dist.broadcast(tensor, src=self._peer(src), group=self.group))
+            self._timed(tag, sent, recv, lambda: dist.broadcast(tensor, group=self.group, group_src=src))
         return tensor
 
     def reduce(self, tensor: torch.Tensor, dst: int, tag: str) -> torch.Tensor:
@@ -371,6 +392,35 @@ class Communicator:
         mine = torch.tensor([int.from_bytes(digest.digest(), "little", signed=True)], dtype=torch.int64,
                             device=self.device)
         return len({int(v.item()) for v in self.all_gather(mine, tag)}) == 1
+
+
+class _Store(dist.Store):
+    """A torch.distributed store that hands every call to a plain Python key-value object."""
+
+    def __init__(self, inner):
+        super().__init__()
+        self.inner = inner
+
+    def set(self, key, value):
+        self.inner.set(key, value)
+
+    def get(self, key):
+        return self.inner.get(key)
+
+    def add(self, key, amount):
+        return self.inner.add(key, amount)
+
+    def check(self, keys):
+        return self.inner.check(keys)
+
+    def wait(self, keys, timeout=None):
+        self.inner.wait(keys, timeout)
+
+    def delete_key(self, key):
+        return self.inner.delete_key(key)
+
+    def num_keys(self):
+        return self.inner.num_keys()
 
 
 class Pending:

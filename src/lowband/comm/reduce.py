@@ -7,7 +7,8 @@
                    goes out, as a ring allreduce of the encoded size would.
   sparse codecs    (topk) the encoded vectors are all-gathered and every rank decodes and averages
                    all K in float32: (K-1) encoded vectors per rank.
-Every rank ends with the same mean. The bytes are counted by the communicator under `tag`.
+A communicator without point-to-point calls (an elastic quorum's, comm.p2p False) takes the
+sparse path for dense codecs too. Every rank ends with the same mean. The bytes are counted by the communicator under `tag`.
 """
 
 from __future__ import annotations
@@ -65,7 +66,7 @@ def compressed_mean(comm, x: torch.Tensor, codec: Codec, tag: str,
     compensated = feedback.compensate(flat) if feedback else flat
     if comm.world == 1:
         mean = sent = codec.roundtrip(compensated)
-    elif codec.sparse:
+    elif codec.sparse or not getattr(comm, "p2p", True):
         mean, sent = _sparse_mean(comm, compensated, codec, tag)
     else:
         mean, sent = _dense_mean(comm, compensated, codec, tag)

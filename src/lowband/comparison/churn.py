@@ -16,14 +16,14 @@ from lowband.data.metric import task_of
 from lowband.distill.ensemble import Ensemble
 from lowband.errors import UsageError
 from lowband.models import build_for_task
-from lowband.run import session
+from lowband.run import runconfig
 
 
 def run_config(run_dir: str):
     """The Config of a run directory given to churn (one line when it is not one)."""
     if not os.path.isfile(os.path.join(run_dir, "config.toml")):
         raise UsageError(f"churn: {run_dir} is not a run directory (no config.toml)")
-    return session.read_run_config(run_dir)
+    return runconfig.read_run_config(run_dir)
 
 
 def load_final_model(run_dir: str, in_shape, num_classes: int, name: str = "model.safetensors") -> torch.nn.Module:

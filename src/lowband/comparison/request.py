@@ -42,7 +42,8 @@ class Request:
 def plan_for(request: Request) -> tuple[P.Plan, str]:
     """(the comparison's plan, its new directory), every run's config checked; nothing runs yet."""
     from lowband.comparison.runner import layout
-    from lowband.run.session import method_configs, world_size
+    from lowband.run.runconfig import method_configs
+    from lowband.run.session import world_size
 
     if request.suite and (request.suite_file or request.config_file):
         raise UsageError("--suite and --config both name a suite; give one")

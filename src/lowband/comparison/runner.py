@@ -18,7 +18,7 @@ from lowband.comparison.plan import fill, parse_spec, spec_config  # noqa: F401 
 from lowband.comparison.projection import run_link
 from lowband.data.metric import ACCURACY, Metric, metric_for
 from lowband.errors import Diverged
-from lowband.run import loggers, session
+from lowband.run import loggers, runconfig, session
 from lowband.run.metrics import median, read_metrics
 from lowband.run.rundir import RunDir
 
@@ -31,7 +31,7 @@ def with_method(base: C.Config, spec: str, defaults: dict | None = None) -> C.Co
     """`base` running `spec`; `defaults` holds a suite's options per method name (the spec's win)."""
     name = parse_spec(spec)[0]
     raw = spec_config(spec, C.to_dict(base), {}, None, defaults, inherit=base.method.name == name)
-    return C.from_dict(raw, session.method_configs())
+    return C.from_dict(raw, runconfig.method_configs())
 
 
 def compare(plan: P.Plan, folder: str) -> tuple[int, str, list[dict]]:
@@ -67,7 +67,7 @@ def compare(plan: P.Plan, folder: str) -> tuple[int, str, list[dict]]:
         code, run_dir = execute(folder, run, f"run {i}/{total}")
         if code == 130:
             return 130, folder, rows
-        cfg = C.from_dict(run.config, session.method_configs())
+        cfg = C.from_dict(run.config, runconfig.method_configs())
         rows.append(summarize(run.label, cfg, run_dir, code) | {"tuned": run.tuned, "step_s": dedicated_step(cfg, folder)})
     add_speed(rows)
     write_csv(rows, os.path.join(folder, "summary.csv"))
@@ -97,7 +97,7 @@ def preflight(plan: P.Plan) -> None:
     """Every spec's data, shards and model fit (session.check_plan), before the comparison's folder
     is made: bad input leaves no folder behind."""
     for label in plan.labels:
-        cfg = C.from_dict(plan.configs[label], session.method_configs())
+        cfg = C.from_dict(plan.configs[label], runconfig.method_configs())
         session.check_plan(cfg)
         loggers.check(cfg.train.loggers)
 
@@ -113,7 +113,7 @@ def execute(folder: str, run: P.Run, position: str = "") -> tuple[int, str]:
         print(f"\n{title}: finished already", flush=True)
         return 0, run_dir
     print(f"\n{title}", flush=True)
-    cfg = C.from_dict(run.config, session.method_configs())
+    cfg = C.from_dict(run.config, runconfig.method_configs())
     code, run_dir = session.start(cfg, run_dir, resume=RunDir(run_dir).is_run())
     if code != 130:
         P.mark(folder, run.key, run_dir, code)

@@ -25,6 +25,7 @@ from dataclasses import asdict, dataclass, field
 
 import redis
 
+from lowband.comm.membership import redact
 from lowband.errors import UsageError
 
 _RENEW = """
@@ -48,16 +49,6 @@ class CoordinatorUnavailable(UsageError):
     def __init__(self, url: str, why: str):
         super().__init__(f"coordinator {redact(url)} is unreachable ({why}); start Redis there, or leave the "
                          f"URL out to use an embedded one")
-
-
-def redact(url: str) -> str:
-    """The URL with any password replaced, for messages and logs."""
-    if "@" not in url:
-        return url
-    scheme, _, rest = url.partition("://")
-    creds, _, host = rest.rpartition("@")
-    user = creds.split(":", 1)[0]
-    return f"{scheme}://{user + ':' if user else ':'}***@{host}"
 
 
 @dataclass

@@ -12,7 +12,6 @@ import os
 import re
 import shutil
 import sys
-import time
 
 import torch
 
@@ -21,14 +20,9 @@ from lowband.comm import Communicator, launched_by_torchrun
 from lowband.data.metric import task_of
 from lowband.errors import ConfigError, Diverged, UsageError
 from lowband.registry import METHODS
-from lowband.registry.catalog import load_all
 from lowband.run import checkpoint, launch, loggers
+from lowband.run.runconfig import check_model, new_run_dir, prepare_run_dir, read_run_config, write_config
 from lowband.run.rundir import RunDir
-
-
-def method_configs() -> dict[str, type]:
-    load_all()
-    return {name: METHODS.get(name).Config for name in METHODS.names()}
 
 
 def world_size(cfg: C.Config) -> int:
@@ -91,55 +85,12 @@ def check_sites(cfg: C.Config, world: int) -> list[int]:
     return site_of
 
 
-def new_run_dir(out: str, method: str) -> str:
-    stamp = time.strftime("%Y%m%d-%H%M%S")
-    path, n = os.path.join(out, f"{method}-{stamp}"), 1
-    while os.path.exists(path):
-        n += 1
-        path = os.path.join(out, f"{method}-{stamp}-{n}")
-    return path
-
-
-def prepare_run_dir(cfg: C.Config, run_dir: str) -> None:
-    run = RunDir(run_dir)
-    if run.has_records():
-        raise ConfigError("--run-dir", run_dir, "holds a run already; continue it with --resume or pick a new directory")
-    run.create()
-    write_config(cfg, run_dir)
-
-
-def write_config(cfg: C.Config, run_dir: str) -> None:
-    RunDir(run_dir).write_text("config.toml", C.to_toml(cfg))
-
-
-def read_run_config(run_dir: str, asked_by: str = "--resume") -> C.Config:
-    """A run's config.toml; `asked_by` names the option or argument that gave `run_dir`, for the error."""
-    run = RunDir(run_dir)
-    if not run.is_run():
-        raise ConfigError(asked_by, run_dir, "not a run directory (no config.toml)")
-    return C.from_dict(C.read_toml(run.config_path, asked_by), method_configs())
-
-
 def check_plan(cfg: C.Config) -> None:
     """Fail fast in the launcher, before any worker starts: data, shards, model all fit."""
-    from lowband.models import build_for_task
     from lowband.run.trainer import make_plan
 
     plan = make_plan(cfg, world_size(cfg))
-    try:
-        build_for_task(cfg.model, plan.data.in_shape, plan.data.num_classes, plan.data.task)
-    except (RuntimeError, MemoryError) as e:  # e.g. model.n_embd=10**12: the allocator refuses
-        if "alloc" not in str(e) and not isinstance(e, MemoryError):
-            raise
-        raise UsageError(f"model.name={cfg.model.name!r} with these settings does not fit in this machine's memory "
-                         f"({_allocation(e)}); make it smaller (model.size, n_layer, n_embd, context, "
-                         "hidden)") from None
-
-
-def _allocation(error: BaseException) -> str:
-    """The allocator's words for a refused allocation: 'you tried to allocate N bytes'."""
-    found = re.search(r"tried to allocate \d+ bytes", str(error))
-    return found.group(0) if found else str(error).splitlines()[0][:90]
+    check_model(cfg, plan.data)
 
 
 def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = False,
@@ -147,6 +98,8 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
     """Run `cfg`; returns (exit code, run directory). A resume writes `cfg` (e.g. more epochs) and
     prints `note` once every check has passed; `allow_world_change` lets it run with another number
     of workers."""
+    if cfg.elastic.on:
+        return _elastic(cfg, run_dir, out, resume, allow_world_change, note)
     if launched_by_torchrun():
         return _as_torchrun_worker(cfg, run_dir, out, resume, allow_world_change, note)
     run_dir = run_dir or new_run_dir(out, cfg.method.name)
@@ -177,6 +130,25 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
         print(f"lowband: error: {first_divergence(run_dir)}", file=sys.stderr)
     elif method.independent_models and code not in (2, 130):
         code = salvage(run_dir, world_size(cfg), code)
+    return code, run_dir
+
+
+def _elastic(cfg: C.Config, run_dir: str | None, out: str, resume: bool, allow_world_change: bool,
+             note: str | None) -> tuple[int, str]:
+    """An elastic job (run/elastic_job.py): workers come and go, so there is no world to change."""
+    from lowband.run.elastic_job import start as start_elastic
+
+    if launched_by_torchrun():
+        raise UsageError("--elastic starts its own workers; run `lowband train --elastic` without torchrun")
+    if allow_world_change:
+        raise UsageError("--allow-world-change does not apply to an elastic job: its workers come and go "
+                         "(`lowband join RUN_DIR` adds one)")
+    if note:
+        print(f"lowband: {note}", file=sys.stderr)
+    loggers.check(cfg.train.loggers)
+    code, run_dir = start_elastic(cfg, run_dir, out, resume)
+    if code == Diverged.exit_code:
+        print(f"lowband: error: {first_divergence(run_dir)}", file=sys.stderr)
     return code, run_dir
 
 

@@ -1,0 +1,317 @@
+"""Who is in an elastic job, and who meets at each outer step: membership and quorums in Redis.
+
+An elastic job (run/elastic_worker.py) keeps its membership in the Redis coordinator EDL-Dist uses.
+Keys live under `lowband:elastic:JOB:`:
+
+  job                 JSON {status: running | finished, min_workers, max_workers}; the launcher keeps it
+  next_id             counter handing out worker ids (0, 1, 2, ... in arrival order)
+  member:ID           JSON of a live worker, expiring `dead_after_s` after its last heartbeat
+  round               the newest round any worker has reached (a late worker catches up to it)
+  attempt:R           the attempt round R is met at (raised after an abort)
+  arrive:R:A          hash ID -> Arrival JSON: who came to round R, attempt A
+  quorum:R:A          the Quorum decided for round R, attempt A (SET NX: the first decider wins)
+  done:R:A, fail:R:A  who finished round R's exchange and who failed it
+  outcome:R:A         "commit" or "abort", decided once
+  ledger              hash ID -> JSON of that worker's bytes per tag
+
+A round: the live workers arrive with what they hold (their version, a fingerprint of θ_global, the
+steps they trained since); once every live worker has arrived (or `quorum_wait_s` passed with at
+least `min_workers`), the first to look decides the quorum: its members, whose θ_global is the
+authority (the highest version), who contributes a pseudo-gradient and who receives the state, and
+each member's slice of the epoch's data for the next round. The members exchange, then vote: the
+round commits when every member says done, and aborts when one fails, or one dies before voting.
+An aborted round is tried again, without the dead, as attempt A + 1. Nothing here unpickles: every
+value is JSON. A Redis that restarts empty loses the round's keys; the workers' own state (versions,
+fingerprints, progress) is in every arrival, so the next quorum rebuilds what it needs from them.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+import time
+from dataclasses import asdict, dataclass, field
+
+import redis
+
+from lowband.errors import UsageError
+
+COMMIT, ABORT = "commit", "abort"
+
+
+@dataclass
+class Arrival:
+    """What a worker brings to a round."""
+
+    version: int  # rounds committed into its θ_global (-1: a newcomer that holds none)
+    fingerprint: str  # of its θ_global, so two holders of one version can tell they agree
+    trained: int = 0  # steps trained from that θ_global since: a pseudo-gradient to contribute
+    loss_sum: float = 0.0  # summed training loss of those steps
+    epoch: int = 0  # the data progress it knows of: epoch (0-based) and cursor into its order
+    cursor: int = 0
+    epoch_loss: float = 0.0  # the epoch's training loss so far (sum) and steps
+    epoch_steps: int = 0
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Arrival:
+        raw = json.loads(text)
+        return cls(**{k: raw[k] for k in cls.__dataclass_fields__ if k in raw})
+
+
+@dataclass
+class Quorum:
+    """The members of one round and what each does in it."""
+
+    round: int
+    attempt: int
+    members: list[int]  # worker ids; members[0] is the source, whose θ_global is the authority
+    contributors: list[int]  # members with a pseudo-gradient from the source's θ_global
+    receivers: list[int]  # members whose θ_global differs from the source's: they receive its state
+    version: int  # the source's version
+    slices: dict[str, list[int]] = field(default_factory=dict)  # worker id -> [start, end) for the next round
+    epoch: int = 0  # the epoch the slices belong to (0-based)
+    next_cursor: int = 0
+    epoch_end: int = -1  # the epoch (1-based) whose last pseudo-gradients this round averages, -1: none
+    finished: bool = False  # the last epoch ended: no slices, the job is done after this round
+    epoch_loss: float = 0.0  # the current epoch's training loss (sum) and steps after this round
+    epoch_steps: int = 0
+    ended_loss: float | None = None  # mean training loss of the epoch that ended here
+
+    def rank(self, worker: int) -> int:
+        return self.members.index(worker)
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> Quorum:
+        raw = json.loads(text)
+        return cls(**{k: raw[k] for k in cls.__dataclass_fields__ if k in raw})
+
+
+def decide(round_no: int, attempt: int, arrivals: dict[int, Arrival], samples: int, per_worker: int,
+           epochs: int, max_workers: int = 0) -> Quorum:
+    """The quorum of these arrivals (a pure function: every decider gets the same answer).
+
+    The source is the arrival with the highest version (ties: the lowest id); members are the source
+    and the lowest other ids, at most `max_workers` (0: all). Contributors hold the source's θ_global
+    and trained; receivers hold another. Slices: the next `per_worker` samples of the epoch's order
+    for each member in turn from the source's cursor; an epoch whose order is used up ends here and
+    the next starts at 0."""
+    source = min(arrivals, key=lambda w: (-arrivals[w].version, w))
+    others = sorted(w for w in arrivals if w != source)
+    members = [source] + (others[:max_workers - 1] if max_workers else others)
+    ref = arrivals[source]
+    agree = [w for w in members if (arrivals[w].version, arrivals[w].fingerprint) == (ref.version, ref.fingerprint)]
+    contributors = [w for w in agree if arrivals[w].trained > 0]
+    loss = ref.epoch_loss + sum(arrivals[w].loss_sum for w in contributors)
+    steps = ref.epoch_steps + sum(arrivals[w].trained for w in contributors)
+    epoch, cursor, epoch_end = ref.epoch, ref.cursor, -1
+    if cursor >= samples:
+        epoch_end, epoch, cursor = epoch + 1, epoch + 1, 0
+    q = Quorum(round_no, attempt, members, contributors, [w for w in members if w not in agree], ref.version,
+               epoch=epoch, epoch_end=epoch_end, finished=epoch >= epochs, epoch_loss=loss, epoch_steps=steps)
+    if epoch_end >= 0:
+        q.ended_loss, q.epoch_loss, q.epoch_steps = loss / max(steps, 1), 0.0, 0
+    if q.finished:
+        return q
+    for w in members:
+        q.slices[str(w)] = [cursor, min(cursor + per_worker, samples)]
+        cursor = min(cursor + per_worker, samples)
+    q.next_cursor = cursor
+    return q
+
+
+class Membership:
+    """One elastic job's membership, quorums and votes in Redis (see the module docstring)."""
+
+    def __init__(self, url: str, job: str, dead_after_s: float = 5.0, timeout_s: float = 2.0):
+        self.url, self.job, self.ttl_ms = url, job, int(dead_after_s * 1000)
+        try:
+            self.r = redis.Redis.from_url(url, socket_timeout=timeout_s, socket_connect_timeout=timeout_s)
+        except ValueError as e:
+            raise UsageError(f"elastic.coordinator {url!r} does not parse ({e}); expected redis://HOST:PORT/DB") from None
+        self.worker: int | None = None
+        self._beating: threading.Event | None = None
+
+    def key(self, *parts) -> str:
+        return ":".join(["lowband", "elastic", self.job, *map(str, parts)])
+
+    # ---- the job ---------------------------------------------------------------------------------
+    def ping(self) -> None:
+        """Raise UsageError unless the coordinator answers."""
+        try:
+            self.r.ping()
+        except redis.RedisError as e:
+            raise UsageError(f"elastic coordinator {redact(self.url)} is unreachable ({type(e).__name__}: {e}); "
+                             "start Redis there or leave elastic.coordinator empty for an embedded one") from None
+
+    def publish_job(self, status: str, min_workers: int, max_workers: int, round_no: int | None = None) -> None:
+        self.r.set(self.key("job"), json.dumps({"status": status, "min_workers": min_workers,
+                                                "max_workers": max_workers}))
+        if round_no is not None:
+            self.r.set(self.key("round"), round_no)
+
+    def status(self) -> str | None:
+        """running | finished, or None when the coordinator holds no such job."""
+        raw = self.r.get(self.key("job"))
+        return json.loads(raw)["status"] if raw else None
+
+    def finish(self) -> None:
+        raw = self.r.get(self.key("job"))
+        job = json.loads(raw) if raw else {"min_workers": 1, "max_workers": 0}
+        self.r.set(self.key("job"), json.dumps({**job, "status": "finished"}))
+
+    def limits(self) -> tuple[int, int]:
+        raw = self.r.get(self.key("job"))
+        job = json.loads(raw) if raw else {}
+        return int(job.get("min_workers", 1)), int(job.get("max_workers", 0))
+
+    # ---- members ---------------------------------------------------------------------------------
+    def register(self, info: dict) -> int:
+        """A new worker id, registered as live."""
+        self.worker = int(self.r.incr(self.key("next_id"))) - 1
+        self.info = {**info, "id": self.worker}
+        self.heartbeat()
+        return self.worker
+
+    def heartbeat(self) -> None:
+        self.r.set(self.key("member", self.worker), json.dumps(self.info), px=self.ttl_ms)
+
+    def start_heartbeat(self, every_s: float) -> None:
+        """Heartbeats from a daemon thread; a coordinator that is briefly away is retried, not fatal."""
+        self._beating = stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(every_s):
+                try:
+                    self.heartbeat()
+                except redis.RedisError:
+                    pass
+        threading.Thread(target=beat, name="lowband-heartbeat", daemon=True).start()
+
+    def leave(self) -> None:
+        if self._beating is not None:
+            self._beating.set()
+        if self.worker is not None:
+            try:
+                self.r.delete(self.key("member", self.worker))
+            except redis.RedisError:
+                pass
+
+    def live(self) -> set[int]:
+        prefix = self.key("member", "")
+        return {int(k.decode()[len(prefix):]) for k in self.r.scan_iter(match=prefix + "*", count=1000)}
+
+    def members_info(self) -> list[dict]:
+        keys = sorted(self.r.scan_iter(match=self.key("member", "*"), count=1000))
+        return [json.loads(v) for v in (self.r.mget(keys) if keys else []) if v is not None]
+
+    # ---- rounds ----------------------------------------------------------------------------------
+    def current_round(self) -> int:
+        raw = self.r.get(self.key("round"))
+        return int(raw) if raw is not None else 0
+
+    def _raise(self, key: str, value: int) -> None:
+        """Set an integer key to `value` unless it holds a larger one."""
+        self.r.eval("local v = tonumber(redis.call('GET', KEYS[1]) or '-1') "
+                    "if v < tonumber(ARGV[1]) then redis.call('SET', KEYS[1], ARGV[1]) end return 0",
+                    1, key, value)
+
+    def reach(self, round_no: int) -> None:
+        """Raise the job's newest round to `round_no` (never lower it)."""
+        self._raise(self.key("round"), round_no)
+
+    def current_attempt(self, round_no: int) -> int:
+        raw = self.r.get(self.key("attempt", round_no))
+        return int(raw) if raw is not None else 0
+
+    def next_attempt(self, round_no: int, attempt: int) -> None:
+        """After an aborted attempt: the round is met again as `attempt`."""
+        self._raise(self.key("attempt", round_no), attempt)
+
+    def arrive(self, round_no: int, attempt: int, arrival: Arrival) -> None:
+        key = self.key("arrive", round_no, attempt)
+        self.r.hset(key, str(self.worker), json.dumps(asdict(arrival)))
+        self.r.pexpire(key, 3_600_000)
+
+    def arrivals(self, round_no: int, attempt: int) -> dict[int, Arrival]:
+        raw = self.r.hgetall(self.key("arrive", round_no, attempt))
+        return {int(k): Arrival.from_json(v) for k, v in raw.items()}
+
+    def quorum(self, round_no: int, attempt: int) -> Quorum | None:
+        raw = self.r.get(self.key("quorum", round_no, attempt))
+        return Quorum.from_json(raw) if raw else None
+
+    def propose(self, q: Quorum) -> Quorum:
+        """Store `q` unless a quorum for its round and attempt exists; returns the one that holds."""
+        key = self.key("quorum", q.round, q.attempt)
+        self.r.set(key, json.dumps(asdict(q)), nx=True, px=3_600_000)
+        held = self.quorum(q.round, q.attempt)
+        return held if held is not None else q
+
+    # ---- votes -----------------------------------------------------------------------------------
+    def vote(self, q: Quorum, ok: bool) -> None:
+        key = self.key("done" if ok else "fail", q.round, q.attempt)
+        self.r.sadd(key, str(self.worker))
+        self.r.pexpire(key, 3_600_000)
+
+    def outcome(self, q: Quorum) -> str | None:
+        """The round's outcome when it can be told: abort on a failure vote or a member gone silent,
+        commit when every member voted done; None while undecided. Decided once, by whoever tells first."""
+        key = self.key("outcome", q.round, q.attempt)
+        held = self.r.get(key)
+        if held is not None:
+            return _text(held)
+        done = {int(w) for w in self.r.smembers(self.key("done", q.round, q.attempt))}
+        failed = self.r.scard(self.key("fail", q.round, q.attempt))
+        if not failed and set(q.members) <= done:
+            verdict = COMMIT
+        elif failed or (set(q.members) - done) - self.live():
+            verdict = ABORT
+        else:
+            return None
+        return self._settle(key, verdict)
+
+    def abort(self, q: Quorum) -> str:
+        """Abort the round unless its outcome is decided; returns the outcome that holds."""
+        return self._settle(self.key("outcome", q.round, q.attempt), ABORT)
+
+    def _settle(self, key: str, verdict: str) -> str:
+        """Store `verdict` unless an outcome is stored; the one that holds (ours if Redis lost it again)."""
+        self.r.set(key, verdict, nx=True, px=3_600_000)
+        held = self.r.get(key)
+        return verdict if held is None else _text(held)
+
+    # ---- bytes -----------------------------------------------------------------------------------
+    def publish_ledger(self, sent_by_tag: dict[str, float]) -> None:
+        self.r.hset(self.key("ledger"), str(self.worker), json.dumps(sent_by_tag))
+
+    def ledgers(self) -> dict[int, dict[str, float]]:
+        return {int(k): json.loads(v) for k, v in self.r.hgetall(self.key("ledger")).items()}
+
+
+def _text(value) -> str:
+    """Redis answers bytes (or str when the client decodes); both become str."""
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def redact(url: str) -> str:
+    """The URL with any password replaced, for messages and logs."""
+    if "@" not in url:
+        return url
+    scheme, _, rest = url.partition("://")
+    creds, _, host = rest.rpartition("@")
+    user = creds.split(":", 1)[0]
+    return f"{scheme}://{user + ':' if user else ':'}***@{host}"
+
+
+def wait_until(check, timeout_s: float, poll_s: float = 0.02):
+    """Call `check()` until it returns something other than None, a RedisError counting as None (a
+    coordinator restarting); None after `timeout_s`."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            got = check()
+        except redis.RedisError:
+            got = None
+        if got is not None or time.monotonic() > deadline:
+            return got
+        time.sleep(poll_s)

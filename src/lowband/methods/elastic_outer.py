@@ -1,0 +1,136 @@
+"""The outer loop of local SGD and DiLoCo for a membership that changes between outer steps.
+
+From Douillard et al., "DiLoCo" (2023) and "Streaming DiLoCo" (2025), made elastic as torchft's
+DiLoCo is: a quorum forms at every outer step, and the outer step averages the pseudo-gradients of
+the quorum's members only. Algorithm, per round of a quorum of K members of whom n contribute:
+
+  every member sends Δ = θ_global - θ_local of the round's fragment (a contributor) or zeros (a
+  member that holds another θ_global, or trained nothing since it last received one);
+  mean = (sum of what was sent) / n, the mean over the contributors alone;
+  the members that hold the authoritative θ_global step it with the outer optimizer (DiLoCo:
+  Nesterov SGD; local SGD: lr 1, no momentum, so θ_global becomes the contributors' mean);
+  the receivers get θ_global and the outer optimizer's momentum from the source (tag "join").
+
+Fragments (Streaming DiLoCo): round r synchronises fragment r mod P; floating buffers (BatchNorm)
+are averaged every round. A contributor's Δ of fragment p covers the steps since p was last merged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+
+import torch
+from torch import nn
+from torch.nn.utils import parameters_to_vector, vector_to_parameters
+
+from lowband.comm.compress import parse_codec
+from lowband.comm.reduce import compressed_mean
+from lowband.methods.outer import Fragment, split_fragments
+
+
+class ElasticOuter:
+    """θ_global, the outer optimizer and the error feedback of every fragment, for one worker."""
+
+    def __init__(self, model: nn.Module, method_cfg, seed: int):
+        params: list = list(model.parameters())
+        buffers: list = [b for b in model.buffers() if b.is_floating_point()]
+        codec = method_cfg.codec
+        if method_cfg.name == "local_sgd":  # averaging: lr 1, no momentum, buffers in the same vector
+            self.fragments = [Fragment(params + buffers, 1.0, 0.0, parse_codec(codec, seed=seed),
+                                       method_cfg.error_feedback)]
+            self.buffers: Fragment | None = None
+            self.mix = 1.0
+        else:
+            self.fragments = [Fragment(group, method_cfg.outer_lr, method_cfg.outer_momentum,
+                                       parse_codec(codec, seed=seed), method_cfg.error_feedback)
+                              for group in split_fragments(params, method_cfg.fragments)]
+            self.buffers = Fragment(buffers, 1.0, 0.0, parse_codec("fp32"), False) if buffers else None
+            self.mix = method_cfg.mix
+
+    @property
+    def parts(self) -> list[Fragment]:
+        return self.fragments + ([self.buffers] if self.buffers else [])
+
+    def due(self, round_no: int) -> list[Fragment]:
+        """The fragments round `round_no` synchronises."""
+        return [self.fragments[round_no % len(self.fragments)]] + ([self.buffers] if self.buffers else [])
+
+    def fingerprint(self) -> str:
+        """16 hex digits of θ_global: members of one version compare them to know they agree."""
+        digest = hashlib.blake2b(digest_size=8)
+        for part in self.parts:
+            digest.update(part.anchor.detach().cpu().contiguous().numpy().tobytes())
+        return digest.hexdigest()
+
+    @torch.no_grad()
+    def average(self, comm, round_no: int, contributors: int, contribute: bool, step: bool) -> None:
+        """The round's collective over the quorum `comm`: every member sends its Δ (zeros unless it
+        `contribute`s); with `step`, θ_global takes one outer step with the contributors' mean."""
+        for frag in self.due(round_no):
+            local = parameters_to_vector(frag.params)
+            delta = frag.anchor.detach() - local if contribute else torch.zeros_like(local)
+            mean = compressed_mean(comm, delta, frag.codec, "params", frag.feedback if contribute else None)
+            if step and contributors:
+                frag.anchor.grad = mean * (comm.world / contributors)
+                frag.outer.step()
+                frag.outer.zero_grad(set_to_none=True)
+
+    # ---- state that travels to a receiver ---------------------------------------------------------
+    def state_vector(self) -> torch.Tensor:
+        """θ_global and the outer momentum of every part, in one float32 vector (zeros for a momentum
+        not yet made, with a flag)."""
+        pieces = []
+        for part in self.parts:
+            momentum = part.outer.state.get(part.anchor, {}).get("momentum_buffer")
+            pieces += [part.anchor.detach().float().reshape(-1),
+                       torch.tensor([0.0 if momentum is None else 1.0]),
+                       torch.zeros(part.numel) if momentum is None else momentum.float().reshape(-1)]
+        return torch.cat(pieces)
+
+    @torch.no_grad()
+    def load_state_vector(self, vector: torch.Tensor) -> None:
+        """Take a source's `state_vector`; this worker's error feedback starts over (its residual
+        belonged to pseudo-gradients of another θ_global)."""
+        offset = 0
+        for part in self.parts:
+            n = part.numel
+            part.anchor.copy_(vector[offset:offset + n])
+            has_momentum, momentum = vector[offset + n].item() > 0, vector[offset + n + 1:offset + 2 * n + 1]
+            offset += 2 * n + 1
+            part.outer.state.clear()
+            if has_momentum:
+                part.outer.state[part.anchor] = {"momentum_buffer": momentum.clone()}
+            if part.feedback is not None:
+                part.feedback.residual = None
+
+    def state_numel(self) -> int:
+        return sum(2 * part.numel + 1 for part in self.parts)
+
+    # ---- merging into the local model -------------------------------------------------------------
+    def merge(self, parts: list[Fragment], mix: float | None = None) -> None:
+        """θ_local <- mix·θ_global + (1 - mix)·θ_local for `parts` (buffers are always replaced)."""
+        for part in parts:
+            part.merge(1.0 if part is self.buffers else (self.mix if mix is None else mix))
+
+    def state_dict(self) -> dict:
+        return {"parts": [part.state_dict() for part in self.parts]}
+
+    def load_state_dict(self, state: dict) -> None:
+        for part, saved in zip(self.parts, state["parts"]):
+            part.load_state_dict(saved)
+
+    def global_model(self, model: nn.Module) -> nn.Module:
+        """A copy of `model` holding θ_global."""
+        import copy
+
+        glob = copy.deepcopy(model)
+        params = list(glob.parameters())
+        buffers = [b for b in glob.buffers() if b.is_floating_point()]
+        with torch.no_grad():
+            if self.buffers is None:
+                vector_to_parameters(self.fragments[0].anchor.detach().clone(), params + buffers)
+            else:
+                for frag, group in zip(self.fragments, split_fragments(params, len(self.fragments))):
+                    vector_to_parameters(frag.anchor.detach().clone(), group)
+                vector_to_parameters(self.buffers.anchor.detach().clone(), buffers)
+        return glob

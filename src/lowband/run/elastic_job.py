@@ -1,0 +1,219 @@
+"""Start, join and watch an elastic job: `lowband train --elastic` and `lowband join RUN`.
+
+`start` checks the config, starts the coordinator (an embedded Redis on 127.0.0.1 unless
+elastic.coordinator names one), writes RUN_DIR/elastic.json (the coordinator's URL and the job's
+id), and starts `train.workers` workers (run/elastic_worker.py). A worker that dies does not stop
+the others: the job goes on while at least elastic.min_workers are alive, and ends when the last
+epoch is done. `join` starts one more worker on a running job, from any machine that reaches the
+coordinator and sees the run directory (shared storage, as checkpoints need).
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+import time
+import uuid
+from typing import Any
+
+import redis
+
+from lowband import config as C
+from lowband.comm.membership import Membership
+from lowband.errors import ConfigError, UsageError
+from lowband.run import launch
+from lowband.run.elastic_worker import JOB_FILE, latest_checkpoint, read_job
+from lowband.run.rundir import RunDir
+
+ENTRY = "lowband.run.elastic_worker:main"
+OUTER_METHODS = ("local_sgd", "diloco")
+
+
+def check(cfg: C.Config) -> None:
+    """Refuse, in one line, what an elastic job cannot run."""
+    m: Any = cfg.method  # a LocalSGDConfig or a DiLoCoConfig once the name is checked
+    e = cfg.elastic
+    if m.name not in OUTER_METHODS:
+        raise ConfigError("method.name", m.name, "--elastic trains the outer-loop methods local_sgd and diloco "
+                                                 "(their workers meet only at outer steps)")
+    if getattr(m, "group_size", 1) != 1:
+        raise ConfigError("method.group_size", m.group_size, "must be 1 with --elastic (a replica is one worker)")
+    if getattr(m, "overlap", 0):
+        raise ConfigError("method.overlap", m.overlap, "must be 0 with --elastic (a round merges what it sends)")
+    fragments = getattr(m, "fragments", 1)
+    if m.tau % fragments:
+        raise ConfigError("method.fragments", fragments, f"must divide method.tau={m.tau} with --elastic "
+                                                         "(a round is tau / fragments steps)")
+    if e.max_workers and cfg.train.workers > e.max_workers:
+        raise ConfigError("train.workers", cfg.train.workers, f"must be <= elastic.max_workers={e.max_workers}")
+    if cfg.link.mode == "netns" or cfg.link.sites or cfg.link.site_of or cfg.link.rate != "unlimited":
+        raise ConfigError("link", cfg.link.rate, "elastic jobs run on the real network: leave link.* at its defaults")
+    if cfg.train.device == "cuda":
+        raise ConfigError("train.device", "cuda", "elastic jobs train on the CPU (their quorums are gloo groups)")
+    if cfg.train.stop_at_target:
+        raise ConfigError("train.stop_at_target", True, "is not supported with --elastic")
+
+
+def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = False) -> tuple[int, str]:
+    """Run an elastic job to its end; returns (exit code, run directory)."""
+    from lowband.data import load_dataset
+    from lowband.distill.redis_server import EmbeddedRedis
+    from lowband.run.runconfig import check_model, new_run_dir, prepare_run_dir, write_config
+
+    check(cfg)
+    check_model(cfg, load_dataset(cfg.data))
+    run_dir = run_dir or new_run_dir(out, cfg.method.name)
+    if cfg.elastic.coordinator:
+        Membership(cfg.elastic.coordinator, "check").ping()
+    server = None if cfg.elastic.coordinator else EmbeddedRedis()
+    url = server.start() if server is not None else cfg.elastic.coordinator
+    try:
+        members = Membership(url, uuid.uuid4().hex[:12], cfg.elastic.dead_after_s)
+        round_no = 0
+        if resume:
+            round_no = _resume_round(run_dir)
+            write_config(cfg, run_dir)
+        else:
+            prepare_run_dir(cfg, run_dir)
+        RunDir(run_dir).write_text(JOB_FILE, json.dumps({"coordinator": url, "job": members.job,
+                                                          "launcher_pid": os.getpid()}, indent=1) + "\n")
+        members.publish_job("running", cfg.elastic.min_workers, cfg.elastic.max_workers, round_no)
+        print(f"lowband: elastic job {members.job}: {cfg.train.workers} worker(s), coordinator {_shown(url)}; "
+              f"add one with `lowband join {run_dir}`", file=sys.stderr, flush=True)
+        procs = launch.spawn(ENTRY, [run_dir, "1" if resume else "0"], cfg.train.workers, run_dir, cfg.train.threads)
+        code = supervise(procs, members, cfg.elastic)
+    finally:
+        if server is not None:
+            server.stop()
+    if code == 0:
+        summarize(run_dir)
+    return code, run_dir
+
+
+def _resume_round(run_dir: str) -> int:
+    from lowband.run import checkpoint
+
+    path = latest_checkpoint(run_dir)
+    return int(checkpoint.load_state(path)["round"]) if path else 0
+
+
+def _shown(url: str) -> str:
+    from lowband.comm.membership import redact
+
+    return redact(url)
+
+
+def supervise(procs, members: Membership, e: C.ElasticConfig, poll_s: float = 0.2) -> int:
+    """Watch this launcher's workers until the job ends: 0 once it finished, a worker's usage error (2)
+    or divergence (4) at once (the others are stopped), else the first failure once nobody is left."""
+    reported: set[int] = set()
+    try:
+        while True:
+            codes = [p.poll() for p in procs]
+            for i, code in enumerate(codes):
+                if code not in (None, 0) and i not in reported:
+                    reported.add(i)
+                    if code in (2, 4):
+                        launch.stop(procs)
+                        return code
+                    print(f"lowband: an elastic worker (pid {procs[i].pid}) {launch._describe(code)}; the job goes "
+                          "on without it", file=sys.stderr, flush=True)
+            status, live = _job_state(members, e)
+            if all(c is not None for c in codes) and (status == "finished" or live == 0):
+                if status == "finished":
+                    return 0
+                failed = [c for c in codes if c]
+                print("lowband: every elastic worker left before the job finished; continue it with "
+                      "`lowband train --resume RUN_DIR`", file=sys.stderr)
+                return launch._exit_code(failed[0]) if failed else 1
+            time.sleep(poll_s)
+    except KeyboardInterrupt:
+        launch.stop(procs)
+        print("lowband: interrupted; stopped every worker", file=sys.stderr)
+        return 130
+    finally:
+        launch.stop(procs)
+
+
+def _job_state(members: Membership, e: C.ElasticConfig) -> tuple[str | None, int]:
+    """(status, live workers); a coordinator that restarted empty gets the job's entry back."""
+    try:
+        status = members.status()
+        if status is None:
+            members.publish_job("running", e.min_workers, e.max_workers)
+            status = "running"
+        return status, len(members.live())
+    except redis.RedisError:
+        return "running", -1  # away: assume the job goes on
+
+
+def join(run_dir: str) -> int:
+    """Start one more worker on the running elastic job in `run_dir`; its exit code."""
+    from lowband.run.runconfig import read_run_config
+
+    job = read_job(run_dir)
+    cfg = read_run_config(run_dir, "RUN_DIR")
+    if not cfg.elastic.on:
+        raise UsageError(f"{run_dir} is not an elastic job (elastic.on is false in its config.toml)")
+    if os.path.isfile(RunDir(run_dir).model_path(0)):
+        raise UsageError(f"the elastic job in {run_dir} has finished (model.safetensors is written); "
+                         "there is nothing to join")
+    members = Membership(job["coordinator"], job["job"], cfg.elastic.dead_after_s)
+    members.ping()
+    status = members.status()
+    if status is None:
+        raise UsageError(f"the elastic job in {run_dir} is not running (its coordinator does not know job "
+                         f"{job['job']}); continue it with `lowband train --resume {run_dir}`")
+    if status == "finished":
+        raise UsageError(f"the elastic job in {run_dir} has finished; there is nothing to join")
+    print(f"lowband: joining elastic job {job['job']} in {run_dir}", file=sys.stderr, flush=True)
+    procs = launch.spawn(ENTRY, [run_dir, "0"], 1, run_dir, cfg.train.threads)
+    try:
+        return launch._exit_code(procs[0].wait())
+    except KeyboardInterrupt:
+        launch.stop(procs)
+        return 130
+
+
+def summarize(run_dir: str) -> None:
+    """Print what the job did: epochs, rounds, members over time, bytes by tag; plot elastic.png."""
+    run = RunDir(run_dir)
+    rounds, epochs = run.read("quorums"), run.read("metrics")
+    if not rounds or not epochs:
+        return
+    sizes = [len(q["members"]) for q in rounds]
+    changes = sum(1 for a, b in zip(rounds, rounds[1:]) if a["members"] != b["members"])
+    redone = sum(1 for q in rounds if q["attempt"] > 0)
+    last = epochs[-1]
+    figure = f"val bpb {last['val_bpb']:.4f}" if last.get("val_bpb") is not None else f"val acc {last['val_acc']:.4f}"
+    tags = ", ".join(f"{t} {v / 1e6:.2f} MB" for t, v in sorted(last["bytes_total_by_tag"].items()) if v)
+    print(f"lowband: elastic job done: {len(epochs)} epoch(s) in {len(rounds)} round(s); workers per round "
+          f"{min(sizes)}..{max(sizes)} (mean {sum(sizes) / len(sizes):.2f}), membership changed {changes} time(s), "
+          f"{redone} round(s) redone; {figure}; sent {tags}", file=sys.stderr)
+    try:
+        plot(run_dir, rounds, epochs)
+    except ImportError:
+        pass
+
+
+def plot(run_dir: str, rounds: list[dict], epochs: list[dict]) -> str:
+    """elastic.png: workers in each round's quorum over time, and the validation figure per epoch."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
+    top.step([q["elapsed_s"] for q in rounds], [len(q["members"]) for q in rounds], where="post")
+    top.set_ylabel("workers in the quorum")
+    top.set_title("elastic job: membership and validation over time")
+    key = "val_bpb" if epochs[-1].get("val_bpb") is not None else "val_acc"
+    bottom.plot([r["elapsed_s"] for r in epochs], [r[key] for r in epochs], marker="o")
+    bottom.set_ylabel("validation bits per byte" if key == "val_bpb" else "validation accuracy")
+    bottom.set_xlabel("seconds since the job started")
+    fig.tight_layout()
+    path = os.path.join(run_dir, "elastic.png")
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path

@@ -1,0 +1,405 @@
+"""One worker of an elastic job: local SGD or DiLoCo while workers leave and join.
+
+The loop, per round (one outer step; comm/membership.py says how a quorum forms and commits):
+
+  meet      arrive at the job's newest round with what this worker holds; wait for the quorum
+  exchange  a gloo group of the quorum's members on a fresh store prefix (comm/rendezvous.py):
+            the pseudo-gradients' collective and the outer step (methods/elastic_outer.py), then the
+            source's θ_global to the receivers (tag "join"); vote; an aborted round (a member died or
+            went silent, a collective failed) is undone and met again without the lost member
+  commit    merge θ_global into the local model; the source writes the round to quorums.jsonl and,
+            when an epoch ended, evaluates θ_global (metrics.jsonl), checkpoints and, after the
+            last epoch, writes model.safetensors and marks the job finished
+  train     this worker's slice of the epoch's order: tau steps (tau / fragments for Streaming DiLoCo)
+
+An epoch is one pass over one random order of the training set: every round hands each member the
+next slice of it, so while membership changes each sample of an epoch is trained at most once (a
+slice whose worker dies is lost to that epoch) and an epoch's length in rounds depends on how many
+workers there were. Worker ids count up from 0 in the order workers register; a joiner's id is new.
+
+For tests, LOWBAND_ELASTIC_FAULT="ID:ROUND:WHERE:ACTION[:SECONDS]" makes worker ID, in round ROUND,
+at WHERE (inner: after its first inner step before that round; exchange: after the quorum formed, before the
+collective) kill itself (SIGKILL) or stop itself (SIGSTOP) for SECONDS.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import math
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+
+import redis
+import torch
+
+from lowband.comm import Communicator
+from lowband.comm.membership import ABORT, COMMIT, Arrival, Membership, Quorum, decide, wait_until
+from lowband.comm.rendezvous import RedisStore
+from lowband.config import Config
+from lowband.data import load_dataset
+from lowband.data.metric import BITS_PER_BYTE, bits_per_byte, metric_for
+from lowband.errors import Diverged, UsageError
+from lowband.methods.elastic_outer import ElasticOuter
+from lowband.models import build_for_task
+from lowband.run import checkpoint
+from lowband.run.rundir import RunDir
+from lowband.run.schedule import lr_at
+
+JOB_FILE = "elastic.json"
+
+
+def read_job(run_dir: str) -> dict:
+    """RUN_DIR/elastic.json: the coordinator's URL and the job's id, written by the launcher."""
+    path = os.path.join(run_dir, JOB_FILE)
+    if not os.path.isfile(path):
+        raise UsageError(f"{run_dir} is not an elastic job (no {JOB_FILE}); start one with "
+                         "`lowband train --elastic`")
+    with open(path) as f:
+        return json.load(f)
+
+
+def round_steps(method_cfg) -> int:
+    """Inner steps between two rounds: tau, or tau / fragments for Streaming DiLoCo."""
+    return method_cfg.tau // getattr(method_cfg, "fragments", 1)
+
+
+def main(run_dir: str, resume: str = "0") -> None:
+    """Entry point of an elastic worker process (`lowband.run.launch` calls it)."""
+    from lowband.run.runconfig import read_run_config
+
+    cfg = read_run_config(run_dir)
+    torch.set_num_threads(cfg.train.threads)
+    worker = ElasticWorker(cfg, run_dir, read_job(run_dir))
+    try:
+        worker.run(resume == "1")
+    finally:
+        worker.close()
+
+
+class ElasticWorker:
+    """One elastic worker: its model, inner optimizer, outer state and place in the job."""
+
+    def __init__(self, cfg: Config, run_dir: str, job: dict):
+        from lowband.run.trainer import make_optimizer
+
+        self.cfg, self.e = cfg, cfg.elastic
+        self.members = Membership(job["coordinator"], job["job"], self.e.dead_after_s)
+        self.id = self.members.register({"host": socket.gethostname(), "pid": os.getpid()})
+        self.members.start_heartbeat(self.e.heartbeat_s)
+        self.run_dir = RunDir(run_dir, self.id)
+        self.log = _logger(run_dir, self.id)
+        self.data = load_dataset(cfg.data)
+        torch.manual_seed(cfg.train.seed)  # every worker starts from the same θ: agreeing needs no transfer
+        self.model = build_for_task(cfg.model, self.data.in_shape, self.data.num_classes, self.data.task)
+        self.optimizer = make_optimizer(cfg.optim, self.model.parameters())
+        self.outer = ElasticOuter(self.model, cfg.method, cfg.train.seed * 1000 + self.id)
+        self.stats = Communicator().stats  # this worker's byte ledger, shared by every quorum's group
+        self.steps_per_round = round_steps(cfg.method)
+        self.samples = len(self.data.y_train)
+        self.version, self.trained, self.loss_sum = 0, 0, 0.0
+        self.epoch, self.cursor, self.epoch_loss, self.epoch_steps = 0, 0, 0.0, 0
+        self.attempts: dict[int, int] = {}
+        self.started = time.monotonic()
+        self.fault = _fault_plan(self.id)
+
+    # ---- the loop --------------------------------------------------------------------------------
+    def run(self, resume: bool) -> None:
+        if resume:
+            self._resume()
+        self.log.info(f"worker {self.id} joined (pid {os.getpid()})")
+        while True:
+            q = self._meet()
+            if q is None:
+                self.log.info(f"worker {self.id}: the job has finished")
+                return
+            if self._exchange(q) != COMMIT:
+                continue
+            self._commit(q)
+            if q.finished:
+                self.log.info(f"worker {self.id}: finished with θ_global {self.outer.fingerprint()} "
+                              f"(version {self.version})")
+                return
+            self._train(q)
+
+    def close(self) -> None:
+        self.members.leave()
+
+    # ---- meet ------------------------------------------------------------------------------------
+    def _arrival(self) -> Arrival:
+        return Arrival(self.version, self.outer.fingerprint(), self.trained, self.loss_sum, self.epoch,
+                       self.cursor, self.epoch_loss, self.epoch_steps)
+
+    def _meet(self) -> Quorum | None:
+        """Arrive at the newest round and wait for its quorum to include this worker; None once the
+        job has finished. A quorum decided without this worker (it came late, or the quorum was full)
+        sends it to the next round or attempt."""
+        since, said = time.monotonic(), 0.0
+        while True:
+            try:
+                if self.members.status() == "finished":
+                    return None
+                r = max(self.version, self.members.current_round())
+                self.members.reach(r)
+                a = max(self.attempts.get(r, 0), self.members.current_attempt(r))
+                self.members.arrive(r, a, self._arrival())
+                q = self.members.quorum(r, a) or self._decide(r, a, since)
+            except redis.RedisError:
+                q = None  # the coordinator is away (restarting): keep trying
+            if q is not None and self.id in q.members:
+                return q
+            if time.monotonic() - since > self.e.wait_s:
+                raise UsageError(f"worker {self.id} waited {self.e.wait_s:g} s (elastic.wait_s) for a quorum of at "
+                                 f"least {self.e.min_workers} worker(s); giving up")
+            if time.monotonic() - said > 10:
+                if said:
+                    self.log.info(f"worker {self.id}: waiting for a quorum ({self._waiting_for()})")
+                said = time.monotonic()
+            time.sleep(0.02)
+
+    def _waiting_for(self) -> str:
+        try:
+            live = len(self.members.live())
+        except redis.RedisError:
+            return "the coordinator does not answer"
+        if live < self.e.min_workers:
+            return f"{live} worker(s) alive, elastic.min_workers={self.e.min_workers}"
+        return f"{live} worker(s) alive; the round's members are still training or the quorum is full"
+
+    def _decide(self, r: int, a: int, since: float) -> Quorum | None:
+        """Propose the quorum once every live worker has arrived, or `timeout_s` has passed with at
+        least `min_workers` arrived; None while neither holds."""
+        arrivals, live = self.members.arrivals(r, a), self.members.live()
+        present = {w: arrival for w, arrival in arrivals.items() if w in live}
+        if len(present) < self.e.min_workers or self.id not in present:
+            return None
+        if not live <= set(present) and time.monotonic() - since < self.e.timeout_s:
+            return None
+        q = decide(r, a, present, self.samples, self.steps_per_round * self.cfg.train.batch_size,
+                   self.cfg.train.epochs, self.e.max_workers)
+        return self.members.propose(q)
+
+    # ---- exchange --------------------------------------------------------------------------------
+    def _group(self, q: Quorum, name: str, ranks: list[int]) -> Communicator:
+        prefix = self.members.key("pg", q.round, q.attempt, name)
+        store = RedisStore(self.members.url, prefix, self.e.timeout_s, alive=lambda: set(ranks) <= self.members.live())
+        return Communicator.over_store(store, ranks.index(self.id), len(ranks), torch.device("cpu"),
+                                       self.e.timeout_s, self.stats)
+
+    def _exchange(self, q: Quorum) -> str:
+        """The round's collective, outer step and state transfer, then the vote; undone unless it commits."""
+        saved = self.outer.state_dict()
+        ok = True
+        try:
+            self._maybe_fault(q.round, "exchange")
+            contribute = self.id in q.contributors
+            agree = self.id not in q.receivers
+            comm = self._group(q, "average", q.members)
+            self.outer.average(comm, q.round, len(q.contributors), contribute, step=agree)
+            if q.receivers and self.id in [q.members[0]] + q.receivers:
+                self._transfer(q)
+            comm.close()
+        except (RuntimeError, redis.RedisError) as e:
+            ok = False
+            self.log.warning(f"worker {self.id}: round {q.round} attempt {q.attempt} failed "
+                             f"({str(e).splitlines()[0][:160]}); redoing it")
+        outcome = None
+        try:
+            self.members.vote(q, ok)
+            outcome = wait_until(lambda: self.members.outcome(q), self.e.timeout_s + self.e.dead_after_s)
+            outcome = outcome or self.members.abort(q)
+        except redis.RedisError:
+            outcome = ABORT
+        if outcome != COMMIT:
+            self.outer.load_state_dict(saved)
+            self.attempts[q.round] = q.attempt + 1
+            try:
+                self.members.next_attempt(q.round, q.attempt + 1)
+            except redis.RedisError:
+                pass
+        return outcome
+
+    def _transfer(self, q: Quorum) -> None:
+        """The source's θ_global and outer momentum to the receivers, over a group of their own."""
+        ranks = [q.members[0]] + q.receivers
+        comm = self._group(q, "join", ranks)
+        vector = self.outer.state_vector() if self.id == q.members[0] else torch.zeros(self.outer.state_numel())
+        comm.broadcast(vector, src=0, tag="join")
+        if self.id != q.members[0]:
+            self.outer.load_state_vector(vector)
+        comm.close()
+
+    # ---- commit ----------------------------------------------------------------------------------
+    def _commit(self, q: Quorum) -> None:
+        receiver = self.id in q.receivers
+        self.outer.merge(self.outer.parts if receiver else self.outer.due(q.round), mix=1.0 if receiver else None)
+        if receiver:
+            self.log.info(f"worker {self.id}: received θ_global of round {q.round} (version {q.version})")
+        self.version = q.version + 1
+        self.trained, self.loss_sum = 0, 0.0
+        self.epoch, self.cursor = q.epoch, q.next_cursor
+        self.epoch_loss, self.epoch_steps = q.epoch_loss, q.epoch_steps
+        self._publish_bytes()
+        if self.id == q.members[0]:
+            self._record(q)
+
+    def _publish_bytes(self) -> None:
+        try:
+            self.members.publish_ledger({tag: s.sent for tag, s in self.stats.items() if s.sent})
+        except redis.RedisError:
+            pass
+
+    def _record(self, q: Quorum) -> None:
+        """The source's records: the round, and when an epoch ended its evaluation and checkpoint."""
+        elapsed = time.monotonic() - self.started
+        self.run_dir.stream("quorums").write({
+            "round": q.round, "attempt": q.attempt, "members": q.members, "contributors": q.contributors,
+            "receivers": q.receivers, "version": q.version + 1, "epoch": q.epoch + 1, "slices": q.slices,
+            "elapsed_s": round(elapsed, 3)})
+        if q.epoch_end >= 0:
+            self._epoch_record(q, elapsed)
+            self._checkpoint(q)
+        if q.finished:
+            glob = self.outer.global_model(self.model)
+            checkpoint.save_model(glob.state_dict(), self.run_dir.model_path(0), self._model_metadata())
+            self.members.finish()
+            self.log.info(f"worker {self.id}: last epoch done; model.safetensors written")
+
+    def _epoch_record(self, q: Quorum, elapsed: float) -> None:
+        from lowband.run.trainer import scores
+
+        glob, d, bs = self.outer.global_model(self.model), self.data, self.cfg.train.eval_batch_size
+        test_acc, test_loss = scores(glob, d.x_test, d.y_test, bs, torch.device("cpu"))
+        val_acc, val_loss = (scores(glob, d.x_val, d.y_val, bs, torch.device("cpu"))
+                             if d.x_val is not None and d.y_val is not None else (None, None))
+        ledgers = self.members.ledgers()
+        by_tag: dict[str, float] = {}
+        for ledger in ledgers.values():
+            for tag, sent in ledger.items():
+                by_tag[tag] = by_tag.get(tag, 0.0) + sent
+        total = sum(v for t, v in by_tag.items() if t not in ("control", "metrics", "barrier", "eval"))
+        record = {"epoch": q.epoch_end, "rounds": q.round + 1, "workers": len(q.members),
+                  "workers_seen": len(ledgers), "train_loss": q.ended_loss, "test_acc": test_acc, "val_acc": val_acc,
+                  "test_loss": test_loss, "val_loss": val_loss, "bytes_total_by_tag": by_tag,
+                  "bytes_sent_total": total, "bytes_sent_per_worker": total / max(len(ledgers), 1),
+                  "lr": self.optimizer.param_groups[0]["lr"], "elapsed_s": round(elapsed, 3)}
+        if metric_for(self.cfg.data.name) is BITS_PER_BYTE:
+            record |= {"val_bpb": bits_per_byte(val_loss), "test_bpb": bits_per_byte(test_loss)}
+        self.run_dir.stream("metrics").write(record)
+        figure = (f"val bpb {record['val_bpb']:.4f}" if "val_bpb" in record
+                  else f"val acc {val_acc if val_acc is not None else test_acc:.4f}")
+        self.log.info(f"epoch {q.epoch_end}/{self.cfg.train.epochs}  round {q.round}  {len(q.members)} worker(s)  "
+                      f"loss {q.ended_loss:.4f}  {figure}  sent {total / 1e6:.2f} MB in all  {elapsed:.1f}s")
+
+    def _checkpoint(self, q: Quorum) -> None:
+        state = {"version": q.version + 1, "round": q.round + 1, "epoch": q.epoch, "outer": self.outer.state_dict(),
+                 "model": self.model.state_dict(), "bytes": {str(w): ledger for w, ledger in self.members.ledgers().items()}}
+        path = os.path.join(self.run_dir.path, "checkpoints", f"elastic-epoch{q.epoch_end}.pt")
+        checkpoint.save_state(state, path)
+
+    def _resume(self) -> None:
+        path = latest_checkpoint(self.run_dir.path)
+        if path is None:
+            self.log.warning(f"worker {self.id}: no elastic checkpoint in {self.run_dir.path}; starting from scratch")
+            return
+        state = checkpoint.load_state(path)
+        self.outer.load_state_dict(state["outer"])
+        self.model.load_state_dict(state["model"])
+        self.outer.merge(self.outer.parts, mix=1.0)
+        self.version, self.epoch, self.cursor = int(state["version"]), int(state["epoch"]), 0
+        self.log.info(f"worker {self.id}: resumed from {path} (round {state['round']})")
+
+    def _model_metadata(self) -> dict[str, str]:
+        from dataclasses import asdict
+
+        from lowband import __version__
+
+        return {"lowband_version": __version__, "method": self.cfg.method.name,
+                "model": json.dumps(asdict(self.cfg.model)), "in_shape": json.dumps(list(self.data.in_shape)),
+                "num_classes": str(self.data.num_classes)}
+
+    # ---- train -----------------------------------------------------------------------------------
+    def _train(self, q: Quorum) -> None:
+        """This worker's slice of epoch q.epoch's order, a batch per step."""
+        from lowband.run.trainer import task_loss
+
+        start, end = q.slices[str(self.id)]
+        gen = torch.Generator().manual_seed(self.cfg.train.seed * 1_000_003 + q.epoch)
+        ids = torch.randperm(self.samples, generator=gen)[start:end]
+        bs = self.cfg.train.batch_size
+        for i, first in enumerate(range(0, len(ids), bs)):
+            self._set_lr(q.epoch + (start + first) / self.samples)
+            batch = ids[first:first + bs]
+            outputs = self.model(self.data.x_train[batch])
+            loss = task_loss(outputs, self.data.y_train[batch])
+            self.optimizer.zero_grad(set_to_none=True)
+            loss.backward()
+            self.optimizer.step()
+            value = loss.item()
+            if not math.isfinite(value):
+                raise Diverged(q.epoch + 1, i + 1, self.id, value, self.optimizer.param_groups[0]["lr"])
+            self.trained, self.loss_sum = self.trained + 1, self.loss_sum + value
+            if i == 0:
+                self._maybe_fault(q.round + 1, "inner")
+        self._maybe_fault(q.round + 1, "inner")  # a worker whose slice was empty meets its fault here
+
+    def _set_lr(self, epoch: float) -> None:
+        lr = lr_at(epoch, self.cfg.optim, self.cfg.train.epochs, 1.0, 0.0 if self.cfg.optim.warmup_epochs == "auto"
+                   else float(self.cfg.optim.warmup_epochs))
+        for group in self.optimizer.param_groups:
+            group["lr"] = lr
+
+    # ---- faults, for tests -----------------------------------------------------------------------
+    def _maybe_fault(self, round_no: int, where: str) -> None:
+        plan = self.fault
+        if plan is None or plan[0] != round_no or plan[1] != where:
+            return
+        self.fault = None
+        self.log.warning(f"worker {self.id}: LOWBAND_ELASTIC_FAULT: {plan[2]} at round {round_no} ({where})")
+        if plan[2] == "kill":
+            os.kill(os.getpid(), signal.SIGKILL)
+        subprocess.Popen(["sh", "-c", f"sleep {plan[3]}; kill -CONT {os.getpid()}"], start_new_session=True)
+        os.kill(os.getpid(), signal.SIGSTOP)
+
+
+def _fault_plan(worker: int) -> tuple[int, str, str, float] | None:
+    spec = os.environ.get("LOWBAND_ELASTIC_FAULT", "")
+    for item in filter(None, spec.split(",")):
+        parts = item.split(":")
+        if int(parts[0]) == worker:
+            return int(parts[1]), parts[2], parts[3], float(parts[4]) if len(parts) > 4 else 0.0
+    return None
+
+
+def latest_checkpoint(run_dir: str) -> str | None:
+    """The newest intact checkpoints/elastic-epoch{E}.pt (checksum matching), or None."""
+    folder = os.path.join(run_dir, "checkpoints")
+    names = [n for n in os.listdir(folder)] if os.path.isdir(folder) else []
+    epochs = sorted((int(n[len("elastic-epoch"):-3]) for n in names
+                     if n.startswith("elastic-epoch") and n.endswith(".pt")), reverse=True)
+    for epoch in epochs:
+        path = os.path.join(folder, f"elastic-epoch{epoch}.pt")
+        if checkpoint.damage(path) is None:
+            return path
+    return None
+
+
+def _logger(run_dir: str, worker: int) -> logging.Logger:
+    """Every worker logs to the console (prefixed with its id) and appends to RUN_DIR/train.log."""
+    log = logging.getLogger("lowband")
+    log.handlers.clear()
+    log.propagate = False
+    log.setLevel(logging.INFO)
+    console = logging.StreamHandler(sys.stdout)
+    console.setFormatter(logging.Formatter(f"[worker {worker}] %(message)s"))
+    if os.environ.get("LOWBAND_QUIET") == "1":
+        console.setLevel(logging.WARNING)
+    log.addHandler(console)
+    fh = logging.FileHandler(os.path.join(run_dir, "train.log"))
+    fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
+    log.addHandler(fh)
+    return log

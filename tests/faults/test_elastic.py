@@ -1,0 +1,247 @@
+"""Elastic jobs on real processes (run/elastic_worker.py): workers die, stall, join; the coordinator restarts.
+
+Every job here trains local SGD or DiLoCo on a small MNIST-1D; faults are injected by round with
+LOWBAND_ELASTIC_FAULT, so they land at the same place on a fast or a slow machine. What each test
+checks is what a user relies on: the job finishes, the survivors hold one θ_global (their final
+fingerprints agree, and no member that stayed in the quorum ever had to receive it again), no sample
+is trained twice in an epoch, and the figures match a single-process simulation when nobody leaves.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+import time
+
+import pytest
+import torch
+from safetensors.torch import load_file
+
+from lowband.distill.redis_server import EmbeddedRedis
+
+pytestmark = pytest.mark.timeout(240)
+SMALL = ["--set", "data.num_samples=600", "--batch-size", "16", "--set", "method.tau=4"]
+FAST_FAILURE = ["--set", "elastic.dead_after_s=1.5", "--set", "elastic.heartbeat_s=0.3",
+                "--set", "elastic.timeout_s=8"]
+
+
+def lowband(*args, env=None, timeout=200) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "lowband", *args], capture_output=True, text=True, timeout=timeout,
+                          env={**os.environ, **(env or {})})
+
+
+def start(*args, env=None) -> subprocess.Popen:
+    return subprocess.Popen([sys.executable, "-m", "lowband", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env={**os.environ, **(env or {})})
+
+
+def rounds(run_dir) -> list[dict]:
+    with open(os.path.join(run_dir, "quorums.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def final_fingerprints(run_dir) -> dict[int, str]:
+    with open(os.path.join(run_dir, "train.log")) as f:
+        found = re.findall(r"worker (\d+): finished with θ_global (\w+)", f.read())
+    return {int(w): fp for w, fp in found}
+
+
+def assert_one_model(run_dir, survivors: set[int]) -> None:
+    """Every survivor ends with the same θ_global, and a member that stayed never needed it sent again."""
+    prints = final_fingerprints(run_dir)
+    assert set(prints) == survivors and len(set(prints.values())) == 1, prints
+    recs = rounds(run_dir)
+    for before, now in zip(recs, recs[1:]):
+        stayed = set(before["members"]) & set(now["members"])
+        assert not stayed & set(now["receivers"]), (before, now)
+
+
+def assert_each_sample_at_most_once(run_dir) -> None:
+    by_epoch: dict[int, list[tuple[int, int]]] = {}
+    for rec in rounds(run_dir):
+        for start_, end in rec["slices"].values():
+            by_epoch.setdefault(rec["epoch"], []).append((start_, end))
+    for epoch, spans in by_epoch.items():
+        taken = [i for a, b in spans for i in range(a, b)]
+        assert len(taken) == len(set(taken)), f"epoch {epoch} hands a sample out twice"
+
+
+# ---- a job nobody leaves is local SGD exactly ----------------------------------------------------------
+
+def simulate(run_dir) -> dict[str, torch.Tensor]:
+    """Local SGD replayed in one process from the job's own quorum records: each member trains its slice
+    with its own optimizer, every round averages the contributors' models (parameters and buffers)."""
+    from lowband.data import load_dataset
+    from lowband.models import build_for_task
+    from lowband.models.flat import flat_state, load_flat
+    from lowband.run.runconfig import read_run_config
+    from lowband.run.schedule import lr_at
+    from lowband.run.trainer import make_optimizer, task_loss
+
+    cfg = read_run_config(run_dir)
+    data = load_dataset(cfg.data)
+    n, bs = len(data.y_train), cfg.train.batch_size
+    torch.manual_seed(cfg.train.seed)
+    first = build_for_task(cfg.model, data.in_shape, data.num_classes, data.task)
+    models = {w: first if w == 0 else __import__("copy").deepcopy(first) for w in range(cfg.train.workers)}
+    opts = {w: make_optimizer(cfg.optim, m.parameters()) for w, m in models.items()}
+    for rec in rounds(run_dir):
+        if rec["contributors"]:
+            mean = torch.stack([flat_state(models[w]) for w in rec["contributors"]]).mean(0)
+            for w in rec["members"]:
+                load_flat(models[w], mean)
+        epoch = rec["epoch"] - 1
+        order = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.train.seed * 1_000_003 + epoch))
+        for w, (a, b) in rec["slices"].items():
+            model, opt = models[int(w)], opts[int(w)]
+            for s in range(a, b, bs):
+                for group in opt.param_groups:
+                    group["lr"] = lr_at(epoch + s / n, cfg.optim, cfg.train.epochs, 1.0, 0.0)
+                ids = order[s:min(s + bs, b)]
+                loss = task_loss(model(data.x_train[ids]), data.y_train[ids])
+                opt.zero_grad(set_to_none=True)
+                loss.backward()
+                opt.step()
+    return models[rounds(run_dir)[-1]["members"][0]].state_dict()
+
+
+def test_a_job_nobody_leaves_is_local_sgd(tmp_path):
+    run = tmp_path / "job"
+    out = lowband("train", "--elastic", "--method", "local_sgd", "--workers", "2", "--epochs", "2", *SMALL,
+                  "--run-dir", str(run))
+    assert out.returncode == 0, out.stderr[-2000:]
+    got, want = load_file(str(run / "model.safetensors")), simulate(run)
+    for key, value in want.items():
+        if value.is_floating_point():
+            torch.testing.assert_close(got[key], value, atol=2e-5, rtol=1e-4, msg=key)
+    assert_one_model(run, {0, 1})
+    assert_each_sample_at_most_once(run)
+    assert "elastic job done" in out.stderr and (run / "elastic.png").exists()
+
+
+# ---- faults ---------------------------------------------------------------------------------------------
+
+@pytest.mark.slow
+def test_kill_mid_inner_steps_and_mid_exchange(tmp_path):
+    """Worker 1 dies training before round 3, worker 2 after round 5's quorum formed: the round is redone
+    without it, the two survivors finish together."""
+    run = tmp_path / "job"
+    out = lowband("train", "--elastic", "--method", "diloco", "--workers", "4", "--epochs", "3", *SMALL,
+                  *FAST_FAILURE, "--run-dir", str(run),
+                  env={"LOWBAND_ELASTIC_FAULT": "1:3:inner:kill,2:5:exchange:kill"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    recs = rounds(run)
+    assert all(1 not in r["members"] for r in recs if r["round"] >= 3)
+    assert any(r["round"] == 5 and r["attempt"] >= 1 and 2 not in r["members"] for r in recs)
+    assert all(2 not in r["members"] for r in recs if r["round"] > 5)
+    assert_one_model(run, {0, 3})
+    assert_each_sample_at_most_once(run)
+    assert out.stderr.count("was killed by SIGKILL; the job goes on without it") == 2
+
+
+@pytest.mark.slow
+def test_a_stalled_worker_rejoins_without_corrupting_the_average(tmp_path):
+    """Worker 1 stops (SIGSTOP) for longer than elastic.dead_after_s: the others go on without it; when it
+    wakes, its stale pseudo-gradient is dropped and it receives θ_global before it contributes again."""
+    run = tmp_path / "job"
+    out = lowband("train", "--elastic", "--method", "diloco", "--workers", "3", "--epochs", "30", *SMALL,
+                  *FAST_FAILURE, "--run-dir", str(run), env={"LOWBAND_ELASTIC_FAULT": "1:3:inner:stop:4"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    recs = rounds(run)
+    gone = [r for r in recs if 1 not in r["members"]]
+    assert gone, "worker 1 never left the quorum"
+    back = [r for r in recs if r["round"] > gone[0]["round"] and 1 in r["members"]]
+    assert back, "worker 1 never came back"
+    assert 1 in back[0]["receivers"] and 1 not in back[0]["contributors"]
+    assert_one_model(run, {0, 1, 2})
+
+
+@pytest.mark.slow
+def test_join_adds_a_worker_to_a_running_job(tmp_path):
+    run = tmp_path / "job"
+    job = start("train", "--elastic", "--method", "local_sgd", "--workers", "2", "--epochs", "40", *SMALL,
+                *FAST_FAILURE, "--run-dir", str(run))
+    try:
+        deadline = time.monotonic() + 60
+        while not (run / "quorums.jsonl").exists() or len(rounds(run)) < 3:
+            assert job.poll() is None and time.monotonic() < deadline, job.stdout.read()[-2000:]
+            time.sleep(0.1)
+        joined = lowband("join", str(run))
+        assert joined.returncode == 0, joined.stderr[-2000:]
+        assert job.wait(timeout=120) == 0
+    finally:
+        job.kill()
+    recs = rounds(run)
+    first = next(r for r in recs if 2 in r["members"])
+    assert 2 in first["receivers"]  # it got θ_global from a member before contributing
+    assert any(2 in r["contributors"] for r in recs)
+    with open(run / "metrics.jsonl") as f:
+        last = [json.loads(line) for line in f][-1]
+    numel = sum(t.numel() for t in load_file(str(run / "model.safetensors")).values() if t.is_floating_point())
+    assert last["bytes_total_by_tag"]["join"] >= 4 * (2 * numel)  # θ_global and its momentum, float32
+    assert_one_model(run, {0, 1, 2})
+
+
+@pytest.mark.slow
+def test_the_job_survives_a_coordinator_restart(tmp_path):
+    run = tmp_path / "job"
+    with EmbeddedRedis() as url:
+        server_port = url.rsplit(":", 1)[1].split("/")[0]
+        job = start("train", "--elastic", "--method", "diloco", "--workers", "3", "--epochs", "40", *SMALL,
+                    *FAST_FAILURE, "--run-dir", str(run), "--coordinator", url)
+        try:
+            deadline = time.monotonic() + 60
+            while not (run / "quorums.jsonl").exists() or len(rounds(run)) < 4:
+                assert job.poll() is None and time.monotonic() < deadline, job.stdout.read()[-2000:]
+                time.sleep(0.1)
+            from lowband.distill.redis_server import EmbeddedRedis as Server
+            restarted = Server(port=int(server_port))
+            _restart(url, restarted)
+            code = job.wait(timeout=150)
+            restarted.stop()
+        finally:
+            job.kill()
+        assert code == 0, job.stdout.read()[-3000:]
+    assert_one_model(run, {0, 1, 2})
+    assert_each_sample_at_most_once(run)
+
+
+def _restart(url: str, server) -> None:
+    """Stop the Redis at `url` (SHUTDOWN NOSAVE: empty, as a crash without persistence) and start one on its port."""
+    import redis
+
+    try:
+        redis.Redis.from_url(url).shutdown(nosave=True)
+    except redis.ConnectionError:
+        pass
+    time.sleep(0.5)
+    server.start()
+
+
+# ---- bad input: one line, exit 2, nothing left behind --------------------------------------------------
+
+@pytest.mark.parametrize("args, words", [
+    (["--method", "allreduce"], "method.name"),
+    (["--method", "diloco", "--min-workers", "3", "--max-workers", "2"], "elastic.max_workers"),
+    (["--method", "diloco", "--set", "method.group_size=2"], "method.group_size"),
+    (["--method", "local_sgd", "--coordinator", "redis://127.0.0.1:1/0"], "unreachable"),
+    (["--method", "local_sgd", "--coordinator", "http://x"], "elastic.coordinator"),
+])
+def test_bad_elastic_input_is_one_line(tmp_path, args, words):
+    out = lowband("train", "--elastic", *args, "--run-dir", str(tmp_path / "run"))
+    assert out.returncode == 2 and words in out.stderr, out.stderr
+    assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
+    assert not (tmp_path / "run").exists()
+
+
+def test_join_refuses_what_it_cannot_join(tmp_path):
+    out = lowband("join", str(tmp_path))
+    assert out.returncode == 2 and "not an elastic job" in out.stderr
+    run = tmp_path / "done"
+    assert lowband("train", "--elastic", "--method", "local_sgd", "--workers", "2", "--epochs", "1", *SMALL,
+                   "--run-dir", str(run)).returncode == 0
+    out = lowband("join", str(run))
+    assert out.returncode == 2 and "has finished" in out.stderr and "Traceback" not in out.stderr
