@@ -14,8 +14,8 @@ redone, bytes by tag over all workers, and the seconds lost per membership chang
 round took that much longer than the median round). The churned job is "within noise" when its
 mean is within two standard deviations of the steady one's (both schedules' seed spread).
 
-Run: python benchmarks/elastic.py [--seeds 0,1] [--epochs 2] [--max-bytes 1000000]
-About 3 minutes per job on 2 cores.
+Run: python benchmarks/elastic.py [--seeds 0,1,2] [--epochs 4] [--max-bytes 1000000]
+About a minute per job on 2 cores.
 """
 
 import argparse
@@ -131,8 +131,8 @@ def report(name: str, results: list[dict]) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    p.add_argument("--seeds", default="0,1")
-    p.add_argument("--epochs", type=int, default=2)
+    p.add_argument("--seeds", default="0,1,2")
+    p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--max-bytes", type=int, default=1_000_000)
     p.add_argument("--out", help="where the jobs go (default: a temporary directory)")
     args = p.parse_args()

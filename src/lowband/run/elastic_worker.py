@@ -88,15 +88,16 @@ class ElasticWorker:
         from lowband.run.trainer import make_optimizer
 
         self.cfg, self.e = cfg, cfg.elastic
+        self.data = load_dataset(cfg.data)
+        torch.manual_seed(cfg.train.seed)  # every worker starts from the same θ: agreeing needs no transfer
+        self.model = build_for_task(cfg.model, self.data.in_shape, self.data.num_classes, self.data.task)
+        self.optimizer = make_optimizer(cfg.optim, self.model.parameters())
+        # registered once ready to train: a quorum waits for every live worker
         self.members = Membership(job["coordinator"], job["job"], self.e.dead_after_s)
         self.id = self.members.register({"host": socket.gethostname(), "pid": os.getpid()})
         self.members.start_heartbeat(self.e.heartbeat_s)
         self.run_dir = RunDir(run_dir, self.id)
         self.log = _logger(run_dir, self.id)
-        self.data = load_dataset(cfg.data)
-        torch.manual_seed(cfg.train.seed)  # every worker starts from the same θ: agreeing needs no transfer
-        self.model = build_for_task(cfg.model, self.data.in_shape, self.data.num_classes, self.data.task)
-        self.optimizer = make_optimizer(cfg.optim, self.model.parameters())
         self.outer = ElasticOuter(self.model, cfg.method, cfg.train.seed * 1000 + self.id)
         self.stats = Communicator().stats  # this worker's byte ledger, shared by every quorum's group
         self.steps_per_round = round_steps(cfg.method)
