@@ -126,18 +126,19 @@ def test_a_job_nobody_leaves_is_local_sgd(tmp_path):
 
 @pytest.mark.slow
 def test_kill_mid_inner_steps_and_mid_exchange(tmp_path):
-    """Worker 1 dies training before round 3, worker 2 after round 5's quorum formed: the round is redone
-    without it, the two survivors finish together."""
+    """Worker 1 dies training before round 3, worker 0 (the source, who writes the job's records) after
+    round 5's quorum formed: the round is redone without it, the two survivors finish together."""
     run = tmp_path / "job"
     out = lowband("train", "--elastic", "--method", "diloco", "--workers", "4", "--epochs", "3", *SMALL,
                   *FAST_FAILURE, "--run-dir", str(run),
-                  env={"LOWBAND_ELASTIC_FAULT": "1:3:inner:kill,2:5:exchange:kill"})
+                  env={"LOWBAND_ELASTIC_FAULT": "1:3:inner:kill,0:5:exchange:kill"})
     assert out.returncode == 0, out.stderr[-2000:]
     recs = rounds(run)
     assert all(1 not in r["members"] for r in recs if r["round"] >= 3)
-    assert any(r["round"] == 5 and r["attempt"] >= 1 and 2 not in r["members"] for r in recs)
-    assert all(2 not in r["members"] for r in recs if r["round"] > 5)
-    assert_one_model(run, {0, 3})
+    assert any(r["round"] == 5 and r["attempt"] >= 1 and 0 not in r["members"] for r in recs)
+    assert all(0 not in r["members"] for r in recs if r["round"] > 5)
+    assert recs[-1]["round"] > 5 and (run / "model.safetensors").exists()
+    assert_one_model(run, {2, 3})
     assert_each_sample_at_most_once(run)
     assert out.stderr.count("was killed by SIGKILL; the job goes on without it") == 2
 
@@ -148,7 +149,8 @@ def test_a_stalled_worker_rejoins_without_corrupting_the_average(tmp_path):
     wakes, its stale pseudo-gradient is dropped and it receives θ_global before it contributes again."""
     run = tmp_path / "job"
     out = lowband("train", "--elastic", "--method", "diloco", "--workers", "3", "--epochs", "30", *SMALL,
-                  *FAST_FAILURE, "--run-dir", str(run), env={"LOWBAND_ELASTIC_FAULT": "1:3:inner:stop:4"})
+                  "--set", "method.fragments=2", *FAST_FAILURE, "--run-dir", str(run),
+                  env={"LOWBAND_ELASTIC_FAULT": "1:3:inner:stop:4"})
     assert out.returncode == 0, out.stderr[-2000:]
     recs = rounds(run)
     gone = [r for r in recs if 1 not in r["members"]]
@@ -221,6 +223,40 @@ def _restart(url: str, server) -> None:
     server.start()
 
 
+def test_resume_continues_the_job_from_its_checkpoint(tmp_path):
+    run = tmp_path / "job"
+    first = lowband("train", "--elastic", "--method", "local_sgd", "--workers", "2", "--epochs", "1", *SMALL,
+                    "--run-dir", str(run))
+    assert first.returncode == 0, first.stderr[-2000:]
+    before = rounds(run)
+    again = lowband("train", "--resume", str(run), "--epochs", "2")
+    assert again.returncode == 0, again.stderr[-2000:]
+    with open(run / "metrics.jsonl") as f:
+        assert [json.loads(line)["epoch"] for line in f] == [1, 2]
+    after = rounds(run)
+    assert after[:len(before) - 1] == before[:-1]  # the finishing round is met again, now with slices
+    assert [r["round"] for r in after] == list(range(len(after)))
+    assert_each_sample_at_most_once(run)
+
+
+@pytest.mark.slow
+def test_below_min_workers_the_job_waits_and_says_so(tmp_path):
+    run = tmp_path / "job"
+    job = start("train", "--elastic", "--method", "local_sgd", "--workers", "1", "--min-workers", "2",
+                "--epochs", "1", *SMALL, *FAST_FAILURE, "--run-dir", str(run))
+    try:
+        time.sleep(8)
+        assert job.poll() is None and not (run / "quorums.jsonl").exists()
+        joined = lowband("join", str(run))
+        assert joined.returncode == 0, joined.stderr[-2000:]
+        assert job.wait(timeout=60) == 0
+    finally:
+        job.kill()
+    with open(run / "train.log") as f:
+        assert "elastic.min_workers=2" in f.read()
+    assert all(len(r["members"]) == 2 for r in rounds(run))
+
+
 # ---- bad input: one line, exit 2, nothing left behind --------------------------------------------------
 
 @pytest.mark.parametrize("args, words", [
@@ -235,6 +271,15 @@ def test_bad_elastic_input_is_one_line(tmp_path, args, words):
     assert out.returncode == 2 and words in out.stderr, out.stderr
     assert len(out.stderr.strip().splitlines()) == 1 and "Traceback" not in out.stderr
     assert not (tmp_path / "run").exists()
+
+
+def test_a_diverging_elastic_job_stops_with_one_line(tmp_path):
+    run = tmp_path / "job"
+    out = lowband("train", "--elastic", "--method", "local_sgd", "--workers", "2", "--epochs", "2", *SMALL,
+                  "--lr", "1000", "--run-dir", str(run))
+    assert out.returncode == 4, out.stderr[-2000:]
+    assert "training diverged at epoch 1" in out.stderr and "Traceback" not in out.stderr
+    assert list(run.glob("diverged.rank*.txt"))
 
 
 def test_join_refuses_what_it_cannot_join(tmp_path):

@@ -101,13 +101,17 @@ class Communicator:
 
     @classmethod
     def over_store(cls, store, rank: int, world: int, device: torch.device, timeout_s: float,
-                   stats: dict[str, TagStats] | None = None) -> Communicator:
+                   stats: dict[str, TagStats] | None = None, host: str = "127.0.0.1") -> Communicator:
         """A communicator over a gloo group of its own, whose ranks meet through `store` (any object with
         set, get, add, check, wait, delete_key and num_keys, such as comm/rendezvous.py's RedisStore),
-        sharing `stats`. Such a group is not torch.distributed's default one:
+        sharing `stats`; this rank listens on `host`. Such a group is not torch.distributed's default one:
         collectives work on it, point-to-point calls do not (`p2p` is False). Dropping it closes it."""
-        group = (dist.ProcessGroupGloo(_Store(store), rank, world, timedelta(seconds=timeout_s))
-                 if world > 1 else None)
+        group = None
+        if world > 1:
+            options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
+            options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
+            options._timeout = timedelta(seconds=timeout_s)
+            group = dist.ProcessGroupGloo(_Store(store), rank, world, options)
         comm = cls(rank, world, device, group)
         comm.p2p = False
         if stats is not None:

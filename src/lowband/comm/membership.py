@@ -3,7 +3,8 @@
 An elastic job (run/elastic_worker.py) keeps its membership in the Redis coordinator EDL-Dist uses.
 Keys live under `lowband:elastic:JOB:`:
 
-  job                 JSON {status: running | finished, min_workers, max_workers}; the launcher keeps it
+  job                 JSON {status: running | finished, min_workers, max_workers, launched, first_round};
+                      the launcher keeps it
   next_id             counter handing out worker ids (0, 1, 2, ... in arrival order)
   member:ID           JSON of a live worker, expiring `dead_after_s` after its last heartbeat
   round               the newest round any worker has reached (a late worker catches up to it)
@@ -143,11 +144,21 @@ class Membership:
             raise UsageError(f"elastic coordinator {redact(self.url)} is unreachable ({type(e).__name__}: {e}); "
                              "start Redis there or leave elastic.coordinator empty for an embedded one") from None
 
-    def publish_job(self, status: str, min_workers: int, max_workers: int, round_no: int | None = None) -> None:
+    def publish_job(self, status: str, min_workers: int, max_workers: int, round_no: int | None = None,
+                    launched: int = 0) -> None:
+        """The job's entry; `launched` workers started together at round `round_no` (its first quorum
+        waits for them, so the first to load its data does not start alone)."""
         self.r.set(self.key("job"), json.dumps({"status": status, "min_workers": min_workers,
-                                                "max_workers": max_workers}))
+                                                "max_workers": max_workers, "launched": launched,
+                                                "first_round": -1 if round_no is None else round_no}))
         if round_no is not None:
             self.r.set(self.key("round"), round_no)
+
+    def launch(self) -> tuple[int, int]:
+        """(the round the launched workers start at, how many were launched); (-1, 0) when unknown."""
+        raw = self.r.get(self.key("job"))
+        job = json.loads(raw) if raw else {}
+        return int(job.get("first_round", -1)), int(job.get("launched", 0))
 
     def status(self) -> str | None:
         """running | finished, or None when the coordinator holds no such job."""
@@ -158,11 +169,6 @@ class Membership:
         raw = self.r.get(self.key("job"))
         job = json.loads(raw) if raw else {"min_workers": 1, "max_workers": 0}
         self.r.set(self.key("job"), json.dumps({**job, "status": "finished"}))
-
-    def limits(self) -> tuple[int, int]:
-        raw = self.r.get(self.key("job"))
-        job = json.loads(raw) if raw else {}
-        return int(job.get("min_workers", 1)), int(job.get("max_workers", 0))
 
     # ---- members ---------------------------------------------------------------------------------
     def register(self, info: dict) -> int:

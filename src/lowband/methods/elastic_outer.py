@@ -35,7 +35,8 @@ class ElasticOuter:
         params: list = list(model.parameters())
         buffers: list = [b for b in model.buffers() if b.is_floating_point()]
         codec = method_cfg.codec
-        if method_cfg.name == "local_sgd":  # averaging: lr 1, no momentum, buffers in the same vector
+        self.averaging = method_cfg.name == "local_sgd"
+        if self.averaging:  # lr 1, no momentum, buffers in the same vector
             self.fragments = [Fragment(params + buffers, 1.0, 0.0, parse_codec(codec, seed=seed),
                                        method_cfg.error_feedback)]
             self.buffers: Fragment | None = None
@@ -127,10 +128,11 @@ class ElasticOuter:
         params = list(glob.parameters())
         buffers = [b for b in glob.buffers() if b.is_floating_point()]
         with torch.no_grad():
-            if self.buffers is None:
+            if self.averaging:
                 vector_to_parameters(self.fragments[0].anchor.detach().clone(), params + buffers)
-            else:
-                for frag, group in zip(self.fragments, split_fragments(params, len(self.fragments))):
-                    vector_to_parameters(frag.anchor.detach().clone(), group)
+                return glob
+            for frag, group in zip(self.fragments, split_fragments(params, len(self.fragments))):
+                vector_to_parameters(frag.anchor.detach().clone(), group)
+            if self.buffers is not None:
                 vector_to_parameters(self.buffers.anchor.detach().clone(), buffers)
         return glob

@@ -78,7 +78,8 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
             prepare_run_dir(cfg, run_dir)
         RunDir(run_dir).write_text(JOB_FILE, json.dumps({"coordinator": url, "job": members.job,
                                                           "launcher_pid": os.getpid()}, indent=1) + "\n")
-        members.publish_job("running", cfg.elastic.min_workers, cfg.elastic.max_workers, round_no)
+        members.publish_job("running", cfg.elastic.min_workers, cfg.elastic.max_workers, round_no,
+                            launched=cfg.train.workers)
         print(f"lowband: elastic job {members.job}: {cfg.train.workers} worker(s), coordinator {_shown(url)}; "
               f"add one with `lowband join {run_dir}`", file=sys.stderr, flush=True)
         procs = launch.spawn(ENTRY, [run_dir, "1" if resume else "0"], cfg.train.workers, run_dir, cfg.train.threads)
@@ -92,10 +93,18 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
 
 
 def _resume_round(run_dir: str) -> int:
+    """The round the job's newest intact checkpoint resumes at (0: none, from scratch); the job's records
+    past it are dropped, so nothing is written twice."""
     from lowband.run import checkpoint
 
     path = latest_checkpoint(run_dir)
-    return int(checkpoint.load_state(path)["round"]) if path else 0
+    state = checkpoint.load_state(path) if path else {"round": 0, "epoch": 0}
+    run = RunDir(run_dir)
+    for name, keep in (("quorums", lambda r: r["round"] < state["round"]),
+                       ("metrics", lambda r: r["epoch"] <= state["epoch"])):
+        kept = [r for r in run.read(name) if keep(r)]
+        run.write_text(f"{name}.jsonl", "".join(json.dumps(r) + "\n" for r in kept))
+    return int(state["round"])
 
 
 def _shown(url: str) -> str:
@@ -105,21 +114,31 @@ def _shown(url: str) -> str:
 
 
 def supervise(procs, members: Membership, e: C.ElasticConfig, poll_s: float = 0.2) -> int:
-    """Watch this launcher's workers until the job ends: 0 once it finished, a worker's usage error (2)
-    or divergence (4) at once (the others are stopped), else the first failure once nobody is left."""
+    """Watch this launcher's workers until the job ends: 0 once it finished; a worker's error exit (1, a
+    usage error 2, a divergence 4) at once, the others stopped; a worker killed by a signal is churn,
+    and the job goes on without it until nobody is left."""
     reported: set[int] = set()
+    finished_at: float | None = None
     try:
         while True:
             codes = [p.poll() for p in procs]
             for i, code in enumerate(codes):
                 if code not in (None, 0) and i not in reported:
                     reported.add(i)
-                    if code in (2, 4):
-                        launch.stop(procs)
+                    if 0 < code < 128:  # an error the worker raised (a bug, bad data, a divergence): every
+                        launch.stop(procs)  # worker would meet it; a signal (a lost machine) is churn
+                        if code not in (2, 4):
+                            print(f"lowband: an elastic worker (pid {procs[i].pid}) exited with code {code} (its "
+                                  "traceback is above); stopped the others", file=sys.stderr)
                         return code
                     print(f"lowband: an elastic worker (pid {procs[i].pid}) {launch._describe(code)}; the job goes "
                           "on without it", file=sys.stderr, flush=True)
             status, live = _job_state(members, e)
+            if status == "finished":
+                finished_at = finished_at or time.monotonic()
+                if time.monotonic() - finished_at > e.dead_after_s + 10:  # a worker stopped for good: stop it
+                    launch.stop(procs)
+                    return 0
             if all(c is not None for c in codes) and (status == "finished" or live == 0):
                 if status == "finished":
                     return 0
@@ -156,11 +175,14 @@ def join(run_dir: str) -> int:
     cfg = read_run_config(run_dir, "RUN_DIR")
     if not cfg.elastic.on:
         raise UsageError(f"{run_dir} is not an elastic job (elastic.on is false in its config.toml)")
-    if os.path.isfile(RunDir(run_dir).model_path(0)):
-        raise UsageError(f"the elastic job in {run_dir} has finished (model.safetensors is written); "
-                         "there is nothing to join")
     members = Membership(job["coordinator"], job["job"], cfg.elastic.dead_after_s)
-    members.ping()
+    try:
+        members.ping()
+    except UsageError:
+        if os.path.isfile(RunDir(run_dir).model_path(0)):  # its embedded coordinator ended with it
+            raise UsageError(f"the elastic job in {run_dir} has finished (model.safetensors is written); "
+                             "there is nothing to join") from None
+        raise
     status = members.status()
     if status is None:
         raise UsageError(f"the elastic job in {run_dir} is not running (its coordinator does not know job "

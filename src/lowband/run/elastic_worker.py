@@ -77,6 +77,11 @@ def main(run_dir: str, resume: str = "0") -> None:
     worker = ElasticWorker(cfg, run_dir, read_job(run_dir))
     try:
         worker.run(resume == "1")
+    except Diverged as e:  # the launcher stops the job and prints this file's first line
+        import traceback
+
+        worker.run_dir.write_text(f"diverged.rank{worker.id}.txt", f"{e}\n\n{traceback.format_exc()}")
+        raise
     finally:
         worker.close()
 
@@ -96,7 +101,8 @@ class ElasticWorker:
         self.members = Membership(job["coordinator"], job["job"], self.e.dead_after_s)
         self.id = self.members.register({"host": socket.gethostname(), "pid": os.getpid()})
         self.members.start_heartbeat(self.e.heartbeat_s)
-        self.run_dir = RunDir(run_dir, self.id)
+        self.first_round, self.launched = self.members.launch()
+        self.run_dir = RunDir(run_dir)  # the job's files: whichever worker is the round's source writes them
         self.log = _logger(run_dir, self.id)
         self.outer = ElasticOuter(self.model, cfg.method, cfg.train.seed * 1000 + self.id)
         self.stats = Communicator().stats  # this worker's byte ledger, shared by every quorum's group
@@ -156,9 +162,8 @@ class ElasticWorker:
             if time.monotonic() - since > self.e.wait_s:
                 raise UsageError(f"worker {self.id} waited {self.e.wait_s:g} s (elastic.wait_s) for a quorum of at "
                                  f"least {self.e.min_workers} worker(s); giving up")
-            if time.monotonic() - said > 10:
-                if said:
-                    self.log.info(f"worker {self.id}: waiting for a quorum ({self._waiting_for()})")
+            if time.monotonic() - since > 5 and time.monotonic() - said > 10:  # after 5 s, then every 10 s
+                self.log.info(f"worker {self.id}: waiting for a quorum ({self._waiting_for()})")
                 said = time.monotonic()
             time.sleep(0.02)
 
@@ -178,8 +183,9 @@ class ElasticWorker:
         present = {w: arrival for w, arrival in arrivals.items() if w in live}
         if len(present) < self.e.min_workers or self.id not in present:
             return None
-        if not live <= set(present) and time.monotonic() - since < self.e.timeout_s:
-            return None
+        patient = time.monotonic() - since < self.e.timeout_s
+        if patient and (not live <= set(present) or (r == self.first_round and len(present) < self.launched)):
+            return None  # a live worker is still training, or the workers launched together are still starting
         q = decide(r, a, present, self.samples, self.steps_per_round * self.cfg.train.batch_size,
                    self.cfg.train.epochs, self.e.max_workers)
         return self.members.propose(q)
@@ -189,7 +195,7 @@ class ElasticWorker:
         prefix = self.members.key("pg", q.round, q.attempt, name)
         store = RedisStore(self.members.url, prefix, self.e.timeout_s, alive=lambda: set(ranks) <= self.members.live())
         return Communicator.over_store(store, ranks.index(self.id), len(ranks), torch.device("cpu"),
-                                       self.e.timeout_s, self.stats)
+                                       self.e.timeout_s, self.stats, host=self.e.host)
 
     def _exchange(self, q: Quorum) -> str:
         """The round's collective, outer step and state transfer, then the vote; undone unless it commits."""
