@@ -166,9 +166,12 @@ class Membership:
         return json.loads(raw)["status"] if raw else None
 
     def finish(self) -> None:
+        """Mark the job finished; its keys expire a day later (a shared Redis keeps no job forever)."""
         raw = self.r.get(self.key("job"))
         job = json.loads(raw) if raw else {"min_workers": 1, "max_workers": 0}
-        self.r.set(self.key("job"), json.dumps({**job, "status": "finished"}))
+        self.r.set(self.key("job"), json.dumps({**job, "status": "finished"}), ex=86_400)
+        for name in ("round", "next_id", "ledger"):
+            self.r.expire(self.key(name), 86_400)
 
     # ---- members ---------------------------------------------------------------------------------
     def register(self, info: dict) -> int:
@@ -232,6 +235,7 @@ class Membership:
     def next_attempt(self, round_no: int, attempt: int) -> None:
         """After an aborted attempt: the round is met again as `attempt`."""
         self._raise(self.key("attempt", round_no), attempt)
+        self.r.expire(self.key("attempt", round_no), 3_600)
 
     def arrive(self, round_no: int, attempt: int, arrival: Arrival) -> None:
         key = self.key("arrive", round_no, attempt)

@@ -225,10 +225,12 @@ def plot(run_dir: str, rounds: list[dict], epochs: list[dict]) -> str:
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import MaxNLocator
 
     fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5), sharex=True)
     top.step([q["elapsed_s"] for q in rounds], [len(q["members"]) for q in rounds], where="post")
     top.set_ylabel("workers in the quorum")
+    top.yaxis.set_major_locator(MaxNLocator(integer=True))
     top.set_title("elastic job: membership and validation over time")
     key = "val_bpb" if epochs[-1].get("val_bpb") is not None else "val_acc"
     bottom.plot([r["elapsed_s"] for r in epochs], [r[key] for r in epochs], marker="o")
