@@ -43,6 +43,14 @@ def rounds(run_dir) -> list[dict]:
         return [json.loads(line) for line in f]
 
 
+def wait_for_rounds(run_dir, job: subprocess.Popen, count: int, timeout_s: float = 60) -> None:
+    """Until the running `job` has recorded `count` rounds (it must not end first)."""
+    deadline = time.monotonic() + timeout_s
+    while not os.path.exists(os.path.join(run_dir, "quorums.jsonl")) or len(rounds(run_dir)) < count:
+        assert job.poll() is None and time.monotonic() < deadline, job.stdout.read()[-2000:]
+        time.sleep(0.1)
+
+
 def final_fingerprints(run_dir) -> dict[int, str]:
     with open(os.path.join(run_dir, "train.log")) as f:
         found = re.findall(r"worker (\d+): finished with θ_global (\w+)", f.read())
@@ -167,10 +175,7 @@ def test_join_adds_a_worker_to_a_running_job(tmp_path):
     job = start("train", "--elastic", "--method", "local_sgd", "--workers", "2", "--epochs", "40", *SMALL,
                 *FAST_FAILURE, "--run-dir", str(run))
     try:
-        deadline = time.monotonic() + 60
-        while not (run / "quorums.jsonl").exists() or len(rounds(run)) < 3:
-            assert job.poll() is None and time.monotonic() < deadline, job.stdout.read()[-2000:]
-            time.sleep(0.1)
+        wait_for_rounds(run, job, 3)
         joined = lowband("join", str(run))
         assert joined.returncode == 0, joined.stderr[-2000:]
         assert job.wait(timeout=120) == 0
@@ -195,10 +200,7 @@ def test_the_job_survives_a_coordinator_restart(tmp_path):
         job = start("train", "--elastic", "--method", "diloco", "--workers", "3", "--epochs", "40", *SMALL,
                     *FAST_FAILURE, "--run-dir", str(run), "--coordinator", url)
         try:
-            deadline = time.monotonic() + 60
-            while not (run / "quorums.jsonl").exists() or len(rounds(run)) < 4:
-                assert job.poll() is None and time.monotonic() < deadline, job.stdout.read()[-2000:]
-                time.sleep(0.1)
+            wait_for_rounds(run, job, 4)
             from lowband.distill.redis_server import EmbeddedRedis as Server
             restarted = Server(port=int(server_port))
             _restart(url, restarted)
