@@ -9,12 +9,14 @@ is trained twice in an epoch, and the figures match a single-process simulation 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
 import subprocess
 import sys
 import time
+from itertools import pairwise
 
 import pytest
 import torch
@@ -62,7 +64,7 @@ def assert_one_model(run_dir, survivors: set[int]) -> None:
     prints = final_fingerprints(run_dir)
     assert set(prints) == survivors and len(set(prints.values())) == 1, prints
     recs = rounds(run_dir)
-    for before, now in zip(recs, recs[1:]):
+    for before, now in pairwise(recs):
         stayed = set(before["members"]) & set(now["members"])
         assert not stayed & set(now["receivers"]), (before, now)
 
@@ -193,6 +195,24 @@ def test_join_adds_a_worker_to_a_running_job(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_worker_that_joins_during_an_exchange_waits_for_the_next_round(tmp_path):
+    """Worker 0 holds round 4's exchange open until a joiner is live: the joiner is not in that round,
+    receives θ_global at the next one, then contributes."""
+    run = tmp_path / "job"
+    out = lowband("train", "--elastic", "--method", "diloco", "--workers", "2", "--epochs", "12", *SMALL,
+                  *FAST_FAILURE, "--set", "elastic.timeout_s=90", "--run-dir", str(run),
+                  env={"LOWBAND_ELASTIC_FAULT": "0:4:exchange:join:60"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    recs = rounds(run)
+    during = next(r for r in recs if r["round"] == 4)
+    first = next(r for r in recs if 2 in r["members"])
+    assert 2 not in during["members"] and during["attempt"] == 0  # the round it came into went on without it
+    assert first["round"] > 4 and 2 in first["receivers"]
+    assert any(2 in r["contributors"] for r in recs)
+    assert_one_model(run, {0, 1, 2})
+
+
+@pytest.mark.slow
 def test_the_job_survives_a_coordinator_restart(tmp_path):
     run = tmp_path / "job"
     with EmbeddedRedis() as url:
@@ -217,10 +237,8 @@ def _restart(url: str, server) -> None:
     """Stop the Redis at `url` (SHUTDOWN NOSAVE: empty, as a crash without persistence) and start one on its port."""
     import redis
 
-    try:
+    with contextlib.suppress(redis.ConnectionError):
         redis.Redis.from_url(url).shutdown(nosave=True)
-    except redis.ConnectionError:
-        pass
     time.sleep(0.5)
     server.start()
 

@@ -28,6 +28,7 @@ fingerprints, progress) is in every arrival, so the next quorum rebuilds what it
 
 from __future__ import annotations
 
+import contextlib
 import json
 import threading
 import time
@@ -190,20 +191,16 @@ class Membership:
 
         def beat() -> None:
             while not stop.wait(every_s):
-                try:
+                with contextlib.suppress(redis.RedisError):
                     self.heartbeat()
-                except redis.RedisError:
-                    pass
         threading.Thread(target=beat, name="lowband-heartbeat", daemon=True).start()
 
     def leave(self) -> None:
         if self._beating is not None:
             self._beating.set()
         if self.worker is not None:
-            try:
+            with contextlib.suppress(redis.RedisError):
                 self.r.delete(self.key("member", self.worker))
-            except redis.RedisError:
-                pass
 
     def live(self) -> set[int]:
         prefix = self.key("member", "")

@@ -10,11 +10,13 @@ coordinator and sees the run directory (shared storage, as checkpoints need).
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import sys
 import time
 import uuid
+from itertools import pairwise
 from typing import Any
 
 import redis
@@ -205,7 +207,7 @@ def summarize(run_dir: str) -> None:
     if not rounds or not epochs:
         return
     sizes = [len(q["members"]) for q in rounds]
-    changes = sum(1 for a, b in zip(rounds, rounds[1:]) if a["members"] != b["members"])
+    changes = sum(1 for a, b in pairwise(rounds) if a["members"] != b["members"])
     redone = sum(1 for q in rounds if q["attempt"] > 0)
     last = epochs[-1]
     figure = f"val bpb {last['val_bpb']:.4f}" if last.get("val_bpb") is not None else f"val acc {last['val_acc']:.4f}"
@@ -213,10 +215,8 @@ def summarize(run_dir: str) -> None:
     print(f"lowband: elastic job done: {len(epochs)} epoch(s) in {len(rounds)} round(s); workers per round "
           f"{min(sizes)}..{max(sizes)} (mean {sum(sizes) / len(sizes):.2f}), membership changed {changes} time(s), "
           f"{redone} round(s) redone; {figure}; sent {tags}", file=sys.stderr)
-    try:
+    with contextlib.suppress(ImportError):
         plot(run_dir, rounds, epochs)
-    except ImportError:
-        pass
 
 
 def plot(run_dir: str, rounds: list[dict], epochs: list[dict]) -> str:

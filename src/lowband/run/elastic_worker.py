@@ -19,11 +19,13 @@ workers there were. Worker ids count up from 0 in the order workers register; a 
 
 For tests, LOWBAND_ELASTIC_FAULT="ID:ROUND:WHERE:ACTION[:SECONDS]" makes worker ID, in round ROUND,
 at WHERE (inner: after its first inner step before that round; exchange: after the quorum formed, before the
-collective) kill itself (SIGKILL) or stop itself (SIGSTOP) for SECONDS.
+collective) kill itself (SIGKILL), stop itself (SIGSTOP) for SECONDS, or start `lowband join RUN_DIR` and
+wait (up to SECONDS) until the new worker is live, so that it arrives while the round is exchanging.
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import logging
 import math
@@ -37,7 +39,8 @@ import time
 import redis
 import torch
 
-from lowband.comm import Communicator
+from lowband.comm import BOOKKEEPING_TAGS, Communicator
+from lowband.comm.ledger import Ledger
 from lowband.comm.membership import ABORT, COMMIT, Arrival, Membership, Quorum, decide, wait_until
 from lowband.comm.rendezvous import RedisStore
 from lowband.config import Config
@@ -105,7 +108,7 @@ class ElasticWorker:
         self.run_dir = RunDir(run_dir)  # the job's files: whichever worker is the round's source writes them
         self.log = _logger(run_dir, self.id)
         self.outer = ElasticOuter(self.model, cfg.method, cfg.train.seed * 1000 + self.id)
-        self.stats = Communicator().stats  # this worker's byte ledger, shared by every quorum's group
+        self.ledger = Ledger()  # this worker's bytes, counted by every quorum's group in turn
         self.steps_per_round = round_steps(cfg.method)
         self.samples = len(self.data.y_train)
         self.version, self.trained, self.loss_sum = 0, 0, 0.0
@@ -195,7 +198,7 @@ class ElasticWorker:
         prefix = self.members.key("pg", q.round, q.attempt, name)
         store = RedisStore(self.members.url, prefix, self.e.timeout_s, alive=lambda: set(ranks) <= self.members.live())
         return Communicator.over_store(store, ranks.index(self.id), len(ranks), torch.device("cpu"),
-                                       self.e.timeout_s, self.stats, host=self.e.host)
+                                       self.e.timeout_s, self.ledger, host=self.e.host)
 
     def _exchange(self, q: Quorum) -> str:
         """The round's collective, outer step and state transfer, then the vote; undone unless it commits."""
@@ -224,10 +227,8 @@ class ElasticWorker:
         if outcome != COMMIT:
             self.outer.load_state_dict(saved)
             self.attempts[q.round] = q.attempt + 1
-            try:
+            with contextlib.suppress(redis.RedisError):
                 self.members.next_attempt(q.round, q.attempt + 1)
-            except redis.RedisError:
-                pass
         return outcome
 
     def _transfer(self, q: Quorum) -> None:
@@ -255,10 +256,8 @@ class ElasticWorker:
             self._record(q)
 
     def _publish_bytes(self) -> None:
-        try:
-            self.members.publish_ledger({tag: s.sent for tag, s in self.stats.items() if s.sent})
-        except redis.RedisError:
-            pass
+        with contextlib.suppress(redis.RedisError):
+            self.members.publish_ledger(self.ledger.sent_by_tag())
 
     def _record(self, q: Quorum) -> None:
         """The source's records: the round, and when an epoch ended its evaluation and checkpoint."""
@@ -288,7 +287,7 @@ class ElasticWorker:
         for ledger in ledgers.values():
             for tag, sent in ledger.items():
                 by_tag[tag] = by_tag.get(tag, 0.0) + sent
-        total = sum(v for t, v in by_tag.items() if t not in ("control", "metrics", "barrier", "eval"))
+        total = sum(v for t, v in by_tag.items() if t not in BOOKKEEPING_TAGS)
         record = {"epoch": q.epoch_end, "rounds": q.round + 1, "workers": len(q.members),
                   "workers_seen": len(ledgers), "train_loss": q.ended_loss, "test_acc": test_acc, "val_acc": val_acc,
                   "test_loss": test_loss, "val_loss": val_loss, "bytes_total_by_tag": by_tag,
@@ -369,8 +368,17 @@ class ElasticWorker:
         self.log.warning(f"worker {self.id}: LOWBAND_ELASTIC_FAULT: {plan[2]} at round {round_no} ({where})")
         if plan[2] == "kill":
             os.kill(os.getpid(), signal.SIGKILL)
+        if plan[2] == "join":  # start `lowband join` and go on once the joiner is live: it comes mid-exchange
+            self._join_now(plan[3] or 60.0)
+            return
         subprocess.Popen(["sh", "-c", f"sleep {plan[3]}; kill -CONT {os.getpid()}"], start_new_session=True)
         os.kill(os.getpid(), signal.SIGSTOP)
+
+    def _join_now(self, timeout_s: float) -> None:
+        before = self.members.live()
+        subprocess.Popen([sys.executable, "-m", "lowband", "join", self.run_dir.path], start_new_session=True,
+                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_until(lambda: True if self.members.live() - before else None, timeout_s, poll_s=0.1)
 
 
 def _fault_plan(worker: int) -> tuple[int, str, str, float] | None:
