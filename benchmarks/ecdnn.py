@@ -15,6 +15,7 @@ import json
 import os
 import statistics
 import tempfile
+from pathlib import Path
 
 from common import commit, mean_sd, run_compare
 from lowband.comparison.runner import time_to
@@ -36,7 +37,7 @@ def run(workers: int, epochs: int, seeds: str, out: str, ensemble_lr: float | No
     for r in rows:
         r["records"] = [x for x in read_metrics(r["run_dir"]) if x.get("test_acc") is not None]
         path = os.path.join(r["run_dir"], "rounds.jsonl")
-        r["rounds"] = [json.loads(line) for line in open(path)] if os.path.exists(path) else []
+        r["rounds"] = [json.loads(line) for line in Path(path).read_text().splitlines()] if os.path.exists(path) else []
     return rows
 
 

@@ -27,6 +27,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from itertools import pairwise
 
 from common import commit, mean_sd
 
@@ -107,7 +108,7 @@ def summarize(run_dir: str, wall: float) -> dict:
     recs = rounds(run_dir)
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         last = [json.loads(line) for line in f][-1]
-    times = [b["elapsed_s"] - a["elapsed_s"] for a, b in zip(recs, recs[1:])]
+    times = [b["elapsed_s"] - a["elapsed_s"] for a, b in pairwise(recs)]
     typical = statistics.median(times)
     changes = [times[i] - typical for i in range(len(times)) if recs[i]["members"] != recs[i + 1]["members"]]
     return {"bpb": last["val_bpb"], "wall": wall, "rounds": len(recs),

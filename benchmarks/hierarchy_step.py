@@ -15,6 +15,7 @@ import os
 import sys
 import tempfile
 import time
+from pathlib import Path
 
 import torch
 
@@ -38,7 +39,7 @@ def worker(out: str, mode: str, rate_mbit: str, steps: str) -> None:
         model = build_model(ModelConfig(name="cnn1d"), (1, 40), 10)
         ddp = comm.data_parallel(model, tag=name, reducer=Hierarchy(comm) if name == "hier" else None)
         opt = torch.optim.SGD(ddp.parameters(), lr=0.01)
-        before = comm.stats[name].inter
+        before = comm.ledger.stats[name].inter
         comm.barrier()
         t0 = time.perf_counter()
         for _ in range(int(steps)):
@@ -47,7 +48,7 @@ def worker(out: str, mode: str, rate_mbit: str, steps: str) -> None:
             opt.step()
         comm.barrier()
         result[name] = {"ms": 1000 * (time.perf_counter() - t0) / int(steps),
-                        "inter": (comm.stats[name].inter - before) / int(steps)}
+                        "inter": (comm.ledger.stats[name].inter - before) / int(steps)}
     with open(os.path.join(out, f"{mode}{comm.rank}.json"), "w") as f:
         json.dump(result, f)
 
@@ -69,7 +70,7 @@ def main() -> None:
             code = launch.run("hierarchy_step:worker", [out, mode, str(args.rate_mbit), str(args.steps)], 4, out)
             if code:
                 raise SystemExit(f"workers failed with exit code {code}")
-            rows[mode] = [json.load(open(os.path.join(out, f"{mode}{r}.json"))) for r in range(4)]
+            rows[mode] = [json.loads(Path(out, f"{mode}{r}.json").read_text()) for r in range(4)]
     print(f"one DDP step of cnn1d, 4 workers in 2 sites, {args.steps} steps, commit {commit()}")
     print(f"{'reducer':<8}{'no link ms':>12}{'modelled ms':>13}{'inter B/step (max rank)':>25}{'wire ms':>9}")
     for name in ("flat", "hier"):

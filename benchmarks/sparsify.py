@@ -46,18 +46,18 @@ def main():
     print("|---|---|---|---|---|---|---|")
     for frac in (0.01, 0.1, 0.5):
         gen = torch.Generator()
-        geo = timed(lambda: random_indices(d, frac, gen.manual_seed(1), "geometric"), a.repeats)
-        ber = timed(lambda: random_indices(d, frac, gen.manual_seed(1), "bernoulli"), a.repeats)
+        geo = timed(lambda frac=frac, gen=gen: random_indices(d, frac, gen.manual_seed(1), "geometric"), a.repeats)
+        ber = timed(lambda frac=frac, gen=gen: random_indices(d, frac, gen.manual_seed(1), "bernoulli"), a.repeats)
         idx = random_indices(d, frac, gen.manual_seed(1), "geometric")
         y = x.clone()
 
-        def extract_expand():
+        def extract_expand(idx=idx, y=y):
             values = x[idx]
             y[idx] = values
 
         k = len(idx)
         rk = timed(extract_expand, a.repeats)
-        tk = timed(lambda: torch.topk(x.abs(), k, sorted=False), max(1, a.repeats // 2))
+        tk = timed(lambda k=k: torch.topk(x.abs(), k, sorted=False), max(1, a.repeats // 2))
         print(f"| {frac} | {geo:.4f} | {ber:.4f} | {ber / geo:.1f}x | {rk:.4f} | {tk:.4f} | {tk / rk:.1f}x |")
 
     print("\nbytes sent per neighbour per step, relative to D-PSGD's dense vector (4 d bytes)\n")

@@ -9,7 +9,8 @@
 
 Settings come as in the command line: a config (a TOML path, a dict of tables or a Config),
 then shortcut keywords (`workers`, `epochs`, `dataset`, `model`, `lr`, `batch_size`, `seed`,
-`partition`, `samples`, `link`, `loggers`), then dotted keys (`**{"optim.lr": 0.1}`). A bad
+`partition`, `samples`, `link`, `link_mode`, `sites`, `max_restarts`, `loggers`: config.SHORTCUTS,
+the CLI's flags too), then dotted keys (`**{"optim.lr": 0.1}`). A bad
 value raises `lowband.ConfigError` (a `lowband.LowbandError`) before any worker starts; a run
 whose workers fail raises `lowband.RunFailed`. The workers are real processes, as with the CLI.
 """
@@ -22,10 +23,7 @@ from dataclasses import dataclass, field
 from lowband import config as C
 from lowband.errors import ConfigError, RunFailed
 
-SHORTCUTS = {"workers": "train.workers", "epochs": "train.epochs", "batch_size": "train.batch_size",
-             "seed": "train.seed", "lr": "optim.lr", "dataset": "data.name", "model": "model.name",
-             "partition": "data.partition", "samples": "data.num_samples", "link": "link.rate",
-             "loggers": "train.loggers"}
+SHORTCUTS = C.SHORTCUTS
 
 __all__ = ["Comparison", "Run", "compare", "load_model", "train"]
 
@@ -191,7 +189,8 @@ class _quiet:
     """Sets LOWBAND_QUIET for the workers started inside (restores it after)."""
 
     def __init__(self, on: bool):
-        self.on, self.before = on, None
+        self.on = on
+        self.before: str | None = None
 
     def __enter__(self):
         self.before = os.environ.get("LOWBAND_QUIET")

@@ -75,13 +75,9 @@ the teacher's data set is the student's unless --dataset or --config says otherw
 token (--token or LOWBAND_TOKEN) must match between teachers and students.
 """
 
-# command-line shortcuts for the most used config fields
-SHORTCUTS = [("--dataset", "data.name", str), ("--model", "model.name", str), ("--workers", "train.workers", int),
-             ("--epochs", "train.epochs", int), ("--batch-size", "train.batch_size", int), ("--lr", "optim.lr", float),
-             ("--seed", "train.seed", int), ("--partition", "data.partition", str),
-             ("--samples", "data.num_samples", int), ("--link", "link.rate", str), ("--link-mode", "link.mode", str),
-             ("--sites", "link.sites", int),
-             ("--max-restarts", "train.max_restarts", int)]
+# command-line flags of config.SHORTCUTS (--logger has its own flag: it repeats)
+SHORTCUTS = [(f"--{name.replace('_', '-')}", path, C.field_type(path)) for name, path in C.SHORTCUTS.items()
+             if name != "loggers"]
 
 
 def _common(p: argparse.ArgumentParser, with_method: bool = True) -> None:

@@ -268,8 +268,20 @@ class Config:
                 f"{self.data.name} is classified, judged by accuracy: set train.target_accuracy instead")
 
 
+#: short names for the most used fields, one table for the CLI (`--batch-size`) and the API (`batch_size=`)
+SHORTCUTS = {"dataset": "data.name", "model": "model.name", "workers": "train.workers", "epochs": "train.epochs",
+             "batch_size": "train.batch_size", "lr": "optim.lr", "seed": "train.seed", "partition": "data.partition",
+             "samples": "data.num_samples", "link": "link.rate", "link_mode": "link.mode", "sites": "link.sites",
+             "max_restarts": "train.max_restarts", "loggers": "train.loggers"}
+
 SECTIONS = {"train": TrainConfig, "data": DataConfig, "model": ModelConfig, "optim": OptimConfig, "link": LinkConfig,
             "elastic": ElasticConfig}
+
+
+def field_type(path: str) -> type:
+    """The Python type of a field's default value, e.g. int for "train.workers"."""
+    section, key = path.split(".")
+    return type(getattr(SECTIONS[section](), key))
 
 
 def _type_name(tp) -> str:

@@ -100,7 +100,7 @@ def allreduce_trace(out_dir: str, steps: str, batch: str, model_name: str = "cnn
     if comm.rank == 0:
         torch.save(torch.stack(trace), os.path.join(out_dir, "trace.pt"))
     with open(os.path.join(out_dir, f"rank{comm.rank}.json"), "w") as f:
-        json.dump({"spread": spread, "stats": comm.snapshot()}, f)
+        json.dump({"spread": spread, "stats": comm.ledger.snapshot()}, f)
     del model, method, opt  # the DDP wrapper must go before its process group does
     close(comm)
 
@@ -193,7 +193,7 @@ def local_sgd_trace(out_dir: str, steps: str, tau: str) -> None:
     steps, tau = int(steps), int(tau)
     comm = Communicator.from_env(torch.device("cpu"), "gloo", timeout_s=60)
     _, _, rec = run_tapped(LocalSGD, LocalSGDConfig(tau=tau, round_evals=0), comm, out_dir, steps)
-    torch.save({"pre": torch.stack(rec["pre"]), "post": torch.stack(rec["after"]), "stats": comm.snapshot()},
+    torch.save({"pre": torch.stack(rec["pre"]), "post": torch.stack(rec["after"]), "stats": comm.ledger.snapshot()},
                os.path.join(out_dir, f"rank{comm.rank}.pt"))
     comm.close()
 
@@ -229,7 +229,7 @@ def gossip_trace(out_dir: str, steps: str, method: str, options: str = "{}") -> 
     out.update({f"copy{j}": t for j, t in getattr(gossip, "copies", {}).items()})
     torch.save(out, os.path.join(out_dir, f"rank{comm.rank}.pt"))
     with open(os.path.join(out_dir, f"stats{comm.rank}.json"), "w") as f:
-        json.dump(comm.snapshot(), f)
+        json.dump(comm.ledger.snapshot(), f)
     comm.close()
 
 
@@ -256,7 +256,7 @@ def codistill_trace(out_dir: str, steps: str, interval: str, method: str = "codi
         own.append(flat_state(codistill.local_model()).clone())
         teachers.append({j: flat_state(t).clone() for j, t in codistill.teachers.items()})
         versions.append(dict(codistill.teacher_step))
-    torch.save({"own": torch.stack(own), "teachers": teachers, "versions": versions, "stats": comm.snapshot(),
+    torch.save({"own": torch.stack(own), "teachers": teachers, "versions": versions, "stats": comm.ledger.snapshot(),
                 "metrics": codistill.end_epoch(1)}, os.path.join(out_dir, f"rank{comm.rank}.pt"))
     comm.close()
 
@@ -279,7 +279,7 @@ def timed_transfer(out_dir: str, op: str, nbytes: str, rate_bps: str = "0") -> N
         comm.allreduce(tensor, tag="x")
     elapsed = time.perf_counter() - t0
     with open(os.path.join(out_dir, f"time{comm.rank}.json"), "w") as f:
-        json.dump({"seconds": elapsed, "sent": comm.stats["x"].sent}, f)
+        json.dump({"seconds": elapsed, "sent": comm.ledger.stats["x"].sent}, f)
     comm.close()
 
 
@@ -300,10 +300,10 @@ def diloco_trace(out_dir: str, steps: str, options: str) -> None:
     steps = int(steps)
     comm = Communicator.from_env(torch.device("cpu"), "gloo", timeout_s=60)
     method, _, rec = run_tapped(DiLoCo, DiLoCoConfig(round_evals=0, **json.loads(options)), comm, out_dir, steps)
-    before_final = comm.snapshot()
+    before_final = comm.ledger.snapshot()
     final = parameters_to_vector(method.global_model(final=True).parameters()).detach()
     torch.save({"pre": torch.stack(rec["pre"]), "post": torch.stack(rec["after"]), "final": final,
-                "stats": before_final, "stats_final": comm.snapshot(),
+                "stats": before_final, "stats_final": comm.ledger.snapshot(),
                 "state": method.state_dict()}, os.path.join(out_dir, f"rank{comm.rank}.pt"))
     close(comm)
 
@@ -360,7 +360,7 @@ def codistill_server_trace(out_dir: str, steps: str, interval: str, method: str,
     codistill.peers.settle()  # count what the server answered since the last step
     codistill.close()
     torch.save({"before": torch.stack(before), "after": flat_state(codistill.local_model()).clone(), "terms": terms,
-                "versions": versions, "stats": comm.snapshot(), "metrics": figures},
+                "versions": versions, "stats": comm.ledger.snapshot(), "metrics": figures},
                os.path.join(out_dir, f"rank{comm.rank}.pt"))
     comm.close()
 

@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -89,7 +90,7 @@ def test_in_group_allreduce_stays_inside_a_site_and_checkpoints_cross(tmp_path):
     done = subprocess.run([sys.executable, "-m", "lowband", *args], cwd=ROOT, capture_output=True, text=True,
                           timeout=180)
     assert done.returncode == 0, done.stderr
-    assert "sites (ranks): 0-1 | 2-3" in done.stderr + done.stdout + open(os.path.join(run, "train.log")).read()
+    assert "sites (ranks): 0-1 | 2-3" in done.stderr + done.stdout + Path(run, "train.log").read_text()
     last = read_metrics(run)[-1]
     assert last["bytes"]["grad"]["sent"] > 0 and last["bytes"]["grad"]["inter"] == 0
     assert last["bytes"]["ckpt"]["inter"] == last["bytes"]["ckpt"]["sent"] > 0

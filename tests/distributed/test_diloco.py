@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import math
+from itertools import pairwise
 
 import numpy as np
 import pytest
@@ -81,7 +82,7 @@ def test_fp32_bytes_are_one_allreduce_per_sync_and_the_final_sync(tmp_path):
 def segment_bytes(codec, world: int, rank: int) -> float:
     """Per rank and sync: segment j to each peer j (reduce-scatter), then the owned mean to K-1 peers."""
     bounds = [P * i // world for i in range(world + 1)]
-    sizes = [b - a for a, b in zip(bounds[:-1], bounds[1:])]
+    sizes = [b - a for a, b in pairwise(bounds)]
     return sum(codec.payload_bytes(sizes[j]) for j in range(world) if j != rank) + \
         (world - 1) * codec.payload_bytes(sizes[rank])
 

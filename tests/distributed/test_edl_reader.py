@@ -6,6 +6,7 @@ logits, whatever happens to the teachers or to the Coordinator meanwhile.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import socket
 import threading
@@ -246,10 +247,8 @@ def _restart_redis_on(port: int) -> EmbeddedRedis:
     """Kill the Redis listening on `port` and start an empty one there."""
     import redis
 
-    try:
+    with contextlib.suppress(redis.ConnectionError):
         redis.Redis(port=port).shutdown(nosave=True)
-    except redis.ConnectionError:
-        pass
     fresh = EmbeddedRedis(port=port)
     for _ in range(50):
         try:

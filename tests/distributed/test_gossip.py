@@ -84,9 +84,9 @@ def test_rdpsgd_with_p_one_is_dpsgd_and_masks_leave_the_global_rng_alone(tmp_pat
     dense, _ = trace(tmp_path, world, "dpsgd")
     full, _ = trace(tmp_path, world, "rdpsgd", p=1.0)
     sparse, _ = trace(tmp_path, world, "rdpsgd", p=0.2, sampler="bernoulli")
-    for a, b in zip(dense, full):
+    for a, b in zip(dense, full, strict=True):
         assert torch.equal(a["after"], b["after"])
-    for a, b in zip(dense, sparse):
+    for a, b in zip(dense, sparse, strict=True):
         assert torch.equal(a["rng"], b["rng"])
         assert not torch.equal(a["after"], b["after"])
 
@@ -95,7 +95,7 @@ def test_topk_with_everything_sent_is_dpsgd(tmp_path):
     world = 4
     dense, _ = trace(tmp_path, world, "dpsgd")
     topk, _ = trace(tmp_path, world, "topk", p=1.0)
-    for a, b in zip(dense, topk):
+    for a, b in zip(dense, topk, strict=True):
         torch.testing.assert_close(b["after"], a["after"], rtol=1e-5, atol=1e-6)
 
 

@@ -16,7 +16,7 @@ def test_a_logger_plugin_gets_every_epoch_of_a_real_run(tmp_path):
     records = read_metrics(str(run))
     logged = [json.loads(line) for line in (run / "fake_logger.rank0.jsonl").read_text().splitlines()]
     assert [x["epoch"] for x in logged] == [1, 2] and logged[0]["method"] == "allreduce"
-    for rec, x in zip(records, logged):  # the same figures as metrics.jsonl, the source of truth
+    for rec, x in zip(records, logged, strict=True):  # the same figures as metrics.jsonl, the source of truth
         assert x["scalars"]["accuracy/val_acc"] == rec["val_acc"]
         assert x["scalars"]["bytes/grad/sent"] == rec["bytes"]["grad"]["sent"]
         assert x["scalars"]["loss/train"] == rec["train_loss"]

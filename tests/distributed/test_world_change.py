@@ -5,6 +5,7 @@ lost, the ranks of a data-parallel method still hold one model, and the old chec
 from __future__ import annotations
 
 import os
+from itertools import pairwise
 
 import pytest
 
@@ -35,7 +36,7 @@ def test_allreduce_grows_then_shrinks(tmp_path):
     assert [r["epoch"] for r in records] == [1, 2, 3, 4]
     assert [len(r["train_loss_ranks"]) for r in records] == [2, 3, 2, 2]
     totals = [_total(r) for r in records]
-    assert all(b > a for a, b in zip(totals, totals[1:]))  # counters carried over, then grew
+    assert all(b > a for a, b in pairwise(totals))  # counters carried over, then grew
     steps = [r["steps"] for r in records]
     seen = [r["samples"] for r in records]
     per_step = [(seen[i] - (seen[i - 1] if i else 0)) / (steps[i] - (steps[i - 1] if i else 0)) for i in range(4)]

@@ -11,6 +11,7 @@ import os
 import signal
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -94,7 +95,7 @@ def test_killed_teacher_mid_epoch_loses_no_sample(tmp_path, teacher):
     run = str(tmp_path / "run")
     proc = popen(distill(tmp_path, teacher, "--local-teachers", "2", "--epochs", "3", "--run-dir", run,
                          "--teacher-max-rate", "400", "--set", "method.teachers=1"))
-    teachers = lambda: [p for p in children(proc.pid) if b"\0teacher\0" in open(f"/proc/{p}/cmdline", "rb").read()]  # noqa: E731
+    teachers = lambda: [p for p in children(proc.pid) if b"\0teacher\0" in Path(f"/proc/{p}/cmdline").read_bytes()]  # noqa: E731
     wait_for(lambda: len(read_metrics(run)) >= 1 or proc.poll() is not None, 120, "the first epoch")
     assert proc.poll() is None, proc.communicate()
     victims = teachers()
@@ -117,7 +118,7 @@ def test_killed_student_rank_restarts_all_from_the_checkpoint(tmp_path, teacher)
     wait_for(lambda: all(checkpoint.epochs_saved(run, r) for r in range(2)) or proc.poll() is not None, 120,
              "every rank's first checkpoint")
     assert proc.poll() is None, proc.communicate()
-    workers = [p for p in children(proc.pid) if b"lowband.run.launch" in open(f"/proc/{p}/cmdline", "rb").read()]
+    workers = [p for p in children(proc.pid) if b"lowband.run.launch" in Path(f"/proc/{p}/cmdline").read_bytes()]
     saved = checkpoint.latest_common_epoch(run, 2)
     os.kill(next(p for p in workers if rank_of(p) == 1), signal.SIGKILL)
     out, err = proc.communicate(timeout=180)

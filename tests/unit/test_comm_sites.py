@@ -39,7 +39,7 @@ def world(site_of=SITES) -> list[Communicator]:
 
 
 def inter(comms, tag: str) -> list[float]:
-    return [c.stats[tag].inter for c in comms]
+    return [c.ledger.stats[tag].inter for c in comms]
 
 
 def tensor() -> torch.Tensor:
@@ -53,7 +53,7 @@ def test_ring_collectives_count_the_two_crossing_edges():
         c.all_gather(tensor(), "params")
     assert inter(comms, "grad") == [0, 600, 0, 600]  # 2(K-1)/K * 400 on ranks whose next rank is in the other site
     assert inter(comms, "params") == [0, 1200, 0, 1200]  # (K-1) * 400
-    assert [c.stats["grad"].sent for c in comms] == [600] * 4
+    assert [c.ledger.stats["grad"].sent for c in comms] == [600] * 4
 
 
 def test_broadcast_chain_crosses_where_its_edges_do():
@@ -71,7 +71,7 @@ def test_point_to_point_is_exact_by_the_peers_site():
     comms[1].send(tensor(), 2, "a")
     comms[0].exchange({1: torch.zeros(25), 3: torch.zeros(50)}, {}, "x")
     assert inter(comms, "a") == [0, T, 0, 0]
-    assert comms[0].stats["x"].inter == 200 and comms[0].stats["x"].sent == 300
+    assert comms[0].ledger.stats["x"].inter == 200 and comms[0].ledger.stats["x"].sent == 300
 
 
 def test_a_split_inside_one_site_counts_no_inter_bytes():
@@ -110,7 +110,7 @@ def test_checkpoint_writes_cross_sites_when_the_ranks_span_several(tmp_path):
     for site_of, crosses in (([0, 0, 1, 1], True), ([0, 0, 0, 0], False)):
         comm = world(site_of)[0]
         CheckpointStore(str(tmp_path / str(crosses)), comm).publish(0, 1, state)
-        s = comm.stats["ckpt"]
+        s = comm.ledger.stats["ckpt"]
         assert s.sent > 40 and s.inter == (s.sent if crosses else 0)
 
 
@@ -166,8 +166,8 @@ def test_hierarchical_allreduce_sends_across_sites_from_the_leaders_only():
         Hierarchy(c).allreduce(tensor(), "grad")
     assert inter(comms, "grad") == [400, 0, 400, 0]  # two leaders' ring: 2(S-1)/S * 400 each
     # leaders: the ring plus the site broadcast; the others: their tree-reduce send into the leader
-    assert [c.stats["grad"].sent for c in comms] == [800, 400, 800, 400]
-    assert [c.stats["grad"].recv for c in comms] == [800, 400, 800, 400]
+    assert [c.ledger.stats["grad"].sent for c in comms] == [800, 400, 800, 400]
+    assert [c.ledger.stats["grad"].recv for c in comms] == [800, 400, 800, 400]
 
 
 def test_hierarchical_allreduce_without_a_site_map_is_the_flat_ring():
@@ -176,4 +176,4 @@ def test_hierarchical_allreduce_without_a_site_map_is_the_flat_ring():
     comms = world(site_of=None)
     for c in comms:
         Hierarchy(c).allreduce(tensor(), "grad")
-    assert inter(comms, "grad") == [600] * 4 and [c.stats["grad"].sent for c in comms] == [600] * 4
+    assert inter(comms, "grad") == [600] * 4 and [c.ledger.stats["grad"].sent for c in comms] == [600] * 4

@@ -59,10 +59,10 @@ def test_the_table_reads_bits_per_byte_and_reaches_within_one_percent():
 def test_tuning_keeps_the_lowest_loss_for_a_loss_metric():
     runs = [P.Run("k1", "a", "tune", 0, "d1", {}, 0.1, "optim.lr"), P.Run("k2", "a", "tune", 0, "d2", {}, 0.2, "optim.lr"),
             P.Run("k3", "a", "tune", 0, "d3", {}, 0.4, "optim.lr")]
-    results = list(zip(runs, [2.1, 1.9, None]))
+    results = list(zip(runs, [2.1, 1.9, None], strict=True))
     assert P.choose(results, BITS_PER_BYTE) == {"a": 0.2}
-    assert P.choose(list(zip(runs, [0.8, 0.9, None])), ACCURACY) == {"a": 0.2}
-    assert P.choose(list(zip(runs, [0.9, 0.8, None])), ACCURACY) == {"a": 0.1}
+    assert P.choose(list(zip(runs, [0.8, 0.9, None], strict=True)), ACCURACY) == {"a": 0.2}
+    assert P.choose(list(zip(runs, [0.9, 0.8, None], strict=True)), ACCURACY) == {"a": 0.1}
 
 
 def test_the_pareto_front_of_a_loss_keeps_lower_values():

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -120,9 +121,9 @@ def test_cli_refusal_is_one_line_and_leaves_the_run_untouched(tmp_path, capsys):
     from lowband.cli import main
 
     run = _run(tmp_path, 2, method="codistill")
-    names, config = sorted(os.listdir(os.path.join(run, "checkpoints"))), open(os.path.join(run, "config.toml")).read()
+    names, config = sorted(os.listdir(os.path.join(run, "checkpoints"))), Path(run, "config.toml").read_text()
     assert main(["train", "--resume", run, "--workers", "4", "--epochs", "9", "--allow-world-change"]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "method codistill trains a different model on each worker" in err
     assert sorted(os.listdir(os.path.join(run, "checkpoints"))) == names
-    assert open(os.path.join(run, "config.toml")).read() == config  # not even the new epoch count
+    assert Path(run, "config.toml").read_text() == config  # not even the new epoch count

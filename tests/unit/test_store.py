@@ -60,7 +60,7 @@ def test_bytes_written_and_read_are_the_file_sizes(tmp_path):
     size = (tmp_path / "model3" / "step0000000100.safetensors").stat().st_size
     store.load_newest(3)
     store.load_newest(3)
-    assert comm.stats["ckpt"].sent == size and comm.stats["ckpt"].recv == 2 * size
+    assert comm.ledger.stats["ckpt"].sent == size and comm.ledger.stats["ckpt"].recv == 2 * size
 
 
 @pytest.mark.parametrize("url", ["/proc/no/such/dir", "nosuchproto://bucket/x"])

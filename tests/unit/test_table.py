@@ -68,7 +68,7 @@ def test_to_target_reads_validation_and_zero_bytes_show_as_zero():
     single = by_label(table.rows(RUNS)[0])["single"]
     assert single["test_acc"].mean == pytest.approx(0.95) and single["epochs_to_target"] is None
     assert single["bytes"].mean == 0.0 and single["status"] == "1 of 2 failed"
-    cells = dict(zip(table.head([single]), table.cells(single, len(table.head([single])))))
+    cells = dict(zip(table.head([single]), table.cells(single, len(table.head([single]))), strict=True))
     assert cells["sent/worker"] == "0 B" and cells["seconds to target"] == "never" and cells["status"] == "1 of 2 failed"
     assert cells["val acc"] == "0.7100 ± 0.0141" and cells["test acc"] == "0.9500 ± 0.0000"
     reached = table.rows(RUNS, target=0.6)[0]
@@ -94,7 +94,7 @@ def test_console_and_markdown_render_the_same_cells():
     md = table.markdown(rows)
     lines = table.text(rows).splitlines()
     assert len(md) == len(lines) == 2 + 4
-    for md_line, text_line, r in zip(md[2:], lines[2:], rows):
+    for md_line, text_line, r in zip(md[2:], lines[2:], rows, strict=True):
         cells = [c.strip() for c in md_line.strip("|").split("|")]
         assert cells == table.cells(r, len(table.head(rows)))
         assert all(c in text_line for c in cells)
@@ -106,6 +106,6 @@ def test_runs_with_sites_show_inter_site_bytes_per_worker():
         r["records"] = [dict(x, bytes_inter_per_worker=x["bytes_sent_per_worker"] / 4) for x in r["records"]]
     assert table.INTER not in table.text(table.rows(RUNS)[0])  # no sites: no column
     rows = table.rows(sited + RUNS[2:4])[0]
-    cells = dict(zip(table.head(rows), table.cells(rows[0], len(table.head(rows)), table.columns(rows))))
+    cells = dict(zip(table.head(rows), table.cells(rows[0], len(table.head(rows)), table.columns(rows)), strict=True))
     assert cells["sent/worker"] == table.human_bytes(3e6) and cells[table.INTER] == table.human_bytes(7.5e5)
     assert table.markdown(rows)[0].count(table.INTER) == 1

@@ -67,7 +67,7 @@ def test_remote_teachers_prefetch_the_next_epoch_count_every_byte_and_report():
     torch.testing.assert_close(first[0].logits, -first[0].x.repeat(1, 4))
     list(source.batches(2, Loader()))
     assert reader.fed == [1, 2, 2]  # the last epoch prefetches nothing more
-    s = comm.stats["soft-labels"]
+    s = comm.ledger.stats["soft-labels"]
     assert (s.sent, s.recv, s.inter, s.calls) == (400, 120, 400, 4)  # each byte once, all across sites
     figures, timeline = source.end_epoch()
     assert figures == {"distill": {"teachers": 2, "teachers_max": 2, "buffer_mean": 4.0, "buffer_max": 6, "resent": 1,

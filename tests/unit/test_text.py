@@ -41,7 +41,7 @@ def test_splits_are_contiguous_blocks_80_10_10_and_windows_cover_them(tmp_path):
     held = 100  # floor(1003 * 0.1) bytes each for validation and test, the rest (803) for training
     blocks = [raw[:803], raw[803:803 + held], raw[803 + held:]]
     assert sum(map(len, blocks)) == len(raw)
-    for (x, y), block in zip([(d.x_train, d.y_train), (d.x_val, d.y_val), (d.x_test, d.y_test)], blocks):
+    for (x, y), block in zip([(d.x_train, d.y_train), (d.x_val, d.y_val), (d.x_test, d.y_test)], blocks, strict=True):
         assert x.shape == y.shape == ((len(block) - 1) // c, c)  # as many whole windows as fit
         assert covered(x, y) == block[:len(x) * c + 1]
 

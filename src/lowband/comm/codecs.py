@@ -68,7 +68,7 @@ class GapsIndex(IndexCodec):
         if not long.any():
             parts.append(gaps.astype(dtype).tobytes())
         else:  # rare: write runs of short gaps, and each long gap as an escape
-            for gap, is_long in zip(gaps, long):
+            for gap, is_long in zip(gaps, long, strict=True):
                 parts.append((np.array([0], dtype).tobytes() + np.array([gap], np.uint64).tobytes()) if is_long
                              else np.array([gap], dtype).tobytes())
         return torch.frombuffer(bytearray(b"".join(parts)), dtype=torch.uint8)

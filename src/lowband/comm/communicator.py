@@ -1,6 +1,7 @@
-"""The one place that talks to torch.distributed, and the one place that counts bytes.
+"""The one place that talks to torch.distributed.
 
-Every call carries a tag ("grad", "params", "ckpt", ...) and adds to that tag's counters the
+Every call carries a tag ("grad", "params", "ckpt", ...) and adds to that tag's counters in the
+communicator's byte ledger (comm/ledger.py, which keeps the counters and the ring formulas) the
 bytes this rank put on the wire and took off it, and the seconds it spent blocked in the call.
 
 Byte model. Point-to-point calls are exact: the payload size. Collectives whose algorithm the
@@ -27,24 +28,13 @@ import hashlib
 import os
 import time
 import warnings
-from collections import defaultdict
-from dataclasses import asdict, dataclass
 from datetime import timedelta
 
 import torch
 import torch.distributed as dist
 
+from lowband.comm.ledger import Ledger, all_gather_bytes, ring_allreduce_bytes
 from lowband.comm.links import UNLIMITED, LinkModel, LinkSpec
-
-
-@dataclass
-class TagStats:
-    sent: float = 0.0
-    recv: float = 0.0
-    calls: int = 0
-    seconds: float = 0.0
-    wire: float = 0.0  # bytes on this rank's busiest link per call, summed: what a modelled link delays
-    inter: float = 0.0  # bytes sent across a site boundary (lowband.comm.sites)
 
 
 def launched_by_torchrun() -> bool:
@@ -68,11 +58,14 @@ class Communicator:
         self.group = group
         self.global_ranks = global_ranks or list(range(world))  # torch.distributed names peers globally
         self.site_of = site_of  # site of each global rank; None: every rank its own site
-        self.stats: dict[str, TagStats] = defaultdict(TagStats)
+        self.ledger = Ledger()  # every byte this rank counts (comm/ledger.py), shared with split-off communicators
         self._launched_at: float | None = None
 
     # ---- life cycle -------------------------------------------------------------------------
-    link: LinkModel | None = None  # a modelled slow link every sent byte waits on
+    @property
+    def link(self) -> LinkModel | None:
+        """The modelled slow link every sent byte waits on (None: the real network alone)."""
+        return self.ledger.link
 
     @classmethod
     def from_env(cls, device: torch.device, backend: str = "auto", timeout_s: float = 300.0,
@@ -86,7 +79,7 @@ class Communicator:
         comm = cls._join(rank, world, device, backend, timeout_s)
         comm.site_of = sites(world) if sites is not None else None
         link, intra = link or UNLIMITED, intra or UNLIMITED
-        comm.link = LinkModel(link, intra) if link.limited or intra.limited else None
+        comm.ledger.link = LinkModel(link, intra) if link.limited or intra.limited else None
         return comm
 
     @classmethod
@@ -101,10 +94,10 @@ class Communicator:
 
     @classmethod
     def over_store(cls, store, rank: int, world: int, device: torch.device, timeout_s: float,
-                   stats: dict[str, TagStats] | None = None, host: str = "127.0.0.1") -> Communicator:
+                   ledger: Ledger | None = None, host: str = "127.0.0.1") -> Communicator:
         """A communicator over a gloo group of its own, whose ranks meet through `store` (any object with
         set, get, add, check, wait, delete_key and num_keys, such as comm/rendezvous.py's RedisStore),
-        sharing `stats`; this rank listens on `host`. Such a group is not torch.distributed's default one:
+        counting into `ledger`; this rank listens on `host`. Such a group is not torch.distributed's default one:
         collectives work on it, point-to-point calls do not (`p2p` is False). Dropping it closes it."""
         group = None
         if world > 1:
@@ -114,8 +107,8 @@ class Communicator:
             group = dist.ProcessGroupGloo(_Store(store), rank, world, options)
         comm = cls(rank, world, device, group)
         comm.p2p = False
-        if stats is not None:
-            comm.stats = stats
+        if ledger is not None:
+            comm.ledger = ledger
         return comm
 
     p2p = True  # point-to-point calls work (False on a group built by over_store)
@@ -134,13 +127,13 @@ class Communicator:
         ranks, group = mine
         sub = Communicator(ranks.index(self.rank), len(ranks), self.device, group if len(ranks) > 1 else None,
                            [self.global_ranks[r] for r in ranks], self.site_of)
-        sub.stats, sub.link = self.stats, self.link
+        sub.ledger = self.ledger
         return sub
 
     def alone(self) -> Communicator:
         """A communicator of this rank alone (collectives move nothing), sharing these byte counters."""
         solo = Communicator(0, 1, self.device, None, [self.global_ranks[self.rank]], self.site_of)
-        solo.stats, solo.link = self.stats, self.link
+        solo.ledger = self.ledger
         return solo
 
     def _peer(self, rank: int) -> int:
@@ -181,37 +174,10 @@ class Communicator:
         return dist.get_backend(self.group) if self.p2p else "gloo"
 
     # ---- accounting -------------------------------------------------------------------------
-    def count(self, tag: str, sent: float = 0.0, recv: float = 0.0, seconds: float = 0.0,
-              wire: float | None = None, inter: float = 0.0) -> None:
-        """Add one call to `tag`; `wire`: its bytes on the busiest link (default all `sent`, one link);
-        `inter`: those of `sent` that cross a site boundary."""
-        s = self.stats[tag]
-        s.wire += sent if wire is None else wire
-        s.inter += inter
-        s.sent += sent
-        s.recv += recv
-        s.seconds += seconds
-        s.calls += 1
-
     def stored(self, tag: str, nbytes: int) -> None:
-        """Count a write to shared storage: inter-site bytes when the ranks span several sites (readers
-        in another site fetch it across), and held for its transfer time by a modelled link."""
-        inter = self.spans_sites()
-        t0 = time.perf_counter()
-        if self.link is not None and nbytes:
-            self.link.wait_until(self.link.reserve("store", nbytes, inter))
-        self.count(tag, nbytes, 0, time.perf_counter() - t0, inter=nbytes if inter else 0.0)
-
-    def add_time(self, tag: str, seconds: float) -> None:
-        self.stats[tag].seconds += seconds
-
-    def snapshot(self) -> dict[str, dict]:
-        return {tag: asdict(s) for tag, s in self.stats.items()}
-
-    def load_snapshot(self, snap: dict[str, dict]) -> None:
-        self.stats.clear()
-        for tag, values in snap.items():
-            self.stats[tag] = TagStats(**values)
+        """A write to shared storage: inter-site bytes when the ranks span several sites (readers in
+        another site fetch it across), held for its transfer time by a modelled link (ledger.outside)."""
+        self.ledger.outside(tag, nbytes, crosses=self.spans_sites())
 
     def _sync(self) -> None:
         if self.device.type == "cuda":
@@ -223,16 +189,14 @@ class Communicator:
         out = fn()
         self._sync()
         key, inter = ("ring" if to is None else to), self.crosses(self._next() if to is None else to)
-        if self.link is not None and sent:
-            self.link.wait_until(self.link.reserve(key, sent, inter))
-        self.count(tag, sent, recv, time.perf_counter() - t0, inter=sent if inter else 0.0)
+        self.ledger.outside(tag, sent, recv, crosses=inter, peer=key, seconds=time.perf_counter() - t0)
         return out
 
     # ---- collectives ------------------------------------------------------------------------
     def allreduce(self, tensor: torch.Tensor, tag: str, mean: bool = False) -> torch.Tensor:
         """Sum (or average) `tensor` across ranks in place."""
         if self.world > 1:
-            size = 2 * (self.world - 1) / self.world * _nbytes(tensor)
+            size = ring_allreduce_bytes(_nbytes(tensor), self.world)
             self._timed(tag, size, size, lambda: dist.all_reduce(tensor, group=self.group))
         if mean and self.world > 1:
             tensor.div_(self.world)
@@ -259,7 +223,7 @@ class Communicator:
         if self.world == 1:
             return [tensor.clone()]
         parts = [torch.empty_like(tensor) for _ in range(self.world)]
-        size = (self.world - 1) * _nbytes(tensor)
+        size = all_gather_bytes(_nbytes(tensor), self.world)
         self._timed(tag, size, size, lambda: dist.all_gather(parts, tensor.contiguous(), group=self.group))
         return parts
 
@@ -270,7 +234,7 @@ class Communicator:
         t0 = time.perf_counter()
         dist.barrier(group=self.group)
         waited = time.perf_counter() - t0
-        self.add_time(tag, waited)
+        self.ledger.add_time(tag, waited)
         return waited
 
     # ---- point to point ---------------------------------------------------------------------
@@ -293,7 +257,7 @@ class Communicator:
         """
         ops = [dist.P2POp(dist.isend, t.contiguous(), self._peer(p), self.group) for p, t in sends.items()]
         ops += [dist.P2POp(dist.irecv, t, self._peer(p), self.group) for p, t in recvs.items()]
-        self.count(tag, sum(_nbytes(t) for t in sends.values()), sum(_nbytes(t) for t in recvs.values()),
+        self.ledger.count(tag, sum(_nbytes(t) for t in sends.values()), sum(_nbytes(t) for t in recvs.values()),
                    wire=max((_nbytes(t) for t in sends.values()), default=0),  # one link per peer, in parallel
                    inter=sum(_nbytes(t) for p, t in sends.items() if self.crosses(p)))
         ready = max((self.link.reserve(p, _nbytes(t), self.crosses(p)) for p, t in sends.items()),
@@ -341,7 +305,7 @@ class Communicator:
         if data:
             buf[:len(data)] = torch.frombuffer(bytearray(data), dtype=torch.uint8)
         parts = self.all_gather(buf, tag)
-        return [bytes(p[:n].cpu().numpy().tobytes()) for p, n in zip(parts, lengths)]
+        return [bytes(p[:n].cpu().numpy().tobytes()) for p, n in zip(parts, lengths, strict=True)]
 
     # ---- data parallel ----------------------------------------------------------------------
     def data_parallel(self, module: torch.nn.Module, tag: str = "grad", reducer=None) -> torch.nn.Module:
@@ -373,7 +337,7 @@ class Communicator:
     def settle_async(self, tag: str) -> None:
         """After backward: add the time spent waiting for the last async bucket (exposed comm)."""
         if self._launched_at is not None:
-            self.add_time(tag, time.perf_counter() - self._launched_at)
+            self.ledger.add_time(tag, time.perf_counter() - self._launched_at)
             self._launched_at = None
 
     def broadcast_state(self, module: torch.nn.Module, src: int, tag: str, buffers_only: bool = False) -> None:
@@ -439,7 +403,7 @@ class Pending:
             work.wait()
         self.comm._sync()
         LinkModel.wait_until(self.ready_at)  # a modelled link: the bytes are still on the wire
-        self.comm.add_time(self.tag, time.perf_counter() - t0)
+        self.comm.ledger.add_time(self.tag, time.perf_counter() - t0)
         self.works = []
 
 
@@ -451,9 +415,9 @@ def _counted_allreduce_hook(state, bucket):
     """DDP comm hook: the default mean-allreduce, with the ring-model bytes counted."""
     comm, tag = state
     buf = bucket.buffer()
-    size = 2 * (comm.world - 1) / comm.world * _nbytes(buf)
+    size = ring_allreduce_bytes(_nbytes(buf), comm.world)
     inter = comm.crosses(comm._next())
-    comm.count(tag, size, size, inter=size if inter else 0.0)
+    comm.ledger.count(tag, size, size, inter=size if inter else 0.0)
     buf.div_(comm.world)
     comm._launched_at = time.perf_counter()
     fut = dist.all_reduce(buf, group=comm.group, async_op=True).get_future()

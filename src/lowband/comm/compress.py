@@ -160,7 +160,7 @@ def _unpack12(packed: np.ndarray, count: int) -> np.ndarray:
     return np.stack([a, b], axis=1).reshape(-1)[:count].astype(np.int64)
 
 
-class TopK(Codec):
+class TopKCodec(Codec):
     """Per chunk of TOPK_CHUNK values, the k largest in magnitude: 12-bit positions, then the values."""
 
     sparse = True
@@ -231,7 +231,7 @@ def parse_codec(spec: str, field: str = "method.codec", seed: int = 0) -> Codec:
     except ValueError:
         f = float("nan")
     require(name == "topk" and 0 < f <= 1, field, spec, f"topk needs a fraction in (0, 1]; {SPEC_HELP}")
-    return TopK(f, _value_codec(parts[1], spec, field, seed) if len(parts) == 2 else None)
+    return TopKCodec(f, _value_codec(parts[1], spec, field, seed) if len(parts) == 2 else None)
 
 
 class ErrorFeedback:

@@ -13,6 +13,8 @@ sparse path for dense codecs too. Every rank ends with the same mean. The bytes 
 
 from __future__ import annotations
 
+from itertools import pairwise
+
 import torch
 
 from lowband.comm.compress import Codec, ErrorFeedback
@@ -20,7 +22,7 @@ from lowband.comm.compress import Codec, ErrorFeedback
 
 def _segments(numel: int, parts: int) -> list[tuple[int, int]]:
     bounds = [numel * i // parts for i in range(parts + 1)]
-    return list(zip(bounds[:-1], bounds[1:]))
+    return list(pairwise(bounds))
 
 
 def _to_all(comm, payloads: dict[int, torch.Tensor], sizes: dict[int, int], tag: str) -> dict[int, torch.Tensor]:
@@ -33,7 +35,7 @@ def _to_all(comm, payloads: dict[int, torch.Tensor], sizes: dict[int, int], tag:
 def _dense_mean(comm, x: torch.Tensor, codec: Codec, tag: str) -> tuple[torch.Tensor, torch.Tensor]:
     segs, me, peers = _segments(x.numel(), comm.world), comm.rank, [j for j in range(comm.world) if j != comm.rank]
     mine = [codec.encode(x[a:b]) for a, b in segs]
-    sent = torch.cat([codec.decode(p, b - a) for p, (a, b) in zip(mine, segs)])
+    sent = torch.cat([codec.decode(p, b - a) for p, (a, b) in zip(mine, segs, strict=True)])
     n_me = segs[me][1] - segs[me][0]
     got = _to_all(comm, {j: mine[j] for j in peers}, {j: codec.payload_bytes(n_me) for j in peers}, tag)
     total = codec.decode(mine[me], n_me)

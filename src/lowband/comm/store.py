@@ -14,6 +14,7 @@ Safetensors holds tensors only: nothing in a checkpoint can run code.
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import logging
@@ -162,7 +163,7 @@ class CheckpointStore:
             self._warn(path, f"not a readable file ({type(e).__name__})")
             return None
         if self.comm is not None:
-            self.comm.count(self.tag, recv=len(data))
+            self.comm.ledger.count(self.tag, recv=len(data))
         try:
             meta, state = read_metadata(data), load_bytes(data)
             if digest(state) != meta.get("sha256"):
@@ -182,10 +183,8 @@ class CheckpointStore:
             self.log.warning(f"skipping damaged checkpoint {path} ({why}); keeping the previous one")
 
     def _remove(self, path: str) -> None:
-        try:
+        with contextlib.suppress(FileNotFoundError):
             self.fs.rm_file(path)
-        except FileNotFoundError:
-            pass
 
 
 def check_architecture(expected: dict[str, torch.Tensor], got: dict[str, torch.Tensor], where: str) -> None:

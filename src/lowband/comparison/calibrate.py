@@ -21,6 +21,7 @@ import time
 import torch
 
 from lowband import config as C
+from lowband.atomic import write_text_atomic
 
 FILE = "calibration.json"
 WARMUP, STEPS = 3, 12
@@ -75,10 +76,7 @@ def step_seconds(cfg: C.Config, folder: str) -> float:
     k = key(cfg)
     if k not in known:
         known[k] = measure(cfg)
-        tmp = f"{path}.{os.getpid()}.tmp"
-        with open(tmp, "w") as f:
-            json.dump(known, f, indent=1)
-        os.replace(tmp, path)
+        write_text_atomic(path, json.dumps(known, indent=1))
     return known[k]
 
 

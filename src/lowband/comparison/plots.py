@@ -39,7 +39,7 @@ def per_epoch(runs: list[dict], value) -> list[tuple[int, float, float, float]]:
             by_epoch.setdefault(r["epoch"], []).append(value(r))
     out = []
     for epoch in sorted(e for e, v in by_epoch.items() if len(v) == len(runs)):
-        xs, ys = zip(*by_epoch[epoch])
+        xs, ys = zip(*by_epoch[epoch], strict=True)
         out.append((epoch, statistics.fmean(xs), statistics.fmean(ys), statistics.stdev(ys) if len(ys) > 1 else 0.0))
     return out
 
@@ -103,7 +103,7 @@ def accuracy(groups: dict[str, list[dict]], key: str, xlabel: str, target: float
         ys, sds = [p[2] for p in points], [p[3] for p in points]
         line = ax.plot(xs, ys, label=label, markersize=4, linewidth=1.4, **style(i))[0]
         if any(sds):
-            ax.fill_between(xs, [y - s for y, s in zip(ys, sds)], [y + s for y, s in zip(ys, sds)],
+            ax.fill_between(xs, [y - s for y, s in zip(ys, sds, strict=True)], [y + s for y, s in zip(ys, sds, strict=True)],
                             color=line.get_color(), alpha=0.15, linewidth=0)
     if key == "epoch":
         ax.xaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
@@ -161,10 +161,10 @@ def link_sweep(curves: dict[str, list[float | None]], rates: list[float], classe
     curve is empty (never reach the target) are named in the legend."""
     fig, ax = plt.subplots(figsize=FIGSIZE)
     for i, (label, secs) in enumerate(curves.items()):
-        pts = [(r, s) for r, s in zip(rates, secs) if s is not None]
+        pts = [(r, s) for r, s in zip(rates, secs, strict=True) if s is not None]
         s = style(i)
         if pts:
-            ax.plot(*zip(*pts), label=label, markevery=max(len(pts) // 8, 1), markersize=5, linewidth=1.4, **s)
+            ax.plot(*zip(*pts, strict=True), label=label, markevery=max(len(pts) // 8, 1), markersize=5, linewidth=1.4, **s)
         else:
             ax.plot([], [], label=f"{label} (never reaches target)", color=s["color"], marker=s["marker"],
                     linestyle="none")

@@ -84,7 +84,7 @@ def traffic(records: list[dict]) -> list[tuple[float, float]]:
 def epoch_seconds(records: list[dict], link: LinkSpec, measured_on: LinkSpec = UNLIMITED) -> list[float]:
     """Projected training seconds of every epoch on `link`, from records measured on `measured_on`."""
     return [_epoch_on(record["time"], sent, messages, link, measured_on)
-            for record, (sent, messages) in zip(records, traffic(records))]
+            for record, (sent, messages) in zip(records, traffic(records), strict=True)]
 
 
 def _epoch_on(t: dict, sent: float, messages: float, link: LinkSpec, measured_on: LinkSpec) -> float:
@@ -102,7 +102,7 @@ def seconds_through(records: list[dict], epoch: int, link: LinkSpec,
                     measured_on: LinkSpec = UNLIMITED) -> float | None:
     """Projected training seconds from the start through `epoch` (None: the run has no such epoch)."""
     total = list(accumulate(epoch_seconds(records, link, measured_on)))
-    return next((s for r, s in zip(records, total) if r["epoch"] == epoch), None)
+    return next((s for r, s in zip(records, total, strict=True) if r["epoch"] == epoch), None)
 
 
 def steps_per_epoch(records: list[dict]) -> list[float]:
@@ -118,7 +118,7 @@ def steps_per_epoch(records: list[dict]) -> list[float]:
 def dedicated_epoch_seconds(records: list[dict], step_s: float, link: LinkSpec = UNLIMITED) -> list[float]:
     """Per epoch: steps x `step_s` (one worker's step measured alone) plus `link`'s transfer time."""
     return [steps * step_s + link.seconds(sent, messages)
-            for steps, (sent, messages) in zip(steps_per_epoch(records), traffic(records))]
+            for steps, (sent, messages) in zip(steps_per_epoch(records), traffic(records), strict=True)]
 
 
 def dedicated_through(records: list[dict], epoch: int, step_s: float | None,
@@ -128,7 +128,7 @@ def dedicated_through(records: list[dict], epoch: int, step_s: float | None,
     if step_s is None:
         return None
     total = list(accumulate(dedicated_epoch_seconds(records, step_s, link or UNLIMITED)))
-    return next((s for r, s in zip(records, total) if r["epoch"] == epoch), None)
+    return next((s for r, s in zip(records, total, strict=True) if r["epoch"] == epoch), None)
 
 
 def run_link(config: dict) -> LinkSpec:

@@ -20,6 +20,7 @@ import html
 import os
 import platform
 import re
+from pathlib import Path
 
 import matplotlib
 import tomllib
@@ -126,7 +127,7 @@ def summary_rows(path: str) -> list[tuple[int, dict]]:
 def load_runs(folders: list[str], labels: list[str] | None = None) -> list[dict]:
     """Every run of the comparison directories (one summary.csv row each), with its metrics records."""
     runs = []
-    for folder, prefix in zip(folders, prefixes(folders, labels)):
+    for folder, prefix in zip(folders, prefixes(folders, labels), strict=True):
         runs += [load_run(row, folder, prefix) for _, row in summary_rows(os.path.join(folder, "summary.csv"))]
     return runs
 
@@ -134,7 +135,7 @@ def load_runs(folders: list[str], labels: list[str] | None = None) -> list[dict]
 def load_tuning(folders: list[str], labels: list[str] | None = None) -> list[dict]:
     """Rows of each folder's tuning.csv (label, field, value, val_acc, chosen), labels prefixed."""
     out = []
-    for folder, prefix in zip(folders, prefixes(folders, labels)):
+    for folder, prefix in zip(folders, prefixes(folders, labels), strict=True):
         path = os.path.join(folder, "tuning.csv")
         if os.path.exists(path):
             out += [{**row, "label": prefix + row["label"]} for row in _tuning_rows(path)]
@@ -277,8 +278,9 @@ def plot_distill(timelines: list[tuple[str, list[dict]]], path: str) -> None:
 def machine() -> str:
     import torch
 
-    cpu = next((line.split(":", 1)[1].strip() for line in open("/proc/cpuinfo") if line.startswith("model name")),
-               platform.processor() or "unknown") if os.path.exists("/proc/cpuinfo") else platform.processor()
+    lines = Path("/proc/cpuinfo").read_text().splitlines() if os.path.exists("/proc/cpuinfo") else []
+    cpu = next((line.split(":", 1)[1].strip() for line in lines if line.startswith("model name")),
+               platform.processor() or "unknown")
     gpu = torch.cuda.get_device_name(0) if torch.cuda.is_available() else "none"
     return f"{os.cpu_count()} cores ({cpu}), torch {torch.__version__}, GPU {gpu}, Python {platform.python_version()}"
 

@@ -247,7 +247,7 @@ def text(table: list[dict]) -> str:
     body = [cells(r, len(titles), cols) for r in table]
     widths = [max(len(line[i]) for line in [titles] + body) for i in range(len(titles))]
     def line(cs):
-        return "  ".join(c.ljust(w) for c, w in zip(cs, widths)).rstrip()
+        return "  ".join(c.ljust(w) for c, w in zip(cs, widths, strict=True)).rstrip()
     return "\n".join([line(titles), line(["-" * w for w in widths])] + [line(b) for b in body])
 
 

@@ -11,6 +11,7 @@ import numpy as np
 import torch
 from safetensors.torch import load_file, save_file
 
+from lowband.atomic import write_atomic
 from lowband.config import DataConfig
 from lowband.errors import ConfigError
 from lowband.registry import DATASETS
@@ -123,8 +124,5 @@ def read_dataset(cfg: DataConfig) -> TensorData:
         return TensorData(t["x_train"], t["y_train"], t["x_test"], t["y_test"], int(t["num_classes"].item()))
     except Exception:  # absent or damaged cache: regenerate
         data = loader(cfg)
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    tmp = f"{path}.{os.getpid()}.tmp"
-    save_file({**data.tensors(), "num_classes": torch.tensor(data.num_classes)}, tmp)
-    os.replace(tmp, path)
+    write_atomic(path, lambda tmp: save_file({**data.tensors(), "num_classes": torch.tensor(data.num_classes)}, tmp))
     return data

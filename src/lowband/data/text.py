@@ -123,7 +123,7 @@ def split_blocks(raw: bytes, fraction: float) -> tuple[bytes, bytes, bytes]:
 
 def check_sizes(parts: tuple[bytes, bytes, bytes], cfg: DataConfig) -> None:
     """Every block must hold one window of context + 1 bytes."""
-    for label, part in zip(("training", "validation", "test"), parts):
+    for label, part in zip(("training", "validation", "test"), parts, strict=True):
         if len(part) < cfg.context + 1:
             raise ConfigError("data.context", cfg.context, f"larger than the {label} split ({len(part)} bytes) of "
                                                            f"{cfg.name!r}; each split needs data.context + 1 bytes "

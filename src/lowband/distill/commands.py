@@ -132,9 +132,10 @@ def run_distill(args, resolve) -> int:
 def _check_teacher_fits(cfg: C.Config) -> None:
     from lowband.data import load_dataset
     from lowband.distill.serve import load_teacher
-    from lowband.methods.edl import check_fits
+    from lowband.methods.edl import EDLConfig, check_fits
 
-    teacher = getattr(cfg.method, "teacher")  # an EDLConfig here
+    assert isinstance(cfg.method, EDLConfig), "distill runs the edl method"
+    teacher = cfg.method.teacher
     _, _, in_shape, classes = load_teacher(teacher)
     check_fits(load_dataset(cfg.data), in_shape, classes, teacher)
 

@@ -115,7 +115,7 @@ class Coordinator:
         keys = list(self.r.scan_iter(match=self._okey("*"), count=1000))
         values = self.r.mget(keys) if keys else []
         cut = len(self._okey(""))
-        return {_text(k)[cut:]: _text(v) for k, v in zip(keys, values) if v is not None}
+        return {_text(k)[cut:]: _text(v) for k, v in zip(keys, values, strict=True) if v is not None}
 
     def free(self, exclude: frozenset[str] | set[str] = frozenset()) -> list[TeacherInfo]:
         """Live teachers nobody holds, fastest first."""

@@ -90,7 +90,7 @@ class PeerAnswers:
         inter, link = self.comm.crosses(self.peer_rank[m]), self.comm.link
         if link is not None:
             link.wait_until(link.reserve("predictions", sent + recv, inter))
-        self.comm.count("predictions", sent=sent, recv=recv, seconds=time.perf_counter() - t0,
+        self.comm.ledger.count("predictions", sent=sent, recv=recv, seconds=time.perf_counter() - t0,
                         inter=sent if inter else 0)
 
     def _lost(self, m: int, error: BaseException) -> None:
@@ -104,7 +104,7 @@ class PeerAnswers:
         if self.server is not None:
             out, inn, inter = self.server.take_bytes()
             if out or inn:
-                self.comm.count("served", sent=out, recv=inn, inter=inter)
+                self.comm.ledger.count("served", sent=out, recv=inn, inter=inter)
 
     # ---- each exchange -------------------------------------------------------------------------
     def publish(self, step: int, model: torch.nn.Module) -> None:
@@ -156,7 +156,7 @@ class PeerAnswers:
             except FAILURES:
                 continue  # that server is gone already: nothing waits for this rank there
             # bookkeeping, after this rank's last record: the server's `served` leaves it out too
-            self.comm.count("control", sent=sent, recv=recv, inter=sent if self.comm.crosses(self.peer_rank[m]) else 0)
+            self.comm.ledger.count("control", sent=sent, recv=recv, inter=sent if self.comm.crosses(self.peer_rank[m]) else 0)
         if self.server is not None:
             missing = self.server.linger(self.askers, self.cfg.server_timeout_s)
             if missing:

@@ -25,6 +25,7 @@ import secrets
 import socket
 import threading
 import time
+from typing import Any
 
 import torch
 from torch import nn
@@ -40,7 +41,7 @@ class Features(nn.Module):
 
     def __init__(self, model: nn.Module):
         super().__init__()
-        self.model = model
+        self.model: Any = model  # a FeatureModel (models/base.py): features and head
 
     def forward(self, x):
         return self.model.features(x)

@@ -18,6 +18,7 @@ teacher, or in the buffer, and a failed link's late answers are never read.
 from __future__ import annotations
 
 import bisect
+import contextlib
 import itertools
 import logging
 import math
@@ -199,7 +200,7 @@ class DistilReader:
             if link.closed or not link.inflight:
                 return
             request = link.inflight.popleft()
-            for part, out in zip(request.parts, logits.split([len(p.x) for p in request.parts])):
+            for part, out in zip(request.parts, logits.split([len(p.x) for p in request.parts]), strict=True):
                 self.ready[part.key] = (part, out)
             self.cv.notify_all()
 
@@ -324,10 +325,8 @@ class DistilReader:
         if tid not in self.owned:
             return
         self.owned.discard(tid)
-        try:
+        with contextlib.suppress(Exception):
             self.coord.release(self.student, tid)
-        except Exception:
-            pass
 
     def _sample(self) -> None:
         with self.cv:

@@ -59,7 +59,7 @@ class EmbeddedRedis:
         args = [self.binary, "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
                 "--protected-mode", "yes", "--loglevel", "warning"] + (["--requirepass", self.password]
                                                                        if self.password else [])
-        self._log = tempfile.TemporaryFile()  # not a pipe: nobody reads it while Redis runs
+        self._log = tempfile.TemporaryFile()  # noqa: SIM115 (open while Redis runs: not a pipe, nobody reads it)
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=self._log, preexec_fn=die_with_parent)
         client = redis.Redis(port=self.port, password=self.password, socket_connect_timeout=0.5)
         deadline = time.monotonic() + timeout_s

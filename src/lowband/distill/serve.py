@@ -8,6 +8,7 @@ ttl/3 in a thread; when Redis is unreachable it keeps trying, and when the key h
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -96,7 +97,5 @@ class Registration:
     def stop(self) -> None:
         self._stop.set()
         self.thread.join(timeout=2 * self.period_s)
-        try:
+        with contextlib.suppress(Exception):
             self.coord.unregister(self.info.id)
-        except Exception:
-            pass

@@ -5,7 +5,7 @@ them bare). The EDL method picks one by `method.mode` and otherwise does not car
   NoTeacher         ntrain  the batches as they are: the student learns from hard labels alone
   InProcessTeacher  online  the teacher's forward pass in the student's process before each step
   RemoteTeachers    edl     teacher servers through a DistilReader (prefetch, elasticity, re-sends)
-A source counts the bytes it moves through the communicator's one entry point (`comm.count`),
+A source counts the bytes it moves through the communicator's one entry point (`comm.ledger.count`),
 reports its figures at the end of an epoch, and frees what it holds on `close`.
 """
 
@@ -87,7 +87,7 @@ class RemoteTeachers(TeacherSource):
         if link is not None and (new_sent or new_recv):
             link.wait_until(max(link.reserve("teachers-out", new_sent, True, pipelined=True),
                                 link.reserve("teachers-in", new_recv, True, pipelined=True)))
-        self.comm.count("soft-labels", sent=new_sent, recv=new_recv, seconds=time.perf_counter() - t0, inter=new_sent)
+        self.comm.ledger.count("soft-labels", sent=new_sent, recv=new_recv, seconds=time.perf_counter() - t0, inter=new_sent)
         self.counted = (sent, recv)
 
     def end_epoch(self) -> tuple[dict, list[dict]]:

@@ -11,6 +11,7 @@ fit raises `WireError`; the server answering it closes the connection and keeps 
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import socket
@@ -182,10 +183,8 @@ def recv(sock: socket.socket, limits: Limits = Limits(), idle_s: float | None = 
 
 def hang_up(sock: socket.socket, close: bool = True) -> None:
     """Shut `sock` down both ways (a thread blocked on it wakes up) and close it; never raises."""
-    try:
+    with contextlib.suppress(OSError):
         sock.shutdown(socket.SHUT_RDWR)
-    except OSError:
-        pass
     if close:
         sock.close()
 

@@ -37,6 +37,7 @@ class AFSDConfig(CodistillConfig):
 @METHODS.register("afsd")
 class AFSD(Codistill):
     Config = AFSDConfig
+    cfg: AFSDConfig
     answers_features = True
 
     @classmethod
@@ -57,6 +58,6 @@ class AFSD(Codistill):
             return afsd_loss(self.net.features, peer_features, self.cfg.distance, self.cfg.normalize)
         with torch.no_grad():
             peer_features = [t.features(x) for t in self.teachers.values()]
-            measured = codistill_loss(outputs, [t.head(f) for t, f in zip(self.teachers.values(), peer_features)])
+            measured = codistill_loss(outputs, [t.head(f) for t, f in zip(self.teachers.values(), peer_features, strict=True)])
         self._add("output_distill_loss", measured.item())
         return afsd_loss(self.net.features, peer_features, self.cfg.distance, self.cfg.normalize)

@@ -19,7 +19,7 @@ from __future__ import annotations
 import copy
 import time
 from dataclasses import dataclass
-from typing import Literal
+from typing import Any, Literal
 
 import numpy as np
 import torch
@@ -81,7 +81,7 @@ class TappedModel(torch.nn.Module):
 
     def __init__(self, module: torch.nn.Module):
         super().__init__()
-        self.module = module
+        self.module: Any = module  # a FeatureModel (models/base.py): features and head
         self.features: torch.Tensor | None = None
 
     def forward(self, x):
@@ -136,7 +136,7 @@ class Codistill(Method):
         else:
             url = self.cfg.store or self.ctx.run.file("exchange")
             self.store = CheckpointStore(url, comm, self.ctx.log, dtype=self.cfg.codec)
-        self.teachers: dict[int, torch.nn.Module] = {}
+        self.teachers: dict[int, Any] = {}  # peer id -> its last model (a FeatureModel, models/base.py)
         self.teacher_step: dict[int, int] = {}
         self.silent: set[int] = set()
         self.sums: dict[str, float] = {}

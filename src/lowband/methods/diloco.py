@@ -113,7 +113,7 @@ class DiLoCo(Method):
         for frag in self.fragments:
             if frag.apply_at == self.steps:
                 frag.merge(self.cfg.mix)
-        for frag, offset in zip(self.fragments, self.offsets):
+        for frag, offset in zip(self.fragments, self.offsets, strict=True):
             if self.steps % self.cfg.tau == offset:
                 self._sync(frag)
         if self.steps % self.cfg.tau == 0:
@@ -157,13 +157,13 @@ class DiLoCo(Method):
                 self._outer_step(frag, 0)
         self._average_buffers()
         model = self._with_anchors()
-        for frag, state in zip(self.fragments, saved):
+        for frag, state in zip(self.fragments, saved, strict=True):
             frag.load_state_dict(state)
         return model
 
     def _with_anchors(self):
         model = copy.deepcopy(self.local_model())
-        for frag, mine in zip(self.fragments, split_fragments(list(model.parameters()), self.cfg.fragments)):
+        for frag, mine in zip(self.fragments, split_fragments(list(model.parameters()), self.cfg.fragments), strict=True):
             torch.nn.utils.vector_to_parameters(frag.anchor.detach().clone(), mine)
         return model
 
@@ -172,5 +172,5 @@ class DiLoCo(Method):
 
     def load_state_dict(self, state: dict) -> None:
         self.steps = int(state["steps"])
-        for frag, saved in zip(self.fragments, state["fragments"]):
+        for frag, saved in zip(self.fragments, state["fragments"], strict=True):
             frag.load_state_dict(saved)

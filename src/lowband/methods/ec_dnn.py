@@ -66,7 +66,9 @@ class ECDNN(Method):
     def setup(self, model):
         self.model = model
         self.codec = parse_codec(self.cfg.codec, seed=self.ctx.cfg.train.seed * 1000 + self.ctx.comm.rank)
-        n, classes = len(self.ctx.data.y_train), self.ctx.data.num_classes
+        data = self.ctx.data
+        assert data is not None, "the trainer gives every method its data"
+        n, classes = len(data.y_train), data.num_classes
         self.pseudo = torch.zeros(n, classes, device=self.ctx.device)   # ensemble outputs ybar
         self.target = torch.zeros(n, classes, device=self.ctx.device)   # compressed models' mean output z
         self.relabelled = torch.zeros(n, dtype=torch.bool, device=self.ctx.device)

@@ -117,7 +117,7 @@ class ElasticOuter:
         return {"parts": [part.state_dict() for part in self.parts]}
 
     def load_state_dict(self, state: dict) -> None:
-        for part, saved in zip(self.parts, state["parts"]):
+        for part, saved in zip(self.parts, state["parts"], strict=True):
             part.load_state_dict(saved)
 
     def global_model(self, model: nn.Module) -> nn.Module:
@@ -131,7 +131,7 @@ class ElasticOuter:
             if self.averaging:
                 vector_to_parameters(self.fragments[0].anchor.detach().clone(), params + buffers)
                 return glob
-            for frag, group in zip(self.fragments, split_fragments(params, len(self.fragments))):
+            for frag, group in zip(self.fragments, split_fragments(params, len(self.fragments)), strict=True):
                 vector_to_parameters(frag.anchor.detach().clone(), group)
             if self.buffers is not None:
                 vector_to_parameters(self.buffers.anchor.detach().clone(), buffers)

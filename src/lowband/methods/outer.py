@@ -10,6 +10,7 @@ averaging (local SGD): θ_global - mean(θ_global - θ_local) = mean(θ_local).
 from __future__ import annotations
 
 import copy
+from collections.abc import Sequence
 
 import torch
 from torch import nn
@@ -38,8 +39,8 @@ def split_fragments(params: list[nn.Parameter], parts: int) -> list[list[nn.Para
 class Fragment:
     """θ_global, the outer optimizer and the error-feedback residual of one group of parameters."""
 
-    def __init__(self, params: list[nn.Parameter], lr: float, momentum: float, codec: Codec, feedback: bool):
-        self.params, self.codec = params, codec
+    def __init__(self, params: Sequence[torch.Tensor], lr: float, momentum: float, codec: Codec, feedback: bool):
+        self.params, self.codec = list(params), codec
         self.anchor = nn.Parameter(parameters_to_vector(params).detach().clone())
         self.outer = torch.optim.SGD([self.anchor], lr=lr, momentum=momentum, nesterov=momentum > 0)
         self.feedback = ErrorFeedback(codec) if feedback and not codec.lossless else None

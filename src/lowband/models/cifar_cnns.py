@@ -12,20 +12,22 @@ from torch import nn
 from lowband.models.base import Classifier
 from lowband.registry import MODELS
 
-VGG16_LAYERS = [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"]
+VGG16_LAYERS: list[int | str] = [64, 64, "M", 128, 128, "M", 256, 256, 256, "M", 512, 512, 512, "M", 512, 512, 512, "M"]
 
 
 @MODELS.register("vgg16")
 class VGG16(Classifier):
     def __init__(self, cfg, in_shape, num_classes):
         super().__init__()
-        layers, cin = [], in_shape[0]
+        layers: list[nn.Module] = []
+        cin: int = in_shape[0]
         for v in VGG16_LAYERS:
             if v == "M":
                 layers.append(nn.MaxPool2d(2))
             else:
-                layers += [nn.Conv2d(cin, v, 3, padding=1), nn.BatchNorm2d(v), nn.ReLU()]
-                cin = v
+                width = int(v)
+                layers += [nn.Conv2d(cin, width, 3, padding=1), nn.BatchNorm2d(width), nn.ReLU()]
+                cin = width
         self.body = nn.Sequential(*layers, nn.AdaptiveAvgPool2d(1), nn.Flatten())
         self.fc = nn.Linear(512, num_classes)
 

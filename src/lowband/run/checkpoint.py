@@ -17,22 +17,10 @@ import torch
 from safetensors import safe_open
 from safetensors.torch import save_file
 
+from lowband.atomic import write_atomic, write_text_atomic
 from lowband.errors import UsageError
 
 KEEP = 2  # resumable checkpoints kept per rank
-
-
-def _atomic(path: str, write) -> None:
-    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
-    tmp = f"{path}.tmp-{os.getpid()}"
-    try:
-        write(tmp)
-        with open(tmp, "rb") as f:
-            os.fsync(f.fileno())
-        os.replace(tmp, path)
-    finally:
-        if os.path.exists(tmp):
-            os.remove(tmp)
 
 
 SIDECAR = ".sha256"
@@ -47,17 +35,10 @@ def file_digest(path: str) -> str:
     return h.hexdigest()
 
 
-def _write_text(path: str, text: str) -> None:
-    def write(tmp: str) -> None:
-        with open(tmp, "w") as f:
-            f.write(text)
-    _atomic(path, write)
-
-
 def save_state(state: dict, path: str) -> None:
     """Write resumable state, then its checksum sidecar (a file without one is never resumed from)."""
-    _atomic(path, lambda tmp: torch.save(state, tmp))
-    _write_text(path + SIDECAR, file_digest(path) + "\n")
+    write_atomic(path, lambda tmp: torch.save(state, tmp))
+    write_text_atomic(path + SIDECAR, file_digest(path) + "\n")
 
 
 def damage(path: str) -> str | None:
@@ -93,7 +74,7 @@ def save_model(state_dict: dict, path: str, metadata: dict[str, str] | None = No
         os.umask(umask)
         os.chmod(tmp, 0o666 & ~umask)
 
-    _atomic(path, write)
+    write_atomic(path, write)
 
 
 def model_metadata(path: str) -> dict[str, str]:

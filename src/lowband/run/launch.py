@@ -9,6 +9,7 @@ Ctrl-C stops every worker the same way.
 
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import importlib
 import logging
@@ -24,10 +25,8 @@ GRACE_S = 5.0
 
 
 def die_with_parent() -> None:  # a preexec_fn: runs in the child between fork and exec
-    try:
+    with contextlib.suppress(OSError):
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    except OSError:
-        pass
 
 
 def worker_env(rank: int, world: int, init_file: str, threads: int = 1) -> dict:
@@ -174,10 +173,8 @@ def _describe(code: int) -> str:
 
 
 def _remove(path: str) -> None:
-    try:
+    with contextlib.suppress(OSError):
         os.remove(path)
-    except OSError:
-        pass
 
 
 def leave_now(code: int) -> NoReturn:

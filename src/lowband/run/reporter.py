@@ -60,7 +60,7 @@ def tag_bytes(comm: Communicator) -> dict[str, dict[str, float]]:
     """The communicator's cumulative bytes, calls, busiest-link and inter-site bytes per tag, for tags that
     moved any bytes."""
     return {tag: {"sent": s.sent, "recv": s.recv, "calls": s.calls, "wire": s.wire, "inter": s.inter}
-            for tag, s in sorted(comm.stats.items()) if s.sent or s.recv}
+            for tag, s in sorted(comm.ledger.stats.items()) if s.sent or s.recv}
 
 
 def _mean(values: list[float]) -> float:

@@ -24,6 +24,8 @@ import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
+from lowband.atomic import write_text_atomic
+
 CONFIG = "config.toml"
 
 
@@ -74,11 +76,7 @@ class RunDir:
 
     def write_text(self, name: str, text: str) -> None:
         """Write a file atomically (a temporary name, then a rename)."""
-        path = self.file(name)
-        tmp = f"{path}.tmp-{os.getpid()}"
-        with open(tmp, "w") as f:
-            f.write(text)
-        os.replace(tmp, path)
+        write_text_atomic(self.file(name), text)
 
     def divergences(self) -> list[tuple[str, str]]:
         """(path, first line) of each diverged.rank{R}.txt a worker left (lowband.errors.Diverged)."""

@@ -10,12 +10,12 @@ from __future__ import annotations
 import dataclasses
 import os
 import re
-import shutil
 import sys
 
 import torch
 
 from lowband import config as C
+from lowband.atomic import copy_atomic
 from lowband.comm import Communicator, launched_by_torchrun
 from lowband.data.metric import task_of
 from lowband.errors import ConfigError, Diverged, UsageError
@@ -194,9 +194,7 @@ def salvage(run_dir: str, world: int, code: int) -> int:
     best = max(survivors, key=lambda r: _last_val_acc(run, r))
     note = ""
     if 0 in lost:
-        tmp = f"{run.model_path(0)}.tmp-{os.getpid()}"
-        shutil.copyfile(run.model_path(best), tmp)
-        os.replace(tmp, run.model_path(0))
+        copy_atomic(run.model_path(best), run.model_path(0))
         note = f"; model.safetensors is now rank {best}'s model, the best surviving one"
     print(f"lowband: lost worker(s) {', '.join(map(str, lost))} (no final model); "
           f"{len(survivors)} of {world} finished{note}; results in {run_dir}", file=sys.stderr)

@@ -212,7 +212,7 @@ class Trainer:
 
     # ---- evaluation and records ----------------------------------------------------------------
     def _comm_seconds(self) -> float:
-        return sum(s.seconds for tag, s in self.comm.stats.items() if tag not in BOOKKEEPING_TAGS)
+        return self.comm.ledger.seconds(leave_out=BOOKKEEPING_TAGS)
 
     def _accuracies(self, model: torch.nn.Module) -> dict:
         """{test_acc, val_acc, test_loss, val_loss} of `model` (validation None without a validation split)."""
@@ -309,7 +309,7 @@ class Trainer:
             "epoch": epoch, "step": self.step, "samples": self.samples, "elapsed": self.elapsed,
             "model": self.method.local_model().state_dict(), "reached_target": self.reached_target or 0,
             "optimizer": self.optimizer.state_dict(), "method": self.method.state_dict(),
-            "comm": self.comm.snapshot(), "rng": torch.get_rng_state(), "train_s": self.train_s,
+            "comm": self.comm.ledger.snapshot(), "rng": torch.get_rng_state(), "train_s": self.train_s,
         }
         checkpoint.save_state(state, checkpoint.rank_path(self.run.path, self.rank, epoch))
         checkpoint.prune(self.run.path, self.rank)
@@ -331,7 +331,7 @@ class Trainer:
         self.reached_target = state.get("reached_target") or None
         self.optimizer.load_state_dict(state["optimizer"])
         self.method.load_state_dict(state["method"])
-        self.comm.load_snapshot(state["comm"])
+        self.comm.ledger.load_snapshot(state["comm"])
         torch.set_rng_state(state["rng"])
         self.epoch, self.step, self.samples, self.elapsed = state["epoch"], state["step"], state["samples"], state["elapsed"]
         self.train_s = state.get("train_s", 0.0)

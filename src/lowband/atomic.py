@@ -1,0 +1,38 @@
+"""The one way lowband writes a file someone may read at any moment: whole, or not at all.
+
+`write_atomic(path, write)` lets `write(tmp)` fill a temporary file beside `path` (same directory,
+so the rename cannot cross file systems), flushes it to disk, and renames it over `path`: a reader,
+or a crash, sees the old file or the new one, never half of one. The temporary is removed when
+`write` fails. Run directories, checkpoints, the data-set cache and calibrations all write this way.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Callable
+
+
+def write_atomic(path: str, write: Callable[[str], object]) -> None:
+    """Fill a temporary file with `write(tmp)`, fsync it, and rename it to `path`."""
+    os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
+    tmp = f"{path}.tmp-{os.getpid()}"
+    try:
+        write(tmp)
+        with open(tmp, "rb") as f:
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    finally:
+        if os.path.exists(tmp):
+            os.remove(tmp)
+
+
+def write_text_atomic(path: str, text: str) -> None:
+    def write(tmp: str) -> None:
+        with open(tmp, "w") as f:
+            f.write(text)
+    write_atomic(path, write)
+
+
+def copy_atomic(source: str, path: str) -> None:
+    write_atomic(path, lambda tmp: shutil.copyfile(source, tmp))
