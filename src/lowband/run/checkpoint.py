@@ -19,6 +19,7 @@ from safetensors.torch import save_file
 
 from lowband.atomic import write_atomic, write_text_atomic
 from lowband.errors import UsageError
+from lowband.run.rundir import RunDir
 
 KEEP = 2  # resumable checkpoints kept per rank
 
@@ -87,11 +88,11 @@ def model_metadata(path: str) -> dict[str, str]:
 
 
 def rank_path(run_dir: str, rank: int, epoch: int) -> str:
-    return os.path.join(run_dir, "checkpoints", f"rank{rank}-epoch{epoch:04d}.pt")
+    return os.path.join(RunDir(run_dir).checkpoint_dir, f"rank{rank}-epoch{epoch:04d}.pt")
 
 
 def epochs_saved(run_dir: str, rank: int) -> list[int]:
-    folder = os.path.join(run_dir, "checkpoints")
+    folder = RunDir(run_dir).checkpoint_dir
     pattern = re.compile(rf"rank{rank}-epoch(\d+)\.pt$")
     names = os.listdir(folder) if os.path.isdir(folder) else []
     return sorted(int(m.group(1)) for m in map(pattern.match, names) if m)
@@ -99,7 +100,7 @@ def epochs_saved(run_dir: str, rank: int) -> list[int]:
 
 def ranks_saved(run_dir: str) -> list[int]:
     """Every rank that has at least one resumable checkpoint in the run."""
-    folder = os.path.join(run_dir, "checkpoints")
+    folder = RunDir(run_dir).checkpoint_dir
     pattern = re.compile(r"rank(\d+)-epoch\d+\.pt$")
     names = os.listdir(folder) if os.path.isdir(folder) else []
     return sorted({int(m.group(1)) for m in map(pattern.match, names) if m})
@@ -126,6 +127,22 @@ def resumable_epoch(run_dir: str, ranks: list[int]) -> tuple[int, list[str]]:
             return epoch, passed
         passed += problems
     return 0, passed
+
+
+def job_path(run_dir: str, epoch: int) -> str:
+    """An elastic job's checkpoint after `epoch` (one per job, written by the round's source)."""
+    return os.path.join(RunDir(run_dir).checkpoint_dir, f"elastic-epoch{epoch}.pt")
+
+
+def latest_job_checkpoint(run_dir: str) -> str | None:
+    """The newest intact elastic-epoch{E}.pt (checksum matching), or None."""
+    folder = RunDir(run_dir).checkpoint_dir
+    names = os.listdir(folder) if os.path.isdir(folder) else []
+    found = (re.fullmatch(r"elastic-epoch(\d+)\.pt", n) for n in names)
+    for epoch in sorted((int(m.group(1)) for m in found if m), reverse=True):
+        if damage(job_path(run_dir, epoch)) is None:
+            return job_path(run_dir, epoch)
+    return None
 
 
 def prune(run_dir: str, rank: int, keep: int = KEEP) -> None:

@@ -25,7 +25,7 @@ from lowband import config as C
 from lowband.comm.membership import Membership
 from lowband.errors import ConfigError, UsageError
 from lowband.run import launch
-from lowband.run.elastic_worker import JOB_FILE, latest_checkpoint, read_job
+from lowband.run.elastic_worker import JOB_FILE, read_job
 from lowband.run.rundir import RunDir
 
 ENTRY = "lowband.run.elastic_worker:main"
@@ -99,7 +99,7 @@ def _resume_round(run_dir: str) -> int:
     past it are dropped, so nothing is written twice."""
     from lowband.run import checkpoint
 
-    path = latest_checkpoint(run_dir)
+    path = checkpoint.latest_job_checkpoint(run_dir)
     state = checkpoint.load_state(path) if path else {"round": 0, "epoch": 0}
     run = RunDir(run_dir)
     for name, keep in (("quorums", lambda r: r["round"] < state["round"]),

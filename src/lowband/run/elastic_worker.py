@@ -304,11 +304,10 @@ class ElasticWorker:
     def _checkpoint(self, q: Quorum) -> None:
         state = {"version": q.version + 1, "round": q.round + 1, "epoch": q.epoch, "outer": self.outer.state_dict(),
                  "model": self.model.state_dict(), "bytes": {str(w): ledger for w, ledger in self.members.ledgers().items()}}
-        path = os.path.join(self.run_dir.path, "checkpoints", f"elastic-epoch{q.epoch_end}.pt")
-        checkpoint.save_state(state, path)
+        checkpoint.save_state(state, checkpoint.job_path(self.run_dir.path, q.epoch_end))
 
     def _resume(self) -> None:
-        path = latest_checkpoint(self.run_dir.path)
+        path = checkpoint.latest_job_checkpoint(self.run_dir.path)
         if path is None:
             self.log.warning(f"worker {self.id}: no elastic checkpoint in {self.run_dir.path}; starting from scratch")
             return
@@ -387,19 +386,6 @@ def _fault_plan(worker: int) -> tuple[int, str, str, float] | None:
         parts = item.split(":")
         if int(parts[0]) == worker:
             return int(parts[1]), parts[2], parts[3], float(parts[4]) if len(parts) > 4 else 0.0
-    return None
-
-
-def latest_checkpoint(run_dir: str) -> str | None:
-    """The newest intact checkpoints/elastic-epoch{E}.pt (checksum matching), or None."""
-    folder = os.path.join(run_dir, "checkpoints")
-    names = [n for n in os.listdir(folder)] if os.path.isdir(folder) else []
-    epochs = sorted((int(n[len("elastic-epoch"):-3]) for n in names
-                     if n.startswith("elastic-epoch") and n.endswith(".pt")), reverse=True)
-    for epoch in epochs:
-        path = os.path.join(folder, f"elastic-epoch{epoch}.pt")
-        if checkpoint.damage(path) is None:
-            return path
     return None
 
 

@@ -24,6 +24,7 @@ from dataclasses import dataclass
 
 from lowband.errors import UsageError
 from lowband.run import checkpoint
+from lowband.run.rundir import RunDir
 
 _RANK_FILE = re.compile(r"rank\d+-epoch\d+\.pt(\.sha256)?$")
 
@@ -58,7 +59,7 @@ def reshard(run_dir: str, old: int, new: int) -> Resharded:
     if epoch == 0:
         raise UsageError(f"--allow-world-change: {run_dir} has no epoch with an intact checkpoint of each of its "
                          f"{old} ranks, so there is nothing to resume with {new} workers")
-    folder = os.path.join(run_dir, "checkpoints")
+    folder = RunDir(run_dir).checkpoint_dir
     staging = os.path.join(folder, f".world-{new}-staging")
     shutil.rmtree(staging, ignore_errors=True)
     counted = [_counters(checkpoint.load_state(checkpoint.rank_path(run_dir, q, epoch))) for q in range(old)]

@@ -97,6 +97,11 @@ class RunDir:
 
         return read_toml(self.config_path, "run directory config")
 
+    # ---- checkpoints (their names: run/checkpoint.py) ---------------------------------------------
+    @property
+    def checkpoint_dir(self) -> str:
+        return self.file("checkpoints")
+
     # ---- models ---------------------------------------------------------------------------------
     def model_path(self, rank: int = 0) -> str:
         """The final model of rank `rank`'s scope: model.safetensors for rank 0."""
