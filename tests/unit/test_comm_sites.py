@@ -124,7 +124,7 @@ def test_the_modelled_link_delays_by_the_class_of_link_crossed():
     assert LinkModel(LinkSpec(8e6)).reserve("a", 1000, inter=False) == 0.0  # intra unlimited: no wait
     comms = world()
     for c in comms:
-        c.link = LinkModel(LinkSpec(8e9), UNLIMITED)
+        c.ledger.link = LinkModel(LinkSpec(8e9), UNLIMITED)
     comms[0].send(tensor(), 1, "a")  # inside site 0: unlimited, no queue
     comms[1].send(tensor(), 2, "a")  # across: the inter-site queue to rank 2
     comms[1].allreduce(tensor(), "grad")  # next rank 2: the inter-site ring link
@@ -153,7 +153,7 @@ def test_checkpoint_writes_wait_on_the_link_they_cross(tmp_path):
 
     for site_of, queued in (([0, 0, 1, 1], {"store"}), ([0, 0, 0, 0], set())):
         comm = world(site_of)[0]
-        comm.link = LinkModel(LinkSpec(8e9), UNLIMITED)
+        comm.ledger.link = LinkModel(LinkSpec(8e9), UNLIMITED)
         CheckpointStore(str(tmp_path / str(len(queued))), comm).publish(0, 1, {"w": torch.zeros(10)})
         assert dict(comm.link.free_at).keys() == queued
 

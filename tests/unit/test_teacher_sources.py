@@ -83,7 +83,7 @@ def test_a_modelled_link_holds_the_student_to_the_links_rate(monkeypatch):
     waited = []
     monkeypatch.setattr(LinkModel, "wait_until", staticmethod(waited.append))
     comm = Communicator()
-    comm.link = LinkModel(LinkSpec(8000.0, latency_s=5.0))  # 1000 bytes/s; the latency is hidden by the prefetch
+    comm.ledger.link = LinkModel(LinkSpec(8000.0, latency_s=5.0))  # 1000 bytes/s; the latency is hidden by the prefetch
     source = RemoteTeachers(FakeReader(), comm, steps_per_epoch=2, last_epoch=1, device=torch.device("cpu"))
     list(source.batches(1, Loader()))
     # 100 bytes out per batch (30 back, on the other direction's queue): 0.1 s of wire each, queued
