@@ -131,6 +131,8 @@ def parser() -> argparse.ArgumentParser:
                                         "lowband join runs/pool                                      (terminal 2)"),
                        formatter_class=argparse.RawDescriptionHelpFormatter)
     j.add_argument("run_dir", metavar="RUN_DIR", help="the run directory of a running `lowband train --elastic`")
+    j.add_argument("--host", metavar="ADDRESS", help="address this machine's worker listens on for its quorums (default: "
+                                                     "the job's elastic.host); another machine's own address")
     c = sub.add_parser("compare", help="train several methods on the same data and seeds; table and report",
                        epilog=COMPARE_EXAMPLES, formatter_class=argparse.RawDescriptionHelpFormatter)
     c.add_argument("--suite", help="a built-in suite: " + ", ".join(suite_names()) + " (`lowband list` says what each runs)")
@@ -326,7 +328,7 @@ def schedule_replanned(cfg: C.Config, epochs: int) -> str | None:
 def cmd_join(args) -> int:
     from lowband.run.elastic_job import join
 
-    return join(args.run_dir)
+    return join(args.run_dir, host=args.host)
 
 
 def cmd_compare(args) -> int:

@@ -232,9 +232,11 @@ class ElasticConfig:
     host: str = opt("127.0.0.1", "address this machine's workers listen on for their quorum's process group")
     heartbeat_s: float = opt(1.0, "seconds between a worker's heartbeats")
     dead_after_s: float = opt(5.0, "a worker silent this long is out of the job (it rejoins when it speaks again)")
-    timeout_s: float = opt(30.0, "a quorum's exchange waiting longer than this fails, and the round is redone "
-                                 "without the silent worker")
-    wait_s: float = opt(600.0, "how long a worker waits below min_workers before it gives up")
+    timeout_s: float = opt(30.0, "how long a quorum waits for a live worker to arrive, and a collective for a peer "
+                                 "(then it fails and the round is redone without the silent worker); longer than "
+                                 "an exchange takes on your link")
+    wait_s: float = opt(600.0, "how long a worker waits without progress (below min_workers, or for a coordinator "
+                               "that is away) before it gives up (exit code 3)")
 
     def __post_init__(self):
         require(self.min_workers >= 1, "elastic.min_workers", self.min_workers, "must be >= 1")

@@ -40,10 +40,10 @@ def test_slices_are_disjoint_and_an_epoch_rolls_over():
     assert q.finished and q.epoch == 2
 
 
-def test_max_workers_keeps_the_source_and_the_lowest_ids():
-    q = decide(0, 0, arrivals(w4=(2, "a", 1), w1=(1, "a", 1), w0=(2, "a", 1), w7=(2, "a", 1)),
-               samples=10, per_worker=1, epochs=1, max_workers=2)
-    assert q.members == [0, 1]
+def test_max_workers_keeps_the_source_then_those_with_a_pseudo_gradient_by_id():
+    found = arrivals(w4=(2, "a", 1), w1=(1, "a", 1), w0=(2, "a", 1), w7=(2, "a", 1), w2=(2, "a", 0))
+    assert decide(0, 0, found, samples=10, per_worker=1, epochs=1, max_workers=2).members == [0, 4]
+    assert decide(0, 0, found, samples=10, per_worker=1, epochs=1, max_workers=4).members == [0, 4, 7, 1]
 
 
 def test_epoch_loss_accumulates_from_contributors_and_resets_at_the_end():

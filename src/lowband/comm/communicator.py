@@ -98,7 +98,8 @@ class Communicator:
         """A communicator over a gloo group of its own, whose ranks meet through `store` (any object with
         set, get, add, check, wait, delete_key and num_keys, such as comm/rendezvous.py's RedisStore),
         counting into `ledger`; this rank listens on `host`. Such a group is not torch.distributed's default one:
-        collectives work on it, point-to-point calls do not (`p2p` is False). Dropping it closes it."""
+        collectives work on it, point-to-point calls do not (`p2p` is False). `close()`, or dropping
+        it, ends it."""
         group = None
         if world > 1:
             options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]

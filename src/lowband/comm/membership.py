@@ -10,9 +10,9 @@ Keys live under `lowband:elastic:JOB:`:
   round               the newest round any worker has reached (a late worker catches up to it)
   attempt:R           the attempt round R is met at (raised after an abort)
   arrive:R:A          hash ID -> Arrival JSON: who came to round R, attempt A
-  quorum:R:A          the Quorum decided for round R, attempt A (SET NX: the first decider wins)
-  done:R:A, fail:R:A  who finished round R's exchange and who failed it
-  outcome:R:A         "commit" or "abort", decided once
+  quorum:R:A          the Quorum decided for round R, attempt A (SET NX: the first decider wins), with a nonce N
+  done:R:A:N, fail:R:A:N  who finished that quorum's exchange and who failed it
+  outcome:R:A:N       "commit" or "abort", decided once
   ledger              hash ID -> JSON of that worker's bytes per tag
 
 A round: the live workers arrive with what they hold (their version, a fingerprint of θ_global, the
@@ -32,6 +32,7 @@ import contextlib
 import json
 import threading
 import time
+import uuid
 from dataclasses import asdict, dataclass, field
 
 import redis
@@ -45,7 +46,7 @@ COMMIT, ABORT = "commit", "abort"
 class Arrival:
     """What a worker brings to a round."""
 
-    version: int  # rounds committed into its θ_global (-1: a newcomer that holds none)
+    version: int  # rounds committed into its θ_global (a newcomer holds the initial θ, version 0, or a checkpoint's)
     fingerprint: str  # of its θ_global, so two holders of one version can tell they agree
     trained: int = 0  # steps trained from that θ_global since: a pseudo-gradient to contribute
     loss_sum: float = 0.0  # summed training loss of those steps
@@ -78,9 +79,8 @@ class Quorum:
     epoch_loss: float = 0.0  # the current epoch's training loss (sum) and steps after this round
     epoch_steps: int = 0
     ended_loss: float | None = None  # mean training loss of the epoch that ended here
-
-    def rank(self, worker: int) -> int:
-        return self.members.index(worker)
+    nonce: str = ""  # set when proposed: this quorum's votes and rendezvous are its own, even if a coordinator
+    #                  that restarted empty lets another quorum be proposed for the same round and attempt
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Quorum:
@@ -93,14 +93,19 @@ def decide(round_no: int, attempt: int, arrivals: dict[int, Arrival], samples: i
     """The quorum of these arrivals (a pure function: every decider gets the same answer).
 
     The source is the arrival with the highest version (ties: the lowest id); members are the source
-    and the lowest other ids, at most `max_workers` (0: all). Contributors hold the source's θ_global
+    and the others, those with a pseudo-gradient to contribute first, then by id, at most `max_workers`
+    (0: all). Contributors hold the source's θ_global
     and trained; receivers hold another. Slices: the next `per_worker` samples of the epoch's order
     for each member in turn from the source's cursor; an epoch whose order is used up ends here and
     the next starts at 0."""
     source = min(arrivals, key=lambda w: (-arrivals[w].version, w))
-    others = sorted(w for w in arrivals if w != source)
-    members = [source] + (others[:max_workers - 1] if max_workers else others)
     ref = arrivals[source]
+
+    def ready(w: int) -> bool:  # holds the source's θ_global and has a pseudo-gradient from it
+        return (arrivals[w].version, arrivals[w].fingerprint) == (ref.version, ref.fingerprint) and arrivals[w].trained > 0
+
+    others = sorted((w for w in arrivals if w != source), key=lambda w: (not ready(w), w))
+    members = [source] + (others[:max_workers - 1] if max_workers else others)
     agree = [w for w in members if (arrivals[w].version, arrivals[w].fingerprint) == (ref.version, ref.fingerprint)]
     contributors = [w for w in agree if arrivals[w].trained > 0]
     loss = ref.epoch_loss + sum(arrivals[w].loss_sum for w in contributors)
@@ -155,7 +160,7 @@ class Membership:
         if round_no is not None:
             self.r.set(self.key("round"), round_no)
 
-    def launch(self) -> tuple[int, int]:
+    def launched(self) -> tuple[int, int]:
         """(the round the launched workers start at, how many were launched); (-1, 0) when unknown."""
         raw = self.r.get(self.key("job"))
         job = json.loads(raw) if raw else {}
@@ -176,14 +181,21 @@ class Membership:
 
     # ---- members ---------------------------------------------------------------------------------
     def register(self, info: dict) -> int:
-        """A new worker id, registered as live."""
-        self.worker = int(self.r.incr(self.key("next_id"))) - 1
-        self.info = {**info, "id": self.worker}
-        self.heartbeat()
-        return self.worker
+        """A new worker id, registered as live: the next id of the counter whose member key is free (a
+        coordinator that restarted empty counts from 0 again until the live workers' heartbeats raise it)."""
+        while True:
+            worker = int(self.r.incr(self.key("next_id"))) - 1
+            self.info = {**info, "id": worker}
+            if self.r.set(self.key("member", worker), json.dumps(self.info), px=self.ttl_ms, nx=True):
+                self.worker = worker
+                return worker
 
     def heartbeat(self) -> None:
+        """Extend this worker's registration (made again if the coordinator lost it), and keep the id
+        counter past this worker's id."""
+        assert self.worker is not None, "register first"
         self.r.set(self.key("member", self.worker), json.dumps(self.info), px=self.ttl_ms)
+        self._raise(self.key("next_id"), self.worker + 1)
 
     def start_heartbeat(self, every_s: float) -> None:
         """Heartbeats from a daemon thread; a coordinator that is briefly away is retried, not fatal."""
@@ -250,25 +262,30 @@ class Membership:
     def propose(self, q: Quorum) -> Quorum:
         """Store `q` unless a quorum for its round and attempt exists; returns the one that holds."""
         key = self.key("quorum", q.round, q.attempt)
+        q.nonce = uuid.uuid4().hex[:12]
         self.r.set(key, json.dumps(asdict(q)), nx=True, px=3_600_000)
         held = self.quorum(q.round, q.attempt)
         return held if held is not None else q
 
     # ---- votes -----------------------------------------------------------------------------------
-    def vote(self, q: Quorum, ok: bool) -> None:
-        key = self.key("done" if ok else "fail", q.round, q.attempt)
+    def _vote_key(self, name: str, q: Quorum) -> str:
+        return self.key(name, q.round, q.attempt, q.nonce)
+
+    def vote(self, q: Quorum, ok: bool) -> bool:
+        key = self._vote_key("done" if ok else "fail", q)
         self.r.sadd(key, str(self.worker))
         self.r.pexpire(key, 3_600_000)
+        return True
 
     def outcome(self, q: Quorum) -> str | None:
         """The round's outcome when it can be told: abort on a failure vote or a member gone silent,
         commit when every member voted done; None while undecided. Decided once, by whoever tells first."""
-        key = self.key("outcome", q.round, q.attempt)
+        key = self._vote_key("outcome", q)
         held = self.r.get(key)
         if held is not None:
             return _text(held)
-        done = {int(w) for w in self.r.smembers(self.key("done", q.round, q.attempt))}
-        failed = self.r.scard(self.key("fail", q.round, q.attempt))
+        done = {int(w) for w in self.r.smembers(self._vote_key("done", q))}
+        failed = self.r.scard(self._vote_key("fail", q))
         if not failed and set(q.members) <= done:
             verdict = COMMIT
         elif failed or (set(q.members) - done) - self.live():
@@ -279,7 +296,12 @@ class Membership:
 
     def abort(self, q: Quorum) -> str:
         """Abort the round unless its outcome is decided; returns the outcome that holds."""
-        return self._settle(self.key("outcome", q.round, q.attempt), ABORT)
+        return self._settle(self._vote_key("outcome", q), ABORT)
+
+    def decided(self, q: Quorum) -> str | None:
+        """The round's stored outcome, or None while undecided (nothing is decided here)."""
+        held = self.r.get(self._vote_key("outcome", q))
+        return None if held is None else _text(held)
 
     def _settle(self, key: str, verdict: str) -> str:
         """Store `verdict` unless an outcome is stored; the one that holds (ours if Redis lost it again)."""
@@ -288,11 +310,13 @@ class Membership:
         return verdict if held is None else _text(held)
 
     # ---- bytes -----------------------------------------------------------------------------------
-    def publish_ledger(self, sent_by_tag: dict[str, float]) -> None:
-        self.r.hset(self.key("ledger"), str(self.worker), json.dumps(sent_by_tag))
+    def publish_ledger(self, sent_by_tag: dict[str, float], entry: str | None = None) -> None:
+        """This worker's bytes sent by tag (or, under `entry`, bytes of another origin: a resumed job's past)."""
+        self.r.hset(self.key("ledger"), entry or str(self.worker), json.dumps(sent_by_tag))
 
-    def ledgers(self) -> dict[int, dict[str, float]]:
-        return {int(k): json.loads(v) for k, v in self.r.hgetall(self.key("ledger")).items()}
+    def ledgers(self) -> dict[str, dict[str, float]]:
+        """Each worker's (and each other entry's) bytes sent by tag."""
+        return {_text(k): json.loads(v) for k, v in self.r.hgetall(self.key("ledger")).items()}
 
 
 def _text(value) -> str:

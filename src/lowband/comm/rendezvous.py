@@ -66,5 +66,9 @@ class RedisStore:
     def delete_key(self, key) -> bool:
         return bool(self.r.delete(self._k(key)))
 
+    def close(self) -> None:
+        """Close the connection (the group it connected keeps its own sockets)."""
+        self.r.close()
+
     def num_keys(self) -> int:
         return sum(1 for _ in self.r.scan_iter(match=self._k("*"), count=1000))

@@ -25,7 +25,7 @@ from lowband import config as C
 from lowband.comm.membership import Membership
 from lowband.errors import ConfigError, UsageError
 from lowband.run import launch
-from lowband.run.elastic_worker import JOB_FILE, read_job
+from lowband.run.elastic_worker import EARLIER, JOB_FILE, read_job
 from lowband.run.rundir import RunDir
 
 ENTRY = "lowband.run.elastic_worker:main"
@@ -72,16 +72,18 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
     url = server.start() if server is not None else cfg.elastic.coordinator
     try:
         members = Membership(url, uuid.uuid4().hex[:12], cfg.elastic.dead_after_s)
-        round_no = 0
+        round_no, earlier = 0, dict[str, float]()
         if resume:
-            round_no = _resume_round(run_dir)
+            round_no, earlier = _resume_point(run_dir)
+            RunDir(run_dir).clear_divergences()
             write_config(cfg, run_dir)
         else:
             prepare_run_dir(cfg, run_dir)
-        RunDir(run_dir).write_text(JOB_FILE, json.dumps({"coordinator": url, "job": members.job,
-                                                          "launcher_pid": os.getpid()}, indent=1) + "\n")
+        RunDir(run_dir).write_text(JOB_FILE, json.dumps({"coordinator": url, "job": members.job}, indent=1) + "\n")
         members.publish_job("running", cfg.elastic.min_workers, cfg.elastic.max_workers, round_no,
                             launched=cfg.train.workers)
+        if earlier:
+            members.publish_ledger(earlier, entry=EARLIER)
         print(f"lowband: elastic job {members.job}: {cfg.train.workers} worker(s), coordinator {_shown(url)}; "
               f"add one with `lowband join {run_dir}`", file=sys.stderr, flush=True)
         procs = launch.spawn(ENTRY, [run_dir, "1" if resume else "0"], cfg.train.workers, run_dir, cfg.train.threads)
@@ -94,19 +96,19 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
     return code, run_dir
 
 
-def _resume_round(run_dir: str) -> int:
-    """The round the job's newest intact checkpoint resumes at (0: none, from scratch); the job's records
-    past it are dropped, so nothing is written twice."""
+def _resume_point(run_dir: str) -> tuple[int, dict[str, float]]:
+    """The round the job's newest intact checkpoint resumes at (0: none, from scratch) and the bytes sent
+    until then by tag; the job's records past it are dropped, so nothing is written twice."""
     from lowband.run import checkpoint
 
     path = checkpoint.latest_job_checkpoint(run_dir)
-    state = checkpoint.load_state(path) if path else {"round": 0, "epoch": 0}
+    state: dict = checkpoint.load_state(path) if path else {"round": 0, "epoch": 0}
     run = RunDir(run_dir)
     for name, keep in (("quorums", lambda r: r["round"] < state["round"]),
                        ("metrics", lambda r: r["epoch"] <= state["epoch"])):
         kept = [r for r in run.read(name) if keep(r)]
         run.write_text(f"{name}.jsonl", "".join(json.dumps(r) + "\n" for r in kept))
-    return int(state["round"])
+    return int(state["round"]), dict(state.get("bytes_by_tag", {}))
 
 
 def _shown(url: str) -> str:
@@ -169,8 +171,9 @@ def _job_state(members: Membership, e: C.ElasticConfig) -> tuple[str | None, int
         return "running", -1  # away: assume the job goes on
 
 
-def join(run_dir: str) -> int:
-    """Start one more worker on the running elastic job in `run_dir`; its exit code."""
+def join(run_dir: str, host: str | None = None) -> int:
+    """Start one more worker on the running elastic job in `run_dir` (listening on `host`, default the
+    job's elastic.host); its exit code."""
     from lowband.run.runconfig import read_run_config
 
     job = read_job(run_dir)
@@ -184,7 +187,9 @@ def join(run_dir: str) -> int:
         if os.path.isfile(RunDir(run_dir).model_path(0)):  # its embedded coordinator ended with it
             raise UsageError(f"the elastic job in {run_dir} has finished (model.safetensors is written); "
                              "there is nothing to join") from None
-        raise
+        raise UsageError(f"the elastic job in {run_dir} cannot be reached: its coordinator {_shown(job['coordinator'])} "
+                         f"does not answer (has its launcher ended?); continue it with `lowband train --resume "
+                         f"{run_dir}`") from None
     status = members.status()
     if status is None:
         raise UsageError(f"the elastic job in {run_dir} is not running (its coordinator does not know job "
@@ -192,6 +197,8 @@ def join(run_dir: str) -> int:
     if status == "finished":
         raise UsageError(f"the elastic job in {run_dir} has finished; there is nothing to join")
     print(f"lowband: joining elastic job {job['job']} in {run_dir}", file=sys.stderr, flush=True)
+    if host:
+        os.environ["LOWBAND_ELASTIC_HOST"] = host  # the worker inherits it
     procs = launch.spawn(ENTRY, [run_dir, "0"], 1, run_dir, cfg.train.threads)
     try:
         return launch._exit_code(procs[0].wait())

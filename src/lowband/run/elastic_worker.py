@@ -46,14 +46,16 @@ from lowband.comm.rendezvous import RedisStore
 from lowband.config import Config
 from lowband.data import load_dataset
 from lowband.data.metric import BITS_PER_BYTE, bits_per_byte, metric_for
-from lowband.errors import Diverged, UsageError
+from lowband.errors import Diverged, Unavailable, UsageError
 from lowband.methods.elastic_outer import ElasticOuter
 from lowband.models import build_for_task
 from lowband.run import checkpoint
+from lowband.run.launch import die_with_parent
 from lowband.run.rundir import RunDir
 from lowband.run.schedule import lr_at
 
 JOB_FILE = "elastic.json"
+EARLIER = "earlier"  # the ledger entry holding a resumed job's bytes from before the resume
 
 
 def read_job(run_dir: str) -> dict:
@@ -102,16 +104,18 @@ class ElasticWorker:
         self.optimizer = make_optimizer(cfg.optim, self.model.parameters())
         # registered once ready to train: a quorum waits for every live worker
         self.members = Membership(job["coordinator"], job["job"], self.e.dead_after_s)
-        self.id = self.members.register({"host": socket.gethostname(), "pid": os.getpid()})
+        self.host = os.environ.get("LOWBAND_ELASTIC_HOST") or self.e.host  # `lowband join --host` on another machine
+        self.id = self._coordinator(lambda: self.members.register({"host": socket.gethostname(), "pid": os.getpid()}))
         self.members.start_heartbeat(self.e.heartbeat_s)
-        self.first_round, self.launched = self.members.launch()
+        self.first_round, self.launched = self._coordinator(self.members.launched)
         self.run_dir = RunDir(run_dir)  # the job's files: whichever worker is the round's source writes them
         self.log = _logger(run_dir, self.id)
         self.outer = ElasticOuter(self.model, cfg.method, cfg.train.seed * 1000 + self.id)
         self.ledger = Ledger()  # this worker's bytes, counted by every quorum's group in turn
         self.steps_per_round = round_steps(cfg.method)
         self.samples = len(self.data.y_train)
-        self.version, self.trained, self.loss_sum = 0, 0, 0.0
+        self.version, self.trained, self.loss_sum = 0, 0, 0.0  # version: rounds committed into θ_global
+        self.next_round = 0  # the round this worker meets next
         self.epoch, self.cursor, self.epoch_loss, self.epoch_steps = 0, 0, 0.0, 0
         self.attempts: dict[int, int] = {}
         self.started = time.monotonic()
@@ -119,8 +123,7 @@ class ElasticWorker:
 
     # ---- the loop --------------------------------------------------------------------------------
     def run(self, resume: bool) -> None:
-        if resume:
-            self._resume()
+        self._resume(said=resume)  # a joiner too: should every holder of θ_global be gone, the checkpoint stands in
         self.log.info(f"worker {self.id} joined (pid {os.getpid()})")
         while True:
             q = self._meet()
@@ -131,6 +134,8 @@ class ElasticWorker:
                 continue
             self._commit(q)
             if q.finished:
+                if self.id != q.members[0]:
+                    self._see_finished(q)
                 self.log.info(f"worker {self.id}: finished with θ_global {self.outer.fingerprint()} "
                               f"(version {self.version})")
                 return
@@ -147,28 +152,43 @@ class ElasticWorker:
     def _meet(self) -> Quorum | None:
         """Arrive at the newest round and wait for its quorum to include this worker; None once the
         job has finished. A quorum decided without this worker (it came late, or the quorum was full)
-        sends it to the next round or attempt."""
-        since, said = time.monotonic(), 0.0
+        sends it to the next round once that one commits, or to the next attempt once it aborts.
+        Patience (elastic.timeout_s) counts from this worker's arrival at each round and attempt."""
+        at, since, said = None, time.monotonic(), 0.0
         while True:
             try:
                 if self.members.status() == "finished":
                     return None
-                r = max(self.version, self.members.current_round())
-                self.members.reach(r)
+                r = max(self.next_round, self.members.current_round())
                 a = max(self.attempts.get(r, 0), self.members.current_attempt(r))
+                if (r, a) != at:
+                    at, since = (r, a), time.monotonic()
+                self.members.reach(r)
                 self.members.arrive(r, a, self._arrival())
                 q = self.members.quorum(r, a) or self._decide(r, a, since)
+                if q is not None and self._settled(q):
+                    continue
             except redis.RedisError:
                 q = None  # the coordinator is away (restarting): keep trying
             if q is not None and self.id in q.members:
                 return q
             if time.monotonic() - since > self.e.wait_s:
-                raise UsageError(f"worker {self.id} waited {self.e.wait_s:g} s (elastic.wait_s) for a quorum of at "
-                                 f"least {self.e.min_workers} worker(s); giving up")
+                raise Unavailable(f"worker {self.id} waited {self.e.wait_s:g} s (elastic.wait_s) at round {at} "
+                                  f"without a quorum ({self._waiting_for()}); giving up")
             if time.monotonic() - since > 5 and time.monotonic() - said > 10:  # after 5 s, then every 10 s
                 self.log.info(f"worker {self.id}: waiting for a quorum ({self._waiting_for()})")
                 said = time.monotonic()
             time.sleep(0.02)
+
+    def _settled(self, q: Quorum) -> bool:
+        """True when `q`'s outcome is already decided (this worker was left out, or it stalled while the
+        others went on): the next round or attempt is where to go, not this exchange."""
+        outcome = self.members.decided(q)
+        if outcome == COMMIT:
+            self.next_round = max(self.next_round, q.round + 1)
+        elif outcome == ABORT:
+            self.attempts[q.round] = max(self.attempts.get(q.round, 0), q.attempt + 1)
+        return outcome is not None
 
     def _waiting_for(self) -> str:
         try:
@@ -194,36 +214,43 @@ class ElasticWorker:
         return self.members.propose(q)
 
     # ---- exchange --------------------------------------------------------------------------------
-    def _group(self, q: Quorum, name: str, ranks: list[int]) -> Communicator:
-        prefix = self.members.key("pg", q.round, q.attempt, name)
-        store = RedisStore(self.members.url, prefix, self.e.timeout_s, alive=lambda: set(ranks) <= self.members.live())
-        return Communicator.over_store(store, ranks.index(self.id), len(ranks), torch.device("cpu"),
-                                       self.e.timeout_s, self.ledger, host=self.e.host)
+    def _group(self, q: Quorum, name: str, workers: list[int], opened: list) -> Communicator:
+        """A gloo group of `workers` (ranks in that order) on this quorum's own rendezvous keys; its
+        store goes into `opened`, closed when the exchange ends."""
+        prefix = self.members.key("pg", q.round, q.attempt, q.nonce, name)
+        store = RedisStore(self.members.url, prefix, self.e.timeout_s, alive=lambda: set(workers) <= self.members.live())
+        opened.append(store)
+        return Communicator.over_store(store, workers.index(self.id), len(workers), torch.device("cpu"),
+                                       self.e.timeout_s, self.ledger, host=self.host)
+
+    def _coordinator(self, call):
+        """call() once the coordinator answers (it may be restarting); Unavailable after elastic.wait_s."""
+        answer = wait_until(lambda: (call(),), self.e.wait_s, poll_s=0.2)
+        if answer is None:
+            raise Unavailable(f"worker: the elastic coordinator {self.members.url} stayed away {self.e.wait_s:g} s "
+                              "(elastic.wait_s)")
+        return answer[0]
 
     def _exchange(self, q: Quorum) -> str:
         """The round's collective, outer step and state transfer, then the vote; undone unless it commits."""
-        saved = self.outer.state_dict()
+        saved, opened = self.outer.state_dict(), list[RedisStore]()
         ok = True
         try:
             self._maybe_fault(q.round, "exchange")
             contribute = self.id in q.contributors
             agree = self.id not in q.receivers
-            comm = self._group(q, "average", q.members)
+            comm = self._group(q, "average", q.members, opened)
             self.outer.average(comm, q.round, len(q.contributors), contribute, step=agree)
             if q.receivers and self.id in [q.members[0]] + q.receivers:
-                self._transfer(q)
-            comm.close()
+                self._transfer(q, opened)
         except (RuntimeError, redis.RedisError) as e:
             ok = False
             self.log.warning(f"worker {self.id}: round {q.round} attempt {q.attempt} failed "
                              f"({str(e).splitlines()[0][:160]}); redoing it")
-        outcome = None
-        try:
-            self.members.vote(q, ok)
-            outcome = wait_until(lambda: self.members.outcome(q), self.e.timeout_s + self.e.dead_after_s)
-            outcome = outcome or self.members.abort(q)
-        except redis.RedisError:
-            outcome = ABORT
+        finally:
+            for store in opened:
+                store.close()
+        outcome = self._outcome(q, ok)
         if outcome != COMMIT:
             self.outer.load_state_dict(saved)
             self.attempts[q.round] = q.attempt + 1
@@ -231,10 +258,22 @@ class ElasticWorker:
                 self.members.next_attempt(q.round, q.attempt + 1)
         return outcome
 
-    def _transfer(self, q: Quorum) -> None:
+    def _outcome(self, q: Quorum, ok: bool) -> str:
+        """Vote, then wait for the round's outcome as the coordinator holds it (never decided here
+        alone: the others may have read another). A member that dies or votes fail aborts it; the
+        wait is bounded by elastic.wait_s, after which this worker aborts it in the coordinator."""
+        wait_until(lambda: self.members.vote(q, ok), self.e.wait_s, poll_s=0.2)
+        outcome = wait_until(lambda: self.members.outcome(q), self.e.wait_s)
+        if outcome is None:
+            outcome = wait_until(lambda: self.members.abort(q), self.e.wait_s, poll_s=0.2)
+        if outcome is None:
+            raise Unavailable(f"worker {self.id}: the coordinator {self.members.url} stayed away "
+                              f"{self.e.wait_s:g} s (elastic.wait_s)")
+        return outcome
+
+    def _transfer(self, q: Quorum, opened: list) -> None:
         """The source's θ_global and outer momentum to the receivers, over a group of their own."""
-        ranks = [q.members[0]] + q.receivers
-        comm = self._group(q, "join", ranks)
+        comm = self._group(q, "join", [q.members[0]] + q.receivers, opened)
         vector = self.outer.state_vector() if self.id == q.members[0] else torch.zeros(self.outer.state_numel())
         comm.broadcast(vector, src=0, tag="join")
         if self.id != q.members[0]:
@@ -247,7 +286,9 @@ class ElasticWorker:
         self.outer.merge(self.outer.parts if receiver else self.outer.due(q.round), mix=1.0 if receiver else None)
         if receiver:
             self.log.info(f"worker {self.id}: received θ_global of round {q.round} (version {q.version})")
-        self.version = q.version + 1
+        self.version, self.next_round = q.version + 1, q.round + 1
+        with contextlib.suppress(redis.RedisError):
+            self.members.reach(self.next_round)
         self.trained, self.loss_sum = 0, 0.0
         self.epoch, self.cursor = q.epoch, q.next_cursor
         self.epoch_loss, self.epoch_steps = q.epoch_loss, q.epoch_steps
@@ -270,10 +311,25 @@ class ElasticWorker:
             self._epoch_record(q, elapsed)
             self._checkpoint(q)
         if q.finished:
-            glob = self.outer.global_model(self.model)
-            checkpoint.save_model(glob.state_dict(), self.run_dir.model_path(0), self._model_metadata())
-            self.members.finish()
-            self.log.info(f"worker {self.id}: last epoch done; model.safetensors written")
+            self._finish_job()
+
+    def _finish_job(self) -> None:
+        """The job's final model, then its status: finished."""
+        glob = self.outer.global_model(self.model)
+        checkpoint.save_model(glob.state_dict(), self.run_dir.model_path(0), self._model_metadata())
+        self._coordinator(self.members.finish)
+        self.log.info(f"worker {self.id}: last epoch done; model.safetensors written")
+
+    def _see_finished(self, q: Quorum) -> None:
+        """After the last round, a member that is not its source waits for the source to finish the job,
+        and finishes it itself if the source died first (all members hold the same θ_global)."""
+        source = q.members[0]
+        gone = wait_until(lambda: (self.members.status() == "finished" or source not in self.members.live()) or None,
+                          self.e.wait_s, poll_s=0.1)
+        if gone and self.members.status() != "finished":
+            self.log.warning(f"worker {self.id}: the last round's source (worker {source}) left before finishing "
+                             "the job; finishing it")
+            self._finish_job()
 
     def _epoch_record(self, q: Quorum, elapsed: float) -> None:
         from lowband.run.trainer import scores
@@ -282,16 +338,12 @@ class ElasticWorker:
         test_acc, test_loss = scores(glob, d.x_test, d.y_test, bs, torch.device("cpu"))
         val_acc, val_loss = (scores(glob, d.x_val, d.y_val, bs, torch.device("cpu"))
                              if d.x_val is not None and d.y_val is not None else (None, None))
-        ledgers = self.members.ledgers()
-        by_tag: dict[str, float] = {}
-        for ledger in ledgers.values():
-            for tag, sent in ledger.items():
-                by_tag[tag] = by_tag.get(tag, 0.0) + sent
+        by_tag, workers = self._bytes_by_tag()
         total = sum(v for t, v in by_tag.items() if t not in BOOKKEEPING_TAGS)
         record = {"epoch": q.epoch_end, "rounds": q.round + 1, "workers": len(q.members),
-                  "workers_seen": len(ledgers), "train_loss": q.ended_loss, "test_acc": test_acc, "val_acc": val_acc,
+                  "workers_seen": workers, "train_loss": q.ended_loss, "test_acc": test_acc, "val_acc": val_acc,
                   "test_loss": test_loss, "val_loss": val_loss, "bytes_total_by_tag": by_tag,
-                  "bytes_sent_total": total, "bytes_sent_per_worker": total / max(len(ledgers), 1),
+                  "bytes_sent_total": total, "bytes_sent_per_worker": total / max(workers, 1),
                   "lr": self.optimizer.param_groups[0]["lr"], "elapsed_s": round(elapsed, 3)}
         if metric_for(self.cfg.data.name) is BITS_PER_BYTE:
             record |= {"val_bpb": bits_per_byte(val_loss), "test_bpb": bits_per_byte(test_loss)}
@@ -301,22 +353,36 @@ class ElasticWorker:
         self.log.info(f"epoch {q.epoch_end}/{self.cfg.train.epochs}  round {q.round}  {len(q.members)} worker(s)  "
                       f"loss {q.ended_loss:.4f}  {figure}  sent {total / 1e6:.2f} MB in all  {elapsed:.1f}s")
 
+    def _bytes_by_tag(self) -> tuple[dict[str, float], int]:
+        """Every worker's bytes sent, summed by tag (those of a resumed job's earlier part included), and
+        how many workers sent them."""
+        ledgers = wait_until(self.members.ledgers, 30.0, poll_s=0.2) or {}
+        by_tag: dict[str, float] = {}
+        for ledger in ledgers.values():
+            for tag, sent in ledger.items():
+                by_tag[tag] = by_tag.get(tag, 0.0) + sent
+        return by_tag, len([k for k in ledgers if k != EARLIER])
+
     def _checkpoint(self, q: Quorum) -> None:
         state = {"version": q.version + 1, "round": q.round + 1, "epoch": q.epoch, "outer": self.outer.state_dict(),
-                 "model": self.model.state_dict(), "bytes": {str(w): ledger for w, ledger in self.members.ledgers().items()}}
+                 "model": self.model.state_dict(), "bytes_by_tag": self._bytes_by_tag()[0]}
         checkpoint.save_state(state, checkpoint.job_path(self.run_dir.path, q.epoch_end))
 
-    def _resume(self) -> None:
+    def _resume(self, said: bool) -> None:
+        """Start from the job's newest intact checkpoint, if any (`said`: a resume, which warns without one)."""
         path = checkpoint.latest_job_checkpoint(self.run_dir.path)
         if path is None:
-            self.log.warning(f"worker {self.id}: no elastic checkpoint in {self.run_dir.path}; starting from scratch")
+            if said:
+                self.log.warning(f"worker {self.id}: no elastic checkpoint in {self.run_dir.path}; starting from "
+                                 "scratch")
             return
         state = checkpoint.load_state(path)
         self.outer.load_state_dict(state["outer"])
         self.model.load_state_dict(state["model"])
         self.outer.merge(self.outer.parts, mix=1.0)
         self.version, self.epoch, self.cursor = int(state["version"]), int(state["epoch"]), 0
-        self.log.info(f"worker {self.id}: resumed from {path} (round {state['round']})")
+        self.next_round = int(state["round"])
+        self.log.info(f"worker {self.id}: starts from {path} (round {state['round']})")
 
     def _model_metadata(self) -> dict[str, str]:
         from dataclasses import asdict
@@ -375,7 +441,7 @@ class ElasticWorker:
 
     def _join_now(self, timeout_s: float) -> None:
         before = self.members.live()
-        subprocess.Popen([sys.executable, "-m", "lowband", "join", self.run_dir.path], start_new_session=True,
+        subprocess.Popen([sys.executable, "-m", "lowband", "join", self.run_dir.path], preexec_fn=die_with_parent,
                          stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_until(lambda: True if self.members.live() - before else None, timeout_s, poll_s=0.1)
 
