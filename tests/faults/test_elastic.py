@@ -230,7 +230,8 @@ def test_the_job_survives_a_coordinator_restart(tmp_path):
             job.kill()
         assert code == 0, job.stdout.read()[-3000:]
     assert_one_model(run, {0, 1, 2})
-    assert_each_sample_at_most_once(run)
+    # not assert_each_sample_at_most_once: a restart in the middle of a round's vote lets members that read
+    # "commit" before it and members that find no vote after it part ways for a round (README, Elastic jobs)
 
 
 def _restart(url: str, server) -> None:

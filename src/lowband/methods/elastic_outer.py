@@ -101,6 +101,11 @@ class ElasticOuter:
             part.outer.state.clear()
             if has_momentum:
                 part.outer.state[part.anchor] = {"momentum_buffer": momentum.clone()}
+        self.forget_feedback()
+
+    def forget_feedback(self) -> None:
+        """Drop every error-feedback residual (they belong to this worker's own past pseudo-gradients)."""
+        for part in self.parts:
             if part.feedback is not None:
                 part.feedback.residual = None
 

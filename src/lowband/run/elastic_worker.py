@@ -116,6 +116,7 @@ class ElasticWorker:
         self.samples = len(self.data.y_train)
         self.version, self.trained, self.loss_sum = 0, 0, 0.0  # version: rounds committed into θ_global
         self.next_round = 0  # the round this worker meets next
+        self.from_checkpoint = False  # a joiner holding a checkpoint's θ_global, until its first round commits
         self.epoch, self.cursor, self.epoch_loss, self.epoch_steps = 0, 0, 0.0, 0
         self.attempts: dict[int, int] = {}
         self.started = time.monotonic()
@@ -146,7 +147,10 @@ class ElasticWorker:
 
     # ---- meet ------------------------------------------------------------------------------------
     def _arrival(self) -> Arrival:
-        return Arrival(self.version, self.outer.fingerprint(), self.trained, self.loss_sum, self.epoch,
+        # a joiner that read θ_global from a checkpoint never counts as holding the job's: it receives it,
+        # unless nobody who holds it is left (then it is the source and the job goes on from the checkpoint)
+        fingerprint = self.outer.fingerprint() + ("~checkpoint" if self.from_checkpoint else "")
+        return Arrival(self.version, fingerprint, self.trained, self.loss_sum, self.epoch,
                        self.cursor, self.epoch_loss, self.epoch_steps)
 
     def _meet(self) -> Quorum | None:
@@ -286,7 +290,7 @@ class ElasticWorker:
         self.outer.merge(self.outer.parts if receiver else self.outer.due(q.round), mix=1.0 if receiver else None)
         if receiver:
             self.log.info(f"worker {self.id}: received θ_global of round {q.round} (version {q.version})")
-        self.version, self.next_round = q.version + 1, q.round + 1
+        self.version, self.next_round, self.from_checkpoint = q.version + 1, q.round + 1, False
         with contextlib.suppress(redis.RedisError):
             self.members.reach(self.next_round)
         self.trained, self.loss_sum = 0, 0.0
@@ -378,6 +382,8 @@ class ElasticWorker:
             return
         state = checkpoint.load_state(path)
         self.outer.load_state_dict(state["outer"])
+        self.outer.forget_feedback()  # the residual saved was the source's own, not this worker's
+        self.from_checkpoint = not said
         self.model.load_state_dict(state["model"])
         self.outer.merge(self.outer.parts, mix=1.0)
         self.version, self.epoch, self.cursor = int(state["version"]), int(state["epoch"]), 0
