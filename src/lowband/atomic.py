@@ -36,3 +36,8 @@ def write_text_atomic(path: str, text: str) -> None:
 
 def copy_atomic(source: str, path: str) -> None:
     write_atomic(path, lambda tmp: shutil.copyfile(source, tmp))
+
+
+def move(source: str, path: str) -> None:
+    """Rename a finished file into `path` (same file system): readers see it whole or not at all."""
+    os.replace(source, path)

@@ -23,7 +23,6 @@ import re
 from pathlib import Path
 
 import matplotlib
-import tomllib
 
 matplotlib.use("Agg")
 import matplotlib.pyplot as plt
@@ -31,8 +30,9 @@ import matplotlib.ticker
 
 from lowband.comm.links import LinkSpec
 from lowband.comparison import plots, projection, table
+from lowband.config import read_toml
 from lowband.data.metric import metric_for
-from lowband.errors import UsageError
+from lowband.errors import ConfigError, UsageError
 from lowband.run.metrics import human_bytes, read_metrics
 from lowband.run.rundir import RunDir, warn
 
@@ -61,10 +61,9 @@ def read_config(run_dir: str) -> dict:
     if not os.path.exists(path):
         return {}
     try:
-        with open(path, "rb") as f:
-            return tomllib.load(f)
-    except (OSError, UnicodeDecodeError, tomllib.TOMLDecodeError) as e:
-        warn(f"{path} is unreadable ({type(e).__name__}); its link is taken as unlimited")
+        return read_toml(path, "config.toml")
+    except ConfigError as e:
+        warn(f"{e}; its link is taken as unlimited")
         return {}
 
 

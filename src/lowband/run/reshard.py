@@ -22,6 +22,7 @@ import re
 import shutil
 from dataclasses import dataclass
 
+from lowband import atomic
 from lowband.errors import UsageError
 from lowband.run import checkpoint
 from lowband.run.rundir import RunDir
@@ -72,9 +73,9 @@ def reshard(run_dir: str, old: int, new: int) -> Resharded:
     os.makedirs(archive)
     for name in sorted(os.listdir(folder)):
         if _RANK_FILE.match(name):
-            os.replace(os.path.join(folder, name), os.path.join(archive, name))
+            atomic.move(os.path.join(folder, name), os.path.join(archive, name))
     for name in sorted(os.listdir(staging)):
-        os.replace(os.path.join(staging, name), os.path.join(folder, name))
+        atomic.move(os.path.join(staging, name), os.path.join(folder, name))
     os.rmdir(staging)
     return Resharded(epoch, archive, passed)
 
