@@ -20,8 +20,8 @@ from lowband.run.metrics import read_metrics
 
 def earliest(run_dir: str, target: float) -> int | None:
     for r in read_metrics(run_dir):
-        if r.get("val_acc") is not None and r["val_acc"] >= target:
-            return int(r["epoch"])
+        if r.val_acc is not None and r.val_acc >= target:
+            return r.epoch
     return None
 
 

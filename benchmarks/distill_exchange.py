@@ -61,7 +61,7 @@ def compare(workload: str, args, out: str) -> str:
 def exchange_bytes(run_dir: str) -> float:
     """Mean bytes per worker sent by the exchange (store or server) over the whole run."""
     last = read_metrics(run_dir)[-1]
-    return sum(v.get("sent", 0.0) for tag, v in last.get("bytes", {}).items() if tag in EXCHANGE_TAGS)
+    return sum(v.get("sent", 0.0) for tag, v in last.bytes.items() if tag in EXCHANGE_TAGS)
 
 
 def report(workload: str, folder: str, args) -> None:
@@ -82,7 +82,7 @@ def report(workload: str, folder: str, args) -> None:
         train = statistics.mean(float(r["train_s"]) for r in runs)
         print(f"| {label} | {mean_sd([float(r[key]) for r in runs])} | {ex / 1e6:.3f} | {sent / 1e6:.3f} | "
               f"{ex * 8 / 10e6:.1f} | {train:.1f} |")
-        steps = float(read_metrics(runs[0]["run_dir"])[-1].get("steps") or 0)
+        steps = float(read_metrics(runs[0]["run_dir"])[-1].steps or 0)
         per_step[label] = ex / steps if steps else 0.0
     crossover(per_step)
 

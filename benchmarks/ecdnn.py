@@ -35,7 +35,7 @@ def run(workers: int, epochs: int, seeds: str, out: str, ensemble_lr: float | No
         rows = run_compare(["--methods", ",".join(MA + OTHERS[4:]), *common], out)
         rows += run_compare(["--methods", ",".join(OTHERS[:4]), *common, "--lr", str(ensemble_lr)], out)
     for r in rows:
-        r["records"] = [x for x in read_metrics(r["run_dir"]) if x.get("test_acc") is not None]
+        r["records"] = [x for x in read_metrics(r["run_dir"]) if x.test_acc is not None]
         path = os.path.join(r["run_dir"], "rounds.jsonl")
         r["rounds"] = [json.loads(line) for line in Path(path).read_text().splitlines()] if os.path.exists(path) else []
     return rows
@@ -70,14 +70,14 @@ def table(rows: list[dict], workers: int) -> None:
     for seed_rows in by_seed.values():
         lines = seed_lines(seed_rows)
         ma = lines[0][1]
-        target = ma["records"][-1]["val_acc"]
+        target = ma["records"][-1].val_acc
         t_ref = time_to(ma["records"], "val_acc", target)
         taus.append(lines[0][3])
         for name, r, suffix, tau in lines:
             last = r["records"][-1]
             f = figures.setdefault(name, {"val": [], "test": [], "speed": [], "mb": [], "s": [], "tau": tau})
-            f["val"].append(1 - last["val_acc" + suffix])
-            f["test"].append(1 - last["test_acc" + suffix])
+            f["val"].append(1 - last.value("val_acc" + suffix))
+            f["test"].append(1 - last.value("test_acc" + suffix))
             f["speed"].append(speed(r["records"], "val_acc" + suffix, target, t_ref))
             f["mb"].append(float(r["bytes_sent_per_worker"]) / 1e6)
             f["s"].append(float(r["train_s"]))

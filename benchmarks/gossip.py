@@ -44,7 +44,7 @@ def main():
             if bad:
                 print(f"| {rs[0]['method']} | {frac} | {', '.join(bad)} | | | | | |")
                 continue
-            index = statistics.mean(read_metrics(r["run_dir"])[-1]["bytes"].get("index", {}).get("sent", 0.0)
+            index = statistics.mean(read_metrics(r["run_dir"])[-1].bytes.get("index", {}).get("sent", 0.0)
                                     for r in rs) / 1e6
             print(f"| {rs[0]['method']} | {frac} | {mean_sd([float(r['val_acc']) for r in rs])} | "
                   f"{mean_sd([float(r['final_acc']) for r in rs])} | {mean_sd([float(r['final_acc_L']) for r in rs])} | "

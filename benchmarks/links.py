@@ -27,9 +27,9 @@ def to_target(run_dir: str, target: float) -> tuple[float | None, float | None]:
     """(training seconds, compute-only seconds) until the test accuracy first reached `target`."""
     compute = 0.0
     for r in read_metrics(run_dir):
-        compute += r["time"]["compute_s"]
-        if r.get("test_acc") is not None and r["test_acc"] >= target:
-            return r["time"]["train_s"], compute
+        compute += r.time["compute_s"]
+        if r.test_acc is not None and r.test_acc >= target:
+            return r.train_s, compute
     return None, None
 
 

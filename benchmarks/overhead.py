@@ -35,8 +35,8 @@ def lowband(workers: int, epochs: int, batch: int, tmp: str) -> list[float]:
     from lowband.run.metrics import read_metrics
 
     records = read_metrics(run)
-    steps = records[0]["steps"]
-    return [(r["time"]["compute_s"] + r["time"]["comm_s"] + r["time"]["wait_s"]) / steps for r in records[1:]]
+    steps = records[0].steps or 1
+    return [(r.time["compute_s"] + r.time["comm_s"] + r.time["wait_s"]) / steps for r in records[1:]]
 
 
 def main():

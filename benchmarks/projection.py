@@ -28,14 +28,14 @@ def compare(methods: str, workers: int, epochs: int, link: str, mode: str, out: 
 
 def measured(row: dict) -> float | None:
     records = read_metrics(row["run_dir"])
-    return records[-1]["time"]["train_s"] if row["status"] == "ok" and records else None
+    return records[-1].train_s if row["status"] == "ok" and records else None
 
 
 def projected(row: dict, link: str) -> float | None:
     records = read_metrics(row["run_dir"])
     if row["status"] != "ok" or not records:
         return None
-    return seconds_through(records, records[-1]["epoch"], parse_link(link))
+    return seconds_through(records, records[-1].epoch, parse_link(link))
 
 
 def main():

@@ -22,6 +22,7 @@ from dataclasses import dataclass, field
 
 from lowband import config as C
 from lowband.errors import ConfigError, RunFailed
+from lowband.records import EpochRecord
 
 SHORTCUTS = C.SHORTCUTS
 
@@ -38,7 +39,7 @@ class Run:
     test_acc: float | None
     bytes_sent_per_worker: float  # training traffic, mean over workers, whole run
     epochs: int
-    records: list[dict] = field(repr=False, default_factory=list)
+    records: list[EpochRecord] = field(repr=False, default_factory=list)  # metrics.jsonl, one per epoch
     val_bpb: float | None = None  # a language model's final validation bits per byte (None: a classifier)
     test_bpb: float | None = None
 
@@ -50,11 +51,10 @@ class Run:
 
         cfg = read_run_config(run_dir, "Run.from_dir(run_dir)")
         records = read_metrics(run_dir)
-        done = [r for r in records if r.get("test_acc") is not None]
-        end, last = (done[-1] if done else {}), (records[-1] if records else {})
-        return cls(run_dir, cfg.method.name, end.get("val_acc"), end.get("test_acc"),
-                   last.get("bytes_sent_per_worker", 0.0), last.get("epoch", 0), records,
-                   end.get("val_bpb"), end.get("test_bpb"))
+        done = [r for r in records if r.test_acc is not None]
+        end, last = (done[-1] if done else EpochRecord(epoch=0)), (records[-1] if records else EpochRecord(epoch=0))
+        return cls(run_dir, cfg.method.name, end.val_acc, end.test_acc, last.bytes_sent_per_worker, last.epoch,
+                   records, end.val_bpb, end.test_bpb)
 
     @property
     def config(self) -> C.Config:

@@ -259,14 +259,14 @@ def target_from(run_dir: str) -> dict:
     """{target_bpb: the run's final test bits per byte} for a language model's run, else {target_accuracy: ...}."""
     from lowband.run.metrics import read_metrics
 
-    bpb = [r["test_bpb"] for r in read_metrics(run_dir) if r.get("test_bpb") is not None]
+    bpb = [r.test_bpb for r in read_metrics(run_dir) if r.test_bpb is not None]
     return {"target_bpb": bpb[-1]} if bpb else {"target_accuracy": final_accuracy(run_dir)}
 
 
 def final_accuracy(run_dir: str) -> float:
     from lowband.run.metrics import read_metrics
 
-    accs = [r["test_acc"] for r in read_metrics(run_dir) if r.get("test_acc") is not None]
+    accs = [r.test_acc for r in read_metrics(run_dir) if r.test_acc is not None]
     if not accs:
         raise UsageError(f"--target-from {run_dir}: no test accuracy recorded there (metrics.jsonl missing or empty)")
     return accs[-1]

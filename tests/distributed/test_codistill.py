@@ -58,8 +58,8 @@ def test_a_killed_peer_does_not_stop_the_others(tmp_path, exchange):
     assert proc.returncode == 137, err  # the run lost a model, and says so last
     assert "worker 2" in err and "carry on" in err
     assert "lost worker(s) 2" in err.strip().splitlines()[-1]
-    assert [r["epoch"] for r in read_metrics(run)] == [1, 2, 3, 4, 5]
-    assert [r["epoch"] for r in read_metrics(run, "metrics.rank1.jsonl")] == [1, 2, 3, 4, 5]
+    assert [r.epoch for r in read_metrics(run)] == [1, 2, 3, 4, 5]
+    assert [r.epoch for r in read_metrics(run, "metrics.rank1.jsonl")] == [1, 2, 3, 4, 5]
     said = {"store": "peer model 2 has published nothing newer",
             "server": "the prediction server of model 2 did not answer"}[exchange]
     assert said in (tmp_path / "run" / "train.log").read_text()
@@ -92,9 +92,9 @@ def test_in_group_allreduce_stays_inside_a_site_and_checkpoints_cross(tmp_path):
     assert done.returncode == 0, done.stderr
     assert "sites (ranks): 0-1 | 2-3" in done.stderr + done.stdout + Path(run, "train.log").read_text()
     last = read_metrics(run)[-1]
-    assert last["bytes"]["grad"]["sent"] > 0 and last["bytes"]["grad"]["inter"] == 0
-    assert last["bytes"]["ckpt"]["inter"] == last["bytes"]["ckpt"]["sent"] > 0
-    assert last["bytes_inter_per_worker"] == last["bytes"]["ckpt"]["inter"]
+    assert last.bytes["grad"]["sent"] > 0 and last.bytes["grad"]["inter"] == 0
+    assert last.bytes["ckpt"]["inter"] == last.bytes["ckpt"]["sent"] > 0
+    assert last.bytes_inter_per_worker == last.bytes["ckpt"]["inter"]
 
 
 def test_server_exchange_across_sites_counts_requests_and_answers_as_inter_site(tmp_path):
@@ -107,15 +107,15 @@ def test_server_exchange_across_sites_counts_requests_and_answers_as_inter_site(
     assert done.returncode == 0, done.stderr
     last = {r: read_metrics(run, "metrics.jsonl" if r == 0 else f"metrics.rank{r}.jsonl")[-1] for r in range(4)}
     for r in range(4):  # each rank's own record: its requests and answers, and (ranks 0 and 2) its server's
-        assert "ckpt" not in last[r]["bytes"]
-        assert last[r]["bytes"]["grad"]["sent"] > 0 and last[r]["bytes"]["grad"]["inter"] == 0
-        asked = last[r]["bytes"]["predictions"]
+        assert "ckpt" not in last[r].bytes
+        assert last[r].bytes["grad"]["sent"] > 0 and last[r].bytes["grad"]["inter"] == 0
+        asked = last[r].bytes["predictions"]
         assert asked["inter"] == asked["sent"] > 0  # models 0 and 1 sit in different sites
     for server, askers in ((0, (2, 3)), (2, (0, 1))):
-        served = last[server]["bytes"]["served"]
+        served = last[server].bytes["served"]
         assert served["inter"] == served["sent"] > 0
-        sent = sum(last[r]["bytes"]["predictions"]["sent"] for r in askers)
-        read = sum(last[r]["bytes"]["predictions"]["recv"] for r in askers)
+        sent = sum(last[r].bytes["predictions"]["sent"] for r in askers)
+        read = sum(last[r].bytes["predictions"]["recv"] for r in askers)
         # requests answered after the server's own last step are not in its record (the exact balance, with
         # a barrier at the end, is in test_codistill_server.py)
         assert 0 < served["recv"] <= sent and 0 < served["sent"] <= read

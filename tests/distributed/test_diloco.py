@@ -148,7 +148,7 @@ def test_a_resumed_run_ends_where_an_uninterrupted_one_does(tmp_path):
     p = cli("train", "--resume", str(tmp_path / "resumed"), "--epochs", "2")
     assert p.returncode == 0, p.stderr
     records = read_metrics(str(tmp_path / "resumed"))
-    assert [r["epoch"] for r in records] == [1, 2] and math.isfinite(records[-1]["train_loss"])
+    assert [r.epoch for r in records] == [1, 2] and math.isfinite(records[-1].train_loss)
     a, b = (load_file(str(tmp_path / d / "model.safetensors")) for d in ("straight", "resumed"))
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6)
@@ -178,7 +178,7 @@ def test_local_sgd_with_a_codec_sends_compressed_changes(tmp_path):
     codec, rounds = parse_codec("int8"), 13 // 4  # 13 steps per epoch (see test_local_methods)
     per_round = codec.payload_bytes(state // 2) + codec.payload_bytes(state - state // 2)  # K = 2: each way once
     final = 2 * (2 - 1) / 2 * 4 * state  # the final global model: one fp32 average
-    assert record["bytes"]["params"]["sent"] == pytest.approx(rounds * per_round + final)
+    assert record.bytes["params"]["sent"] == pytest.approx(rounds * per_round + final)
 
 
 def test_replicas_allreduce_inside_and_only_their_first_ranks_step_outside(tmp_path):

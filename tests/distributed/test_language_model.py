@@ -28,10 +28,10 @@ def test_the_recorded_bits_per_byte_are_the_final_models_own(tmp_path):
     p = cli("train", "--method", "allreduce", "--workers", "2", "--epochs", "2", "--run-dir", str(run), *TINY)
     assert p.returncode == 0, p.stderr
     last = read_metrics(str(run))[-1]
-    assert last["corpus_bytes"] == 20000 and len(last["corpus_sha256"]) == 64
+    assert last.corpus_bytes == 20000 and len(last.corpus_sha256) == 64
     model = lowband.load_model(str(run))
     result = lowband.Run.from_dir(str(run))
-    assert result.val_bpb == last["val_bpb"] and result.test_bpb == last["test_bpb"]
+    assert result.val_bpb == last.val_bpb and result.test_bpb == last.test_bpb
     data = load_dataset(result.config.data)
     with torch.no_grad():
         logits = model(data.x_val).double().numpy()
@@ -39,8 +39,8 @@ def test_the_recorded_bits_per_byte_are_the_final_models_own(tmp_path):
     top = logits.max(-1, keepdims=True)
     log_z = (top + np.log(np.exp(logits - top).sum(-1, keepdims=True)))[..., 0]
     target = np.take_along_axis(logits, data.y_val.numpy()[..., None], -1)[..., 0]
-    assert last["val_bpb"] == pytest.approx((log_z - target).mean() / math.log(2), rel=1e-4)
-    assert last["val_acc"] == pytest.approx((logits.argmax(-1) == data.y_val.numpy()).mean(), abs=1e-9)
+    assert last.val_bpb == pytest.approx((log_z - target).mean() / math.log(2), rel=1e-4)
+    assert last.val_acc == pytest.approx((logits.argmax(-1) == data.y_val.numpy()).mean(), abs=1e-9)
 
 
 @pytest.mark.slow

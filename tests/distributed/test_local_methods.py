@@ -61,15 +61,15 @@ def test_ec_dnn_bytes_per_round_are_two_model_all_gathers(tmp_path, codec):
     assert steps_per_epoch(run_dir) == 13
     gathers = 3 + 3 + 1  # three ensembles, three compressed-model gathers, the final ensemble
     model = parse_codec(codec).payload_bytes(PARAM_BYTES // 4)
-    assert records[-1]["bytes"]["params"]["sent"] == gathers * (2 - 1) * model
-    assert records[-1]["bytes"]["params"]["recv"] == gathers * (2 - 1) * model
+    assert records[-1].bytes["params"]["sent"] == gathers * (2 - 1) * model
+    assert records[-1].bytes["params"]["recv"] == gathers * (2 - 1) * model
     rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
     assert [r["round"] for r in rounds] == [1, 2, 3]
     for r in rounds:
         assert len(r["local_acc"]) == 2
         assert r["diff_lg"] == pytest.approx(r["global_acc"] - sum(r["local_acc"]) / 2)
     last = records[-1]
-    assert last["test_acc_L"] == last["test_acc_ranks"][last["train_loss_ranks"].index(min(last["train_loss_ranks"]))]
+    assert last.test_acc_L == last.test_acc_ranks[last.train_loss_ranks.index(min(last.train_loss_ranks))]
     assert (run_dir / "model.safetensors").exists() and (run_dir / "model_L.safetensors").exists()
 
 
@@ -77,7 +77,7 @@ def test_ensemble_global_model_is_saved_as_members_plus_weights(tmp_path):
     from safetensors.torch import load_file
 
     run_dir, records = run(tmp_path, "ensemble", epochs=1)
-    assert records[-1]["bytes"]["params"]["sent"] == (2 - 1) * PARAM_BYTES  # one gather, at the end
+    assert records[-1].bytes["params"]["sent"] == (2 - 1) * PARAM_BYTES  # one gather, at the end
     saved = load_file(str(run_dir / "model.safetensors"))
     assert torch.equal(saved["weights"], torch.tensor([0.5, 0.5]))
     assert {k.split(".")[1] for k in saved if k.startswith("members.")} == {"0", "1"}
@@ -90,7 +90,7 @@ def test_local_sgd_run_reports_rounds_and_global_model(tmp_path):
     rounds = [json.loads(line) for line in (run_dir / "rounds.jsonl").read_text().splitlines()]
     assert [r["step"] for r in rounds] == [4, 8, 12]
     # 3 rounds of one allreduce each, and one more to form the final global model
-    assert records[-1]["bytes"]["params"]["sent"] == pytest.approx(4 * 2 * (2 - 1) / 2 * PARAM_BYTES)
+    assert records[-1].bytes["params"]["sent"] == pytest.approx(4 * 2 * (2 - 1) / 2 * PARAM_BYTES)
 
 
 def test_an_early_stop_still_saves_the_global_model(tmp_path):
@@ -98,6 +98,6 @@ def test_an_early_stop_still_saves_the_global_model(tmp_path):
 
     run_dir, records = run(tmp_path, "ensemble", "--set", "train.target_accuracy=0.01", "--set",
                            "train.stop_at_target=true", epochs=5)
-    assert [r["epoch"] for r in records] == [1] and records[0]["reached_target_epoch"] == 1
+    assert [r.epoch for r in records] == [1] and records[0].reached_target_epoch == 1
     assert "weights" in load_file(str(run_dir / "model.safetensors"))  # the ensemble, not rank 0's model
     assert (run_dir / "model_L.safetensors").exists()

@@ -28,9 +28,9 @@ def test_torchrun_records_its_world_and_refuses_another(tmp_path):
     assert other.returncode != 0 and "the run has 2 worker(s), this resume would start 3" in other.stderr
     again = cli("train", "--resume", run, "--epochs", "2")  # lowband's launcher starts the recorded 2
     assert again.returncode == 0, again.stderr
-    assert [r["epoch"] for r in read_metrics(run)] == [1, 2]
+    assert [r.epoch for r in read_metrics(run)] == [1, 2]
     grown = torchrun(3, "--resume", run, "--epochs", "3", "--allow-world-change")
     assert grown.returncode == 0, grown.stderr
     assert "with 3 workers instead of 2 after epoch 2" in grown.stderr
-    assert [len(r["train_loss_ranks"]) for r in read_metrics(run)] == [2, 2, 3]
+    assert [len(r.train_loss_ranks) for r in read_metrics(run)] == [2, 2, 3]
     assert runconfig.read_run_config(run).train.workers == 3

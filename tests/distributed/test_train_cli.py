@@ -31,20 +31,20 @@ def test_allreduce_run_writes_records_bytes_and_equal_checkpoints(tmp_path):
             *small(tmp_path, "--lr", "0.03", "--set", "method.warmup_epochs=1.5"))
     assert p.returncode == 0, p.stderr
     records = read_metrics(str(run))
-    assert [r["epoch"] for r in records] == [1, 2]
+    assert [r.epoch for r in records] == [1, 2]
     steps = 432 // 2 // 16  # 600 samples, 80% train less 10% validation, 2 shards, batch 16
     for r in records:  # the rate of the epoch's last step: scaled by the 2 workers, warmed up over 1.5 epochs
-        at = r["epoch"] - 1 + (steps - 1) / steps
-        assert r["lr"] == pytest.approx(goyal_cosine_lr(at, 0.03, 2, 1.5, 2), rel=1e-9)
+        at = r.epoch - 1 + (steps - 1) / steps
+        assert r.lr == pytest.approx(goyal_cosine_lr(at, 0.03, 2, 1.5, 2), rel=1e-9)
     last = records[-1]
-    assert last["steps"] == 2 * steps and last["samples"] == 2 * steps * 16 * 2
+    assert last.steps == 2 * steps and last.samples == 2 * steps * 16 * 2
     ring = 2 * (2 - 1) / 2 * CNN1D_PARAMS * 4
-    assert last["bytes"]["grad"]["sent"] == pytest.approx(2 * steps * ring)
-    assert last["bytes"]["grad"]["recv"] == pytest.approx(2 * steps * ring)
-    assert len(last["test_acc_ranks"]) == 2 and last["test_acc"] == last["test_acc_ranks"][0]
-    assert last["test_acc"] == pytest.approx(accuracy_of(run), abs=1e-12)  # what the final model scores here
-    assert set(last["time"]) >= {"compute_s", "comm_s", "wait_s", "eval_s", "elapsed_s"}
-    assert last["time"]["comm_s"] > 0
+    assert last.bytes["grad"]["sent"] == pytest.approx(2 * steps * ring)
+    assert last.bytes["grad"]["recv"] == pytest.approx(2 * steps * ring)
+    assert len(last.test_acc_ranks) == 2 and last.test_acc == last.test_acc_ranks[0]
+    assert last.test_acc == pytest.approx(accuracy_of(run), abs=1e-12)  # what the final model scores here
+    assert set(last.time) >= {"compute_s", "comm_s", "wait_s", "eval_s", "elapsed_s"}
+    assert last.time["comm_s"] > 0
 
     ranks = [checkpoint.load_state(checkpoint.rank_path(str(run), r, 2)) for r in (0, 1)]
     for key, value in ranks[0]["model"].items():
@@ -77,8 +77,8 @@ def test_resume_continues_exactly_where_the_run_stopped(tmp_path):
     whole, split = whole_and_resumed(tmp_path, args, 2, 3)
     a, b = load_file(str(whole / "model.safetensors")), load_file(str(split / "model.safetensors"))
     assert all(torch.equal(a[k], b[k]) for k in a)
-    assert [r["epoch"] for r in read_metrics(str(split))] == [1, 2, 3]
-    assert [r["train_loss"] for r in read_metrics(str(split))] == [r["train_loss"] for r in read_metrics(str(whole))]
+    assert [r.epoch for r in read_metrics(str(split))] == [1, 2, 3]
+    assert [r.train_loss for r in read_metrics(str(split))] == [r.train_loss for r in read_metrics(str(whole))]
 
 
 def test_resume_refuses_to_change_the_config(tmp_path):
@@ -122,7 +122,7 @@ def test_compare_tunes_runs_seeds_and_resumes_without_rerunning(tmp_path):
                                                           ("allreduce", "0.02"), ("allreduce", "0.2")]
     chosen = {}
     for label in ("single", "allreduce"):  # the chosen value: the best final validation accuracy, read here
-        accs = {v: read_metrics(str(folder / "tune" / f"{label}_optim.lr-{v}"))[-1]["val_acc"] for v in ("0.02", "0.2")}
+        accs = {v: read_metrics(str(folder / "tune" / f"{label}_optim.lr-{v}"))[-1].val_acc for v in ("0.02", "0.2")}
         chosen[label] = max(accs, key=lambda v: (accs[v], v == "0.02"))
         assert [r["chosen"] for r in tuning if r["label"] == label] == [
             "yes" if v == chosen[label] else "no" for v in ("0.02", "0.2")]
@@ -151,8 +151,8 @@ def test_compare_tunes_runs_seeds_and_resumes_without_rerunning(tmp_path):
     assert again.stdout.count("finished already") == 6
     rerun = [path.parent.name for path, t in before.items() if path.stat().st_mtime_ns != t]
     assert rerun == ["allreduce_seed-1"]  # continued from its checkpoint (single_seed-1 was started afresh)
-    assert [r["epoch"] for r in read_metrics(str(folder / "allreduce_seed-1"))] == [1]
-    assert [r["epoch"] for r in read_metrics(str(folder / "single_seed-1"))] == [1]
+    assert [r.epoch for r in read_metrics(str(folder / "allreduce_seed-1"))] == [1]
+    assert [r.epoch for r in read_metrics(str(folder / "single_seed-1"))] == [1]
     with open(folder / "summary.csv") as f:
         assert len(list(csv.DictReader(f))) == 4
 
@@ -164,6 +164,6 @@ def test_compare_budget_steps_gives_every_worker_about_allreduces_steps(tmp_path
     (folder,) = tmp_path.glob("compare-*")
     single, allreduce = read_metrics(str(folder / "single")), read_metrics(str(folder / "allreduce"))
     # 432 training samples, batch 16: one worker takes 27 steps an epoch, each of two 13
-    assert [r["epoch"] for r in single] == [1] and single[-1]["steps"] == 27  # round(2 x 13 / 27) epochs
-    assert [r["epoch"] for r in allreduce] == [1, 2] and allreduce[-1]["steps"] == 26
+    assert [r.epoch for r in single] == [1] and single[-1].steps == 27  # round(2 x 13 / 27) epochs
+    assert [r.epoch for r in allreduce] == [1, 2] and allreduce[-1].steps == 26
     assert "budget steps" in p.stdout and "equal optimizer steps per worker" in (folder / "report.md").read_text()

@@ -17,9 +17,9 @@ def test_a_logger_plugin_gets_every_epoch_of_a_real_run(tmp_path):
     logged = [json.loads(line) for line in (run / "fake_logger.rank0.jsonl").read_text().splitlines()]
     assert [x["epoch"] for x in logged] == [1, 2] and logged[0]["method"] == "allreduce"
     for rec, x in zip(records, logged, strict=True):  # the same figures as metrics.jsonl, the source of truth
-        assert x["scalars"]["accuracy/val_acc"] == rec["val_acc"]
-        assert x["scalars"]["bytes/grad/sent"] == rec["bytes"]["grad"]["sent"]
-        assert x["scalars"]["loss/train"] == rec["train_loss"]
+        assert x["scalars"]["accuracy/val_acc"] == rec.val_acc
+        assert x["scalars"]["bytes/grad/sent"] == rec.bytes["grad"]["sent"]
+        assert x["scalars"]["loss/train"] == rec.train_loss
     assert (run / "fake_logger.rank0.closed").exists()
     assert not (run / "fake_logger.rank1.jsonl").exists()  # one model, one reporter: rank 0's
     lines = [line for line in p.stdout.splitlines() if line.startswith("epoch ")]
@@ -51,7 +51,7 @@ def test_python_api_trains_and_loads_the_model_it_scored(tmp_path):
     assert run.method == "local_sgd" and run.epochs == 1 and run.run_dir == str(tmp_path / "r")
     last = read_metrics(run.run_dir)[-1]
     assert (run.val_acc, run.test_acc, run.bytes_sent_per_worker) == (
-        last["val_acc"], last["test_acc"], last["bytes_sent_per_worker"])
+        last.val_acc, last.test_acc, last.bytes_sent_per_worker)
     assert run.bytes_sent_per_worker > 0
     model = lowband.load_model(run.run_dir)
     assert isinstance(model, torch.nn.Module) and not model.training
@@ -96,7 +96,7 @@ def test_a_run_on_your_own_data(tmp_path):
             "--model", "mlp", "--batch-size", "16", "--run-dir", str(run), "--set", "train.timeout_s=60")
     assert p.returncode == 0, p.stderr
     last = read_metrics(str(run))[-1]
-    assert last["test_acc"] > 0.9  # two classes three standard deviations apart
+    assert last.test_acc > 0.9  # two classes three standard deviations apart
 
 
 def test_tensorboard_events_read_back_with_tensorboards_own_reader(tmp_path):
@@ -113,7 +113,7 @@ def test_tensorboard_events_read_back_with_tensorboards_own_reader(tmp_path):
     events.Reload()
     records = read_metrics(str(run))
     val = events.Scalars("accuracy/val_acc")
-    assert [e.step for e in val] == [r["epoch"] for r in records]
-    assert [e.value for e in val] == pytest.approx([r["val_acc"] for r in records])
+    assert [e.step for e in val] == [r.epoch for r in records]
+    assert [e.value for e in val] == pytest.approx([r.val_acc for r in records])
     assert [e.value for e in events.Scalars("bytes/grad/sent")] == pytest.approx(
-        [r["bytes"]["grad"]["sent"] for r in records])
+        [r.bytes["grad"]["sent"] for r in records])

@@ -15,7 +15,7 @@ from tests.conftest import cli, small
 
 
 def _total(record: dict) -> float:
-    return sum(t["sent"] for t in record["bytes_total"].values())
+    return sum(t["sent"] for t in record.bytes_total.values())
 
 
 @pytest.mark.slow
@@ -33,16 +33,16 @@ def test_allreduce_grows_then_shrinks(tmp_path):
     again = cli("train", "--resume", run, "--epochs", "4")  # the run now records 2 workers
     assert again.returncode == 0, again.stderr
     records = read_metrics(run)
-    assert [r["epoch"] for r in records] == [1, 2, 3, 4]
-    assert [len(r["train_loss_ranks"]) for r in records] == [2, 3, 2, 2]
+    assert [r.epoch for r in records] == [1, 2, 3, 4]
+    assert [len(r.train_loss_ranks) for r in records] == [2, 3, 2, 2]
     totals = [_total(r) for r in records]
     assert all(b > a for a, b in pairwise(totals))  # counters carried over, then grew
-    steps = [r["steps"] for r in records]
-    seen = [r["samples"] for r in records]
+    steps = [r.steps for r in records]
+    seen = [r.samples for r in records]
     per_step = [(seen[i] - (seen[i - 1] if i else 0)) / (steps[i] - (steps[i - 1] if i else 0)) for i in range(4)]
     assert per_step == [2 * 16, 3 * 16, 2 * 16, 2 * 16]  # samples: nothing dropped or counted twice
     for r in records:  # data parallel: every rank evaluates the same model
-        assert len(set(r["test_acc_ranks"])) == 1
+        assert len(set(r.test_acc_ranks)) == 1
     assert runconfig.read_run_config(run).train.workers == 2
     folder = os.path.join(run, "checkpoints")
     assert {"world-2", "world-3"} <= set(os.listdir(folder))

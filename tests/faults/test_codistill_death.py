@@ -37,7 +37,7 @@ def test_killed_rank_0_leaves_the_survivors_model_and_a_nonzero_exit(tmp_path):
     last = err.strip().splitlines()[-1]
     assert "lost worker(s) 0" in last and "2 of 3 finished" in last and "done:" not in out
     for rank in (1, 2):
-        assert [r["epoch"] for r in read_metrics(run, f"metrics.rank{rank}.jsonl")] == [1, 2, 3, 4]
+        assert [r.epoch for r in read_metrics(run, f"metrics.rank{rank}.jsonl")] == [1, 2, 3, 4]
     kept = load_file(os.path.join(run, "model.safetensors"))
     best = int(last.split("now rank ")[1].split("'")[0])
     survivor = load_file(os.path.join(run, f"model.rank{best}.safetensors"))

@@ -50,7 +50,7 @@ def test_resume_skips_a_damaged_newest_checkpoint(tmp_path, finished, harm):
     warned = [line for line in again.stderr.splitlines() if "newest intact epoch" in line]
     assert len(warned) == 1 and "rank1-epoch0002.pt" in warned[0] and "epoch 1" in warned[0]
     assert "after epoch 1" in again.stdout + again.stderr
-    assert [r["epoch"] for r in read_metrics(run)] == [1, 2]
+    assert [r.epoch for r in read_metrics(run)] == [1, 2]
     assert checkpoint.resumable_epoch(run, [0, 1]) == (2, [])  # epoch 2 written again, intact
     again_1 = checkpoint.load_state(checkpoint.rank_path(run, 1, 2))["model"]
     assert all(torch.isfinite(v).all() for v in again_1.values()) and intact.keys() == again_1.keys()

@@ -42,7 +42,7 @@ def test_killed_worker_restarts_from_the_checkpoint_and_ends_as_if_never_killed(
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 0, err
     assert "restarting all 2 worker(s) from the latest checkpoint" in err
-    assert [r["epoch"] for r in read_metrics(run)] == list(range(1, EPOCHS + 1))
+    assert [r.epoch for r in read_metrics(run)] == list(range(1, EPOCHS + 1))
     a, b = load_file(os.path.join(straight, "model.safetensors")), load_file(os.path.join(run, "model.safetensors"))
     for name in a:
         torch.testing.assert_close(a[name], b[name], rtol=1e-5, atol=1e-6)

@@ -43,7 +43,7 @@ def test_divergence_after_good_epochs_keeps_them(tmp_path):
     p = cli("train", "--resume", str(run), "--epochs", "3", "-q")
     errors = [line for line in p.stderr.splitlines() if line.startswith("lowband: error:")]  # beside the resume's note
     assert p.returncode == 4 and len(errors) == 1 and "diverged at epoch 2" in errors[0] and "Traceback" not in p.stderr
-    assert [r["epoch"] for r in read_metrics(str(run))] == [1]  # the last good epoch's record stays
+    assert [r.epoch for r in read_metrics(str(run))] == [1]  # the last good epoch's record stays
 
 
 METHODS = ["single", "allreduce", "local_sgd:tau=4", "diloco:tau=4", "ensemble", "ec_dnn:tau=8", "dpsgd",

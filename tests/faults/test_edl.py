@@ -80,12 +80,12 @@ def test_edl_gives_the_online_result_and_counts_soft_label_bytes(tmp_path, teach
     for k in ma:  # the same logits in the same order: the same student, wherever the teacher ran
         torch.testing.assert_close(ma[k], mb[k], rtol=1e-5, atol=1e-6)
     last = read_metrics(edl)[-1]
-    steps, bs, classes, width = last["steps"], 16, 10, 40
-    soft = last["bytes"]["soft-labels"]
+    steps, bs, classes, width = last.steps, 16, 10, 40
+    soft = last.bytes["soft-labels"]
     # per batch: inputs out, logits back, each with an 8-byte prefix and a JSON header under 200 bytes
     assert steps * bs * width * 4 < soft["sent"] < steps * (bs * width * 4 + 200)
     assert steps * bs * classes * 4 < soft["recv"] < steps * (bs * classes * 4 + 200)
-    assert "soft-labels" not in read_metrics(online)[-1]["bytes"]
+    assert "soft-labels" not in read_metrics(online)[-1].bytes
     for rank in range(2):
         ids = trained_ids(edl, rank)
         assert ids == {e: expected_ids(edl, rank, e) for e in (1, 2)}
@@ -105,7 +105,7 @@ def test_killed_teacher_mid_epoch_loses_no_sample(tmp_path, teacher):
     assert proc.returncode == 0, err
     assert "failed (" in err and "re-sending" in err  # whichever rank held it said so (metrics are rank 0's)
     records = read_metrics(run)
-    assert [r["epoch"] for r in records] == [1, 2, 3]
+    assert [r.epoch for r in records] == [1, 2, 3]
     for rank in range(2):  # every sample of every epoch trained on exactly once, in the student's order
         assert trained_ids(run, rank) == {e: expected_ids(run, rank, e) for e in (1, 2, 3)}
     assert not any(alive(p) for p in victims)
@@ -124,7 +124,7 @@ def test_killed_student_rank_restarts_all_from_the_checkpoint(tmp_path, teacher)
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 0, err
     assert "restarting all 2 worker(s) from the latest checkpoint (restart 1 of 1)" in err
-    assert [r["epoch"] for r in read_metrics(run)] == [1, 2, 3, 4]
+    assert [r.epoch for r in read_metrics(run)] == [1, 2, 3, 4]
     with open(os.path.join(run, "train.log")) as f:
         log = f.read()
     resumed = [int(line.split("after epoch ")[1].split()[0]) for line in log.splitlines() if "resumed" in line]
@@ -205,7 +205,7 @@ def test_resumed_run_writes_no_record_twice(tmp_path, teacher):
     assert _drop_newest_checkpoints(run, 2) == 2
     again = cli("train", "--resume", run)
     assert again.returncode == 0, again.stderr
-    assert [r["epoch"] for r in read_metrics(run)] == [1, 2, 3]
+    assert [r.epoch for r in read_metrics(run)] == [1, 2, 3]
     for rank in (0, 1):
         with open(os.path.join(run, f"samples.rank{rank}.jsonl")) as f:
             epochs = [json.loads(line)["epoch"] for line in f]

@@ -90,7 +90,7 @@ def test_killed_launcher_takes_its_workers_with_it_and_the_run_resumes(tmp_path)
                        cwd=ROOT, capture_output=True, text=True, timeout=120)
     assert p.returncode == 0, p.stderr
     from lowband.run.metrics import read_metrics
-    assert [r["epoch"] for r in read_metrics(run)] == list(range(1, saved + 2))
+    assert [r.epoch for r in read_metrics(run)] == list(range(1, saved + 2))
 
 
 @pytest.mark.parametrize("args, field", [

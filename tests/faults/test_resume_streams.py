@@ -26,7 +26,7 @@ def test_resumed_ec_dnn_has_no_duplicated_round_or_epoch(tmp_path):
     assert again.returncode == 0, again.stderr
     with open(os.path.join(run, "rounds.jsonl")) as f:
         rounds = [json.loads(line) for line in f]
-    assert [r["epoch"] for r in read_metrics(run)] == [1, 2, 3]
+    assert [r.epoch for r in read_metrics(run)] == [1, 2, 3]
     numbers = [r["round"] for r in rounds]
     assert numbers == sorted(set(numbers)) and numbers == [r["round"] for r in first]
     assert max(r["epoch"] for r in rounds) > 2  # epoch 3's rounds were written again, once

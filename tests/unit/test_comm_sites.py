@@ -98,9 +98,9 @@ def test_records_carry_inter_bytes_per_tag_and_per_worker():
     for c in comms:
         c.allreduce(tensor(), "grad")
     ranks = [RankFigures(loss=1.0, samples=1, bytes=tag_bytes(c)) for c in comms]
-    rec = EpochReporter.record(EpochReporter.__new__(EpochReporter), 1, ranks, None, {})
-    assert rec["bytes_inter_per_worker"] == 300 and rec["bytes"]["grad"]["inter"] == 300
-    assert rec["bytes_total"]["grad"]["inter"] == 1200
+    rec = EpochReporter.record(EpochReporter.__new__(EpochReporter), 1, ranks, None)
+    assert rec.bytes_inter_per_worker == 300 and rec.bytes["grad"]["inter"] == 300
+    assert rec.bytes_total["grad"]["inter"] == 1200
 
 
 def test_checkpoint_writes_cross_sites_when_the_ranks_span_several(tmp_path):

@@ -4,6 +4,7 @@ import pytest
 
 from lowband.comparison.runner import add_speed, format_table, parse_spec, time_to
 from lowband.errors import ConfigError
+from lowband.records import EpochRecord
 
 
 def test_specs_carry_method_options():
@@ -19,8 +20,8 @@ def test_option_values_may_hold_colons():
 
 
 def rec(epoch, train_s, val, sent=0.0):
-    return {"epoch": epoch, "time": {"train_s": train_s}, "val_acc": val, "test_acc": val,
-            "bytes_sent_per_worker": sent, "samples": 100 * epoch}
+    return EpochRecord(epoch=epoch, time={"train_s": train_s}, val_acc=val, test_acc=val,
+                       bytes_sent_per_worker=sent, samples=100 * epoch)
 
 
 def row(method, records, label=None):

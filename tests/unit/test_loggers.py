@@ -3,17 +3,19 @@
 import importlib.util
 import logging
 import os
+from dataclasses import replace
 
 import pytest
 
 from lowband import cli
 from lowband.errors import ConfigError
+from lowband.records import EpochRecord
 from lowband.run import loggers
 from lowband.run.metrics import MetricsSink
 from lowband.run.rundir import Stream
 from tests import fake_logger
 
-RECORD = {
+RECORD = EpochRecord.from_json({
     "epoch": 3, "samples": 900, "steps": 30, "train_loss": 0.5, "train_loss_ranks": [0.4, 0.6],
     "val_acc": 0.8, "test_acc": 0.75, "val_acc_L": 0.82, "test_acc_L": None, "lr": 0.1, "samples_per_s": 1000.0,
     "bytes_sent_per_worker": 1500.0, "bytes_recv_per_worker": 1400.0,
@@ -22,7 +24,7 @@ RECORD = {
     "bytes_total": {"grad": {"sent": 2000.0, "recv": 1800.0, "calls": 6, "wire": 2000.0}},
     "time": {"compute_s": 1.5, "comm_s": 0.5, "wait_s": 0.0, "elapsed_s": 9.0}, "reached_target_epoch": None,
     "diff_lg": 0.03, "ensemble": "margin",
-}
+})
 
 
 def test_a_record_becomes_flat_scalars():
@@ -39,7 +41,7 @@ def test_the_sink_feeds_every_record_to_its_loggers_and_closes_them(tmp_path):
     fake = fake_logger.FakeLogger(str(tmp_path), 0, {"method": {"name": "allreduce"}})
     sink = MetricsSink(Stream(str(tmp_path / "metrics.jsonl")), True, 5, logging.getLogger("test-sink"), [fake])
     sink.write(RECORD)
-    sink.write({**RECORD, "epoch": 4, "val_acc": 0.9})
+    sink.write(replace(RECORD, epoch=4, val_acc=0.9))
     sink.close()
     assert [e for e, _ in fake.logged] == [3, 4]
     assert fake.logged[1][1]["accuracy/val_acc"] == 0.9 and fake.closed
@@ -91,7 +93,7 @@ def test_each_epoch_line_tells_the_whole_run(tmp_path, monkeypatch, caplog):
     sink = MetricsSink(Stream(str(tmp_path / "m.jsonl")), True, 6, logging.getLogger("test-progress"))
     with caplog.at_level(logging.INFO, logger="test-progress"):
         sink.write(RECORD)  # a resumed run: its first epoch here is 3
-        sink.write({**RECORD, "epoch": 4})
+        sink.write(replace(RECORD, epoch=4))
     first, second = caplog.messages
     assert first.startswith("epoch   3/6") and "val acc 0.8000" in first and "sent/worker 1.50 kB" in first
     assert first.endswith("elapsed 10s  ETA 30s")  # 3 epochs left at 10 s each

@@ -8,6 +8,7 @@ from lowband.comparison import plan as P
 from lowband.comparison import table
 from lowband.comparison.plots import pareto_front
 from lowband.data.metric import ACCURACY, BITS_PER_BYTE, bits_per_byte, metric_for, task_of
+from lowband.records import EpochRecord
 
 
 def test_each_data_set_names_its_workload():
@@ -36,8 +37,8 @@ def test_bits_per_byte_is_nats_over_ln2():
 
 
 def lm_run(label, bpbs, method=None, accs=None):
-    records = [{"epoch": e, "val_acc": (accs or [0.3] * len(bpbs))[e - 1], "test_acc": 0.3, "val_bpb": b,
-                "test_bpb": b + 0.01, "bytes_sent_per_worker": 1e6 * e, "samples": 100 * e, "time": {"train_s": 2.0 * e}}
+    records = [EpochRecord(epoch=e, val_acc=(accs or [0.3] * len(bpbs))[e - 1], test_acc=0.3, val_bpb=b,
+                           test_bpb=b + 0.01, bytes_sent_per_worker=1e6 * e, samples=100 * e, time={"train_s": 2.0 * e})
                for e, b in enumerate(bpbs, 1)]
     return {"label": label, "method": method or label.split(":")[0], "workers": 4, "status": "ok",
             "records": records, "metric": BITS_PER_BYTE}

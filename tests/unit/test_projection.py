@@ -6,8 +6,14 @@ import pytest
 
 from lowband.comm.links import LinkModel, LinkSpec, parse_link
 from lowband.comparison.projection import epoch_seconds, link_name, rates, seconds_through, traffic
+from lowband.records import EpochRecord
 
 MB_PER_S = LinkSpec(8e6)  # 1 MB/s
+
+
+def J(records: list[dict]) -> list[EpochRecord]:
+    """Hand-written metrics.jsonl lines, read as the report reads them."""
+    return [EpochRecord.from_json(r) for r in records]
 
 
 def rec(epoch, train_s, compute_s, grad_sent, grad_calls, **extra_tags):
@@ -23,37 +29,37 @@ RECORDS = [rec(1, 2.0, 1.5, 1e6, 10, init=INIT, metrics={"sent": 100, "recv": 10
 
 
 def test_traffic_is_per_epoch_over_training_tags():
-    assert traffic(RECORDS) == [(1e6, 10), (2e6, 10)]
+    assert traffic(J(RECORDS)) == [(1e6, 10), (2e6, 10)]
 
 
 def test_an_exchange_with_two_peers_occupies_each_link_with_half():
     gossip = [{"epoch": 1, "bytes": {"params": {"sent": 2e6, "recv": 2e6, "calls": 4, "wire": 1e6}},
                "time": {"epoch_train_s": 1.0, "compute_s": 0.8}}]
-    assert traffic(gossip) == [(1e6, 4)]
-    assert epoch_seconds(gossip, MB_PER_S) == [pytest.approx(2.0)]
+    assert traffic(J(gossip)) == [(1e6, 4)]
+    assert epoch_seconds(J(gossip), MB_PER_S) == [pytest.approx(2.0)]
 
 
 def test_old_records_without_calls_project_no_latency():
     old = [{"epoch": 1, "bytes": {"grad": {"sent": 4e6, "recv": 4e6}}, "time": {"epoch_train_s": 1.0}}]
-    assert traffic(old) == [(4e6, 0)]
-    assert epoch_seconds(old, LinkSpec(8e6, 0.5)) == [pytest.approx(1.0 + 4.0)]
+    assert traffic(J(old)) == [(4e6, 0)]
+    assert epoch_seconds(J(old), LinkSpec(8e6, 0.5)) == [pytest.approx(1.0 + 4.0)]
 
 
 def test_unlimited_run_projected_onto_a_slow_link_with_latency():
     link = LinkSpec(8e6, 0.01)
     # epoch 1: 2.0 s measured + 1 MB at 1 MB/s + 10 x 10 ms; epoch 2: 3.0 + 2.0 + 0.1
-    assert epoch_seconds(RECORDS, link) == [pytest.approx(3.1), pytest.approx(5.1)]
-    assert seconds_through(RECORDS, 2, link) == pytest.approx(8.2)
-    assert seconds_through(RECORDS, 1, link) == pytest.approx(3.1)
-    assert seconds_through(RECORDS, 3, link) is None
-    assert epoch_seconds(RECORDS, LinkSpec(float("inf"))) == [2.0, 3.0]
+    assert epoch_seconds(J(RECORDS), link) == [pytest.approx(3.1), pytest.approx(5.1)]
+    assert seconds_through(J(RECORDS), 2, link) == pytest.approx(8.2)
+    assert seconds_through(J(RECORDS), 1, link) == pytest.approx(3.1)
+    assert seconds_through(J(RECORDS), 3, link) is None
+    assert epoch_seconds(J(RECORDS), LinkSpec(float("inf"))) == [2.0, 3.0]
 
 
 def test_a_slow_run_loses_its_own_transfer_time_first():
     measured = [rec(1, 4.0, 1.5, 1e6, 10)]  # measured on 1 MB/s: 1 s of it was the transfer
-    assert epoch_seconds(measured, parse_link("16mbit"), MB_PER_S) == [pytest.approx(3.0 + 0.5)]
+    assert epoch_seconds(J(measured), parse_link("16mbit"), MB_PER_S) == [pytest.approx(3.0 + 0.5)]
     too_fast = [rec(1, 1.2, 0.5, 1e6, 10)]  # 1.2 - 1.0 = 0.2 s is below the compute seconds: floor there
-    assert epoch_seconds(too_fast, parse_link("unlimited"), MB_PER_S) == [pytest.approx(0.5)]
+    assert epoch_seconds(J(too_fast), parse_link("unlimited"), MB_PER_S) == [pytest.approx(0.5)]
 
 
 def test_projection_charges_what_the_modelled_link_charges():
@@ -78,8 +84,8 @@ def test_with_sites_only_tags_that_crossed_are_charged_to_the_link():
     ckpt = {"sent": 2e5, "recv": 0.0, "calls": 1, "inter": 1e5}  # half the ranks wrote across
     record = {"epoch": 1, "bytes": {"grad": grad, "ckpt": ckpt}, "bytes_total": {"grad": grad, "ckpt": dict(ckpt)},
               "time": {"epoch_train_s": 2.0, "compute_s": 1.0}}
-    assert traffic([record]) == [(2e5, 1)]
-    assert epoch_seconds([record], MB_PER_S) == [pytest.approx(2.2)]
+    assert traffic(J([record])) == [(2e5, 1)]
+    assert epoch_seconds(J([record]), MB_PER_S) == [pytest.approx(2.2)]
 
 
 def test_the_backends_own_exchange_time_overlaps_the_transfer():
@@ -87,10 +93,10 @@ def test_the_backends_own_exchange_time_overlaps_the_transfer():
     replaces the 0.4 s rather than adding to it; a transfer shorter than the exchange costs nothing."""
     timed = [{"epoch": 1, "bytes": {"grad": {"sent": 1e6, "recv": 1e6, "calls": 10}},
               "time": {"epoch_train_s": 2.0, "compute_s": 1.5, "comm_s": 0.4}}]
-    assert epoch_seconds(timed, MB_PER_S) == [pytest.approx(2.0 - 0.4 + 1.0)]
-    assert epoch_seconds(timed, LinkSpec(80e6)) == [pytest.approx(2.0)]  # 0.1 s of transfer < 0.4 s
+    assert epoch_seconds(J(timed), MB_PER_S) == [pytest.approx(2.0 - 0.4 + 1.0)]
+    assert epoch_seconds(J(timed), LinkSpec(80e6)) == [pytest.approx(2.0)]  # 0.1 s of transfer < 0.4 s
     slow = [{**timed[0], "time": {"epoch_train_s": 3.2, "compute_s": 1.5, "comm_s": 1.6}}]  # measured on 1 MB/s
-    assert epoch_seconds(slow, LinkSpec(80e6), MB_PER_S) == [pytest.approx(2.2 - 0.6 + 0.6)]
+    assert epoch_seconds(J(slow), LinkSpec(80e6), MB_PER_S) == [pytest.approx(2.2 - 0.6 + 0.6)]
 
 
 def test_dedicated_machines_charge_steps_at_the_calibrated_time_plus_transfer():
@@ -100,11 +106,11 @@ def test_dedicated_machines_charge_steps_at_the_calibrated_time_plus_transfer():
     records = [{**RECORDS[0], "steps": 100}, {**RECORDS[1], "steps": 150}]
     link = LinkSpec(8e6, 0.01)  # 1 MB/s, 10 ms a message
     # by hand: 100 * 0.02 + 1 + 10 * 0.01 = 3.1;  50 * 0.02 + 2 + 10 * 0.01 = 3.1
-    assert dedicated_epoch_seconds(records, 0.02, link) == [pytest.approx(3.1), pytest.approx(3.1)]
-    assert dedicated_through(records, 2, 0.02, link) == pytest.approx(6.2)
+    assert dedicated_epoch_seconds(J(records), 0.02, link) == [pytest.approx(3.1), pytest.approx(3.1)]
+    assert dedicated_through(J(records), 2, 0.02, link) == pytest.approx(6.2)
     # the measured seconds (2.0 and 3.0, shared cores) play no part; unlimited: the steps alone
-    assert dedicated_through(records, 2, 0.02) == pytest.approx(3.0)
-    assert dedicated_through(records, 2, None, link) is None and dedicated_through(records, 3, 0.02) is None
+    assert dedicated_through(J(records), 2, 0.02) == pytest.approx(3.0)
+    assert dedicated_through(J(records), 2, None, link) is None and dedicated_through(J(records), 3, 0.02) is None
 
 
 def test_single_on_one_dedicated_machine_beats_allreduce_only_where_the_link_is_slow():
@@ -115,6 +121,6 @@ def test_single_on_one_dedicated_machine_beats_allreduce_only_where_the_link_is_
     allreduce = [{"epoch": 1, "steps": 100, "bytes": {"grad": {"sent": 1e7, "recv": 1e7, "calls": 100}},
                   "time": {"epoch_train_s": 9.0}}]
     for rate, single_wins in ((1e6, True), (1e10, False)):
-        s, a = (dedicated_through(r, 1, 0.01, LinkSpec(rate)) for r in (single, allreduce))
+        s, a = (dedicated_through(J(r), 1, 0.01, LinkSpec(rate)) for r in (single, allreduce))
         assert s == pytest.approx(4.0) and a == pytest.approx(1.0 + 8e7 / rate)
         assert (s < a) == single_wins

@@ -1,15 +1,17 @@
 """The comparison table from hand-made runs: one reference, seeds pooled, noise marked, zero bytes."""
 
 import statistics
+from dataclasses import replace
 
 import pytest
 
 from lowband.comparison import table
+from lowband.records import EpochRecord
 
 
 def rec(epoch, val, sent, secs, test=None, samples=1000):
-    return {"epoch": epoch, "val_acc": val, "test_acc": val if test is None else test, "val_acc_L": val,
-            "bytes_sent_per_worker": sent, "samples": samples * epoch, "time": {"train_s": secs}}
+    return EpochRecord(epoch=epoch, val_acc=val, test_acc=val if test is None else test, val_acc_L=val,
+                       bytes_sent_per_worker=sent, samples=samples * epoch, time={"train_s": secs})
 
 
 def run(label, vals, sent_per_epoch, secs_per_epoch, method=None, status="ok", tests=None):
@@ -103,7 +105,7 @@ def test_console_and_markdown_render_the_same_cells():
 def test_runs_with_sites_show_inter_site_bytes_per_worker():
     sited = [dict(r, sites=2) for r in RUNS[:2]]
     for r in sited:
-        r["records"] = [dict(x, bytes_inter_per_worker=x["bytes_sent_per_worker"] / 4) for x in r["records"]]
+        r["records"] = [replace(x, bytes_inter_per_worker=x.bytes_sent_per_worker / 4) for x in r["records"]]
     assert table.INTER not in table.text(table.rows(RUNS)[0])  # no sites: no column
     rows = table.rows(sited + RUNS[2:4])[0]
     cells = dict(zip(table.head(rows), table.cells(rows[0], len(table.head(rows)), table.columns(rows)), strict=True))

@@ -36,7 +36,7 @@ def per_epoch(runs: list[dict], value) -> list[tuple[int, float, float, float]]:
     by_epoch: dict[int, list[tuple[float, float]]] = {}
     for run in runs:
         for r in evaluated(run):
-            by_epoch.setdefault(r["epoch"], []).append(value(r))
+            by_epoch.setdefault(r.epoch, []).append(value(r))
     out = []
     for epoch in sorted(e for e, v in by_epoch.items() if len(v) == len(runs)):
         xs, ys = zip(*by_epoch[epoch], strict=True)
@@ -92,9 +92,8 @@ def accuracy(groups: dict[str, list[dict]], key: str, xlabel: str, target: float
     """The mean validation figure of the workload's metric (band: ± sd over seeds) against epoch, bytes
     per worker or train seconds."""
     fig, ax = plt.subplots(figsize=FIGSIZE)
-    x_of = {"epoch": lambda r: r["epoch"], "bytes": lambda r: r.get("bytes_sent_per_worker", 0.0),
-            "time": lambda r: r["time"]["train_s"]}[key]
-    curves = {label: per_epoch(runs, lambda r: (x_of(r), r.get(metric.val_key))) for label, runs in groups.items()}
+    x_of = {"epoch": lambda r: r.epoch, "bytes": lambda r: r.bytes_sent_per_worker, "time": lambda r: r.train_s}[key]
+    curves = {label: per_epoch(runs, lambda r: (x_of(r), r.value(metric.val_key))) for label, runs in groups.items()}
     zero = bytes_axis(ax, [p[1] for c in curves.values() for p in c]) if key == "bytes" else None
     for i, (label, points) in enumerate(curves.items()):
         if not points:

@@ -35,6 +35,7 @@ from __future__ import annotations
 from itertools import accumulate
 
 from lowband.comm.links import LinkSpec, parse_link
+from lowband.records import EpochRecord
 
 #: tags not sent inside the training loop (see lowband.comm.BOOKKEEPING_TAGS, and "init")
 OUTSIDE_TRAINING = frozenset({"metrics", "control", "barrier", "eval", "init"})
@@ -53,23 +54,23 @@ def rates(lo: float = 1e6, hi: float = 1e10, per_decade: int = 8) -> list[float]
     return [lo * (hi / lo) ** (i / n) for i in range(n + 1)]
 
 
-def _training_counters(record: dict) -> tuple[float, float]:
+def _training_counters(record: EpochRecord) -> tuple[float, float]:
     """(bytes on the busiest link, calls) per worker, cumulative, over the tags sent while training.
 
     A call to several peers puts its bytes on one link per peer, in parallel: the record's `wire`
     counts the busiest link's share; records without it fall back to all bytes sent (one link)."""
-    tags = [v for tag, v in record.get("bytes", {}).items() if tag not in OUTSIDE_TRAINING and _crossed(record, tag)]
+    tags = [v for tag, v in record.bytes.items() if tag not in OUTSIDE_TRAINING and _crossed(record, tag)]
     wire = sum(v.get("wire", v.get("sent", 0.0)) for v in tags)
     return wire, sum(v.get("calls", 0.0) for v in tags if v.get("sent"))
 
 
-def _crossed(record: dict, tag: str) -> bool:
+def _crossed(record: EpochRecord, tag: str) -> bool:
     """True when some rank's bytes of `tag` crossed a site boundary (records without `inter`: always)."""
-    total = record.get("bytes_total", {}).get(tag) or record["bytes"][tag]
+    total = record.bytes_total.get(tag) or record.bytes[tag]
     return "inter" not in total or total["inter"] > 0
 
 
-def traffic(records: list[dict]) -> list[tuple[float, float]]:
+def traffic(records: list[EpochRecord]) -> list[tuple[float, float]]:
     """Per epoch record: (bytes on the busiest link, messages) per worker during that epoch.
 
     Records written before calls were counted give 0 messages: latency is then not projected."""
@@ -81,9 +82,9 @@ def traffic(records: list[dict]) -> list[tuple[float, float]]:
     return out
 
 
-def epoch_seconds(records: list[dict], link: LinkSpec, measured_on: LinkSpec = UNLIMITED) -> list[float]:
+def epoch_seconds(records: list[EpochRecord], link: LinkSpec, measured_on: LinkSpec = UNLIMITED) -> list[float]:
     """Projected training seconds of every epoch on `link`, from records measured on `measured_on`."""
-    return [_epoch_on(record["time"], sent, messages, link, measured_on)
+    return [_epoch_on(record.time, sent, messages, link, measured_on)
             for record, (sent, messages) in zip(records, traffic(records), strict=True)]
 
 
@@ -98,37 +99,37 @@ def _epoch_on(t: dict, sent: float, messages: float, link: LinkSpec, measured_on
     return base - comm + max(comm, link.seconds(sent, messages))
 
 
-def seconds_through(records: list[dict], epoch: int, link: LinkSpec,
+def seconds_through(records: list[EpochRecord], epoch: int, link: LinkSpec,
                     measured_on: LinkSpec = UNLIMITED) -> float | None:
     """Projected training seconds from the start through `epoch` (None: the run has no such epoch)."""
     total = list(accumulate(epoch_seconds(records, link, measured_on)))
-    return next((s for r, s in zip(records, total, strict=True) if r["epoch"] == epoch), None)
+    return next((s for r, s in zip(records, total, strict=True) if r.epoch == epoch), None)
 
 
-def steps_per_epoch(records: list[dict]) -> list[float]:
+def steps_per_epoch(records: list[EpochRecord]) -> list[float]:
     """Optimizer steps each worker took in every epoch (records' cumulative `steps`)."""
     out, before = [], 0.0
     for record in records:
-        now = float(record.get("steps") or 0.0)
+        now = float(record.steps or 0.0)
         out.append(max(now - before, 0.0))
         before = now
     return out
 
 
-def dedicated_epoch_seconds(records: list[dict], step_s: float, link: LinkSpec = UNLIMITED) -> list[float]:
+def dedicated_epoch_seconds(records: list[EpochRecord], step_s: float, link: LinkSpec = UNLIMITED) -> list[float]:
     """Per epoch: steps x `step_s` (one worker's step measured alone) plus `link`'s transfer time."""
     return [steps * step_s + link.seconds(sent, messages)
             for steps, (sent, messages) in zip(steps_per_epoch(records), traffic(records), strict=True)]
 
 
-def dedicated_through(records: list[dict], epoch: int, step_s: float | None,
+def dedicated_through(records: list[EpochRecord], epoch: int, step_s: float | None,
                       link: LinkSpec | None = None) -> float | None:
     """Dedicated-machine seconds from the start through `epoch` on `link` (default unlimited); None
     without a calibrated step time or without that epoch."""
     if step_s is None:
         return None
     total = list(accumulate(dedicated_epoch_seconds(records, step_s, link or UNLIMITED)))
-    return next((s for r, s in zip(records, total, strict=True) if r["epoch"] == epoch), None)
+    return next((s for r, s in zip(records, total, strict=True) if r.epoch == epoch), None)
 
 
 def run_link(config: dict) -> LinkSpec:

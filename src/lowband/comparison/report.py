@@ -242,7 +242,7 @@ def _bytes_at_goal(row: dict | None, groups: dict[str, list[dict]], goals: dict[
     goal = None if row is None else goals[row["label"]]
     if row is None or goal is None:
         return 0.0
-    value = table.at_epoch(groups[row["label"]], goal, lambda r: r.get("bytes_sent_per_worker", 0.0))
+    value = table.at_epoch(groups[row["label"]], goal, lambda r: r.bytes_sent_per_worker)
     return value or 0.0
 
 
@@ -348,8 +348,8 @@ def facts(runs: list[dict], folders: list[str], target: float | None, why: str) 
 
 def corpus_facts(runs: list[dict]) -> list[str]:
     """'Text: sha256 ... (N bytes)' for language-model runs; a warning when they trained on different text."""
-    seen = {(r["records"][-1].get("corpus_sha256"), r["records"][-1].get("corpus_bytes")) for r in runs
-            if r["records"] and r["records"][-1].get("corpus_sha256")}
+    seen = {(r["records"][-1].corpus_sha256, r["records"][-1].corpus_bytes) for r in runs
+            if r["records"] and r["records"][-1].corpus_sha256}
     if not seen:
         return []
     shown = "; ".join(f"sha256 {h} ({n:,} bytes)" for h, n in sorted(seen, key=str))

@@ -18,6 +18,7 @@ from lowband.comparison.plan import fill, parse_spec, spec_config  # noqa: F401 
 from lowband.comparison.projection import run_link
 from lowband.data.metric import ACCURACY, Metric, metric_for
 from lowband.errors import Diverged
+from lowband.records import EpochRecord
 from lowband.run import loggers, runconfig, session
 from lowband.run.metrics import median, read_metrics
 from lowband.run.rundir import RunDir
@@ -146,7 +147,7 @@ def continued(command: str) -> str:
 
 def final_val(run_dir: str, metric: Metric = ACCURACY) -> float | None:
     """The metric's validation figure in the run's last evaluated record (None: none)."""
-    values = [r[metric.val_key] for r in read_metrics(run_dir) if r.get(metric.val_key) is not None]
+    values = [r.value(metric.val_key) for r in read_metrics(run_dir) if r.value(metric.val_key) is not None]
     return values[-1] if values else None
 
 
@@ -191,22 +192,19 @@ def summarize(label: str, cfg: C.Config, run_dir: str, code: int) -> dict:
     """One run's row of summary.csv (final figures of its global model; `final_acc` is test accuracy),
     plus its records and link for the comparison table."""
     records = read_metrics(run_dir)
-    done = [r for r in records if r.get("val_acc") is not None or r.get("test_acc") is not None]
-    last, end = (records[-1] if records else {}), (done[-1] if done else {})
+    done = [r for r in records if r.evaluated]
+    last, end = (records[-1] if records else EpochRecord(epoch=0)), (done[-1] if done else EpochRecord(epoch=0))
     metric = metric_for(cfg.data.name)
     return {
         "label": label, "method": cfg.method.name, "seed": cfg.train.seed, "workers": session.world_size(cfg),
-        "metric": metric, "val_bpb": end.get("val_bpb"), "final_bpb": end.get("test_bpb"),
-        "link": run_link(C.to_dict(cfg)), "corpus_sha256": last.get("corpus_sha256"),
-        "val_acc": end.get("val_acc"), "val_acc_L": end.get("val_acc_L"),
-        "final_acc": end.get("test_acc"), "final_acc_L": end.get("test_acc_L"),
-        "best_val_acc": max((r["val_acc"] for r in done if r.get("val_acc") is not None), default=None),
-        "epochs": last.get("epoch", 0), "samples": last.get("samples"),
-        "bytes_sent_per_worker": last.get("bytes_sent_per_worker", 0.0),
-        "sites": cfg.link.site_count(session.world_size(cfg)),
-        "bytes_inter_per_worker": last.get("bytes_inter_per_worker", last.get("bytes_sent_per_worker", 0.0)),
-        "train_s": last.get("time", {}).get("train_s", 0.0), "speedup": None,
-        "samples_per_s": median([r["samples_per_s"] for r in records if r.get("samples_per_s")]),
+        "metric": metric, "val_bpb": end.val_bpb, "final_bpb": end.test_bpb,
+        "link": run_link(C.to_dict(cfg)), "corpus_sha256": last.corpus_sha256,
+        "val_acc": end.val_acc, "val_acc_L": end.val_acc_L, "final_acc": end.test_acc, "final_acc_L": end.test_acc_L,
+        "best_val_acc": max((r.val_acc for r in done if r.val_acc is not None), default=None),
+        "epochs": last.epoch, "samples": last.samples, "bytes_sent_per_worker": last.bytes_sent_per_worker,
+        "sites": cfg.link.site_count(session.world_size(cfg)), "bytes_inter_per_worker": last.inter_or_sent,
+        "train_s": last.train_s, "speedup": None,
+        "samples_per_s": median([r.samples_per_s for r in records if r.samples_per_s]),
         "status": status_of(code), "run_dir": run_dir, "records": records,
     }
 
@@ -216,9 +214,9 @@ def status_of(code: int) -> str:
     return "ok" if code == 0 else "diverged" if code == Diverged.exit_code else f"failed ({code})"
 
 
-def time_to(records: list[dict], key: str, target: float) -> float | None:
+def time_to(records: list[EpochRecord], key: str, target: float) -> float | None:
     """Training seconds until `key` first reached `target` (None: never)."""
-    return next((r["time"]["train_s"] for r in records if r.get(key) is not None and r[key] >= target), None)
+    return next((r.train_s for r in records if r.value(key) is not None and r.value(key) >= target), None)
 
 
 def add_speed(rows: list[dict], target: float | None = None) -> None:

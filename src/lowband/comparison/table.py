@@ -26,6 +26,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from lowband.data.metric import ACCURACY, Metric
+from lowband.records import EpochRecord
 from lowband.run.metrics import human_bytes
 
 REFERENCE = "allreduce"
@@ -50,8 +51,8 @@ class Stat:
         return fmt(self.mean) + ("" if self.sd is None else f" ± {fmt(self.sd)}")
 
 
-def evaluated(run: dict) -> list[dict]:
-    return [r for r in run["records"] if r.get("val_acc") is not None]
+def evaluated(run: dict) -> list[EpochRecord]:
+    return [r for r in run["records"] if r.val_acc is not None]
 
 
 def groups(runs: list[dict]) -> dict[str, list[dict]]:
@@ -64,7 +65,7 @@ def groups(runs: list[dict]) -> dict[str, list[dict]]:
 
 def final(runs: list[dict], key: str) -> Stat | None:
     """`key` of each run's last evaluated record, over the runs that have one."""
-    return Stat.of([evaluated(r)[-1].get(key) for r in runs if evaluated(r)])
+    return Stat.of([evaluated(r)[-1].value(key) for r in runs if evaluated(r)])
 
 
 def metric_of(runs: list[dict]) -> Metric:
@@ -76,7 +77,7 @@ def mean_curve(runs: list[dict], key: str | None = None) -> list[tuple[int, floa
     """(epoch, mean of `key` over the runs) at every epoch all of them evaluated (`key` default: the
     metric's validation figure)."""
     key = key or metric_of(runs).val_key
-    done = [{r["epoch"]: r[key] for r in evaluated(run) if r.get(key) is not None} for run in runs]
+    done = [{r.epoch: r.value(key) for r in evaluated(run) if r.value(key) is not None} for run in runs]
     done = [d for d in done if d]
     if not done:
         return []
@@ -94,7 +95,7 @@ def hit_epoch(runs: list[dict], target: float | None) -> int | None:
 
 def at_epoch(runs: list[dict], epoch: int, value) -> float | None:
     """Mean over the runs of `value(record)` for their record of `epoch`."""
-    stat = Stat.of([value(r) for run in runs for r in run["records"] if r["epoch"] == epoch])
+    stat = Stat.of([value(r) for run in runs for r in run["records"] if r.epoch == epoch])
     return stat.mean if stat else None
 
 
@@ -125,14 +126,14 @@ def row(label: str, runs: list[dict], target: float | None) -> dict:
         "metric": metric, "val": val, "test": final(runs, metric.test_key), "target": target,
         "val_acc": final(runs, "val_acc"), "test_acc": final(runs, "test_acc"), "val_acc_L": final(runs, "val_acc_L"),
         "gap": gap, "within_noise": val is not None and gap is not None and val.sd is not None and abs(gap) < val.sd,
-        "samples": Stat.of([r.get("samples") for r in last]),
-        "bytes": Stat.of([r.get("bytes_sent_per_worker", 0.0) for r in last]),
+        "samples": Stat.of([r.samples for r in last]),
+        "bytes": Stat.of([r.bytes_sent_per_worker for r in last]),
         "sites": max(int(r.get("sites") or 0) for r in runs),
-        "inter": Stat.of([r.get("bytes_inter_per_worker", r.get("bytes_sent_per_worker", 0.0)) for r in last]),
-        "train_s": Stat.of([r["time"]["train_s"] for r in last]),
+        "inter": Stat.of([r.inter_or_sent for r in last]),
+        "train_s": Stat.of([r.train_s for r in last]),
         "epochs_to_target": hit,
-        "bytes_to_target": None if hit is None else at_epoch(runs, hit, lambda r: r.get("bytes_sent_per_worker")),
-        "seconds_to_target": None if hit is None else at_epoch(runs, hit, lambda r: r["time"]["train_s"]),
+        "bytes_to_target": None if hit is None else at_epoch(runs, hit, lambda r: r.bytes_sent_per_worker),
+        "seconds_to_target": None if hit is None else at_epoch(runs, hit, lambda r: r.train_s),
         "dedicated_to_target": None if hit is None else dedicated_at(runs, hit),
         "speedup": None,
     }

@@ -24,8 +24,10 @@ import redis
 from lowband import config as C
 from lowband.comm.membership import Membership
 from lowband.errors import ConfigError, UsageError
+from lowband.records import EpochRecord
 from lowband.run import launch
 from lowband.run.elastic_worker import EARLIER, JOB_FILE, read_job
+from lowband.run.metrics import read_metrics
 from lowband.run.rundir import RunDir
 
 ENTRY = "lowband.run.elastic_worker:main"
@@ -210,15 +212,15 @@ def join(run_dir: str, host: str | None = None) -> int:
 def summarize(run_dir: str) -> None:
     """Print what the job did: epochs, rounds, members over time, bytes by tag; plot elastic.png."""
     run = RunDir(run_dir)
-    rounds, epochs = run.read("quorums"), run.read("metrics")
+    rounds, epochs = run.read("quorums"), read_metrics(run_dir)
     if not rounds or not epochs:
         return
     sizes = [len(q["members"]) for q in rounds]
     changes = sum(1 for a, b in pairwise(rounds) if a["members"] != b["members"])
     redone = sum(1 for q in rounds if q["attempt"] > 0)
     last = epochs[-1]
-    figure = f"val bpb {last['val_bpb']:.4f}" if last.get("val_bpb") is not None else f"val acc {last['val_acc']:.4f}"
-    tags = ", ".join(f"{t} {v / 1e6:.2f} MB" for t, v in sorted(last["bytes_total_by_tag"].items()) if v)
+    figure = f"val bpb {last.val_bpb:.4f}" if last.val_bpb is not None else f"val acc {last.val_acc or 0.0:.4f}"
+    tags = ", ".join(f"{t} {v / 1e6:.2f} MB" for t, v in sorted(last.extra["bytes_total_by_tag"].items()) if v)
     print(f"lowband: elastic job done: {len(epochs)} epoch(s) in {len(rounds)} round(s); workers per round "
           f"{min(sizes)}..{max(sizes)} (mean {sum(sizes) / len(sizes):.2f}), membership changed {changes} time(s), "
           f"{redone} round(s) redone; {figure}; sent {tags}", file=sys.stderr)
@@ -226,7 +228,7 @@ def summarize(run_dir: str) -> None:
         plot(run_dir, rounds, epochs)
 
 
-def plot(run_dir: str, rounds: list[dict], epochs: list[dict]) -> str:
+def plot(run_dir: str, rounds: list[dict], epochs: list[EpochRecord]) -> str:
     """elastic.png: workers in each round's quorum over time, and the validation figure per epoch."""
     import matplotlib
 
@@ -239,8 +241,8 @@ def plot(run_dir: str, rounds: list[dict], epochs: list[dict]) -> str:
     top.set_ylabel("workers in the quorum")
     top.yaxis.set_major_locator(MaxNLocator(integer=True))
     top.set_title("elastic job: membership and validation over time")
-    key = "val_bpb" if epochs[-1].get("val_bpb") is not None else "val_acc"
-    bottom.plot([r["elapsed_s"] for r in epochs], [r[key] for r in epochs], marker="o")
+    key = "val_bpb" if epochs[-1].val_bpb is not None else "val_acc"
+    bottom.plot([r.extra["elapsed_s"] for r in epochs], [r.value(key) for r in epochs], marker="o")
     bottom.set_ylabel("validation bits per byte" if key == "val_bpb" else "validation accuracy")
     bottom.set_xlabel("seconds since the job started")
     fig.tight_layout()

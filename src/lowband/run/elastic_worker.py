@@ -49,6 +49,7 @@ from lowband.data.metric import BITS_PER_BYTE, bits_per_byte, metric_for
 from lowband.errors import Diverged, Unavailable, UsageError
 from lowband.methods.elastic_outer import ElasticOuter
 from lowband.models import build_for_task
+from lowband.records import EpochRecord
 from lowband.run import checkpoint
 from lowband.run.launch import die_with_parent
 from lowband.run.rundir import RunDir
@@ -344,15 +345,15 @@ class ElasticWorker:
                              if d.x_val is not None and d.y_val is not None else (None, None))
         by_tag, workers = self._bytes_by_tag()
         total = sum(v for t, v in by_tag.items() if t not in BOOKKEEPING_TAGS)
-        record = {"epoch": q.epoch_end, "rounds": q.round + 1, "workers": len(q.members),
-                  "workers_seen": workers, "train_loss": q.ended_loss, "test_acc": test_acc, "val_acc": val_acc,
-                  "test_loss": test_loss, "val_loss": val_loss, "bytes_total_by_tag": by_tag,
-                  "bytes_sent_total": total, "bytes_sent_per_worker": total / max(workers, 1),
-                  "lr": self.optimizer.param_groups[0]["lr"], "elapsed_s": round(elapsed, 3)}
+        record = EpochRecord(
+            epoch=q.epoch_end, train_loss=q.ended_loss, test_acc=test_acc, val_acc=val_acc, test_loss=test_loss,
+            val_loss=val_loss, bytes_sent_per_worker=total / max(workers, 1), lr=self.optimizer.param_groups[0]["lr"],
+            extra={"rounds": q.round + 1, "workers": len(q.members), "workers_seen": workers,
+                   "bytes_total_by_tag": by_tag, "bytes_sent_total": total, "elapsed_s": round(elapsed, 3)})
         if metric_for(self.cfg.data.name) is BITS_PER_BYTE:
-            record |= {"val_bpb": bits_per_byte(val_loss), "test_bpb": bits_per_byte(test_loss)}
-        self.run_dir.stream("metrics").write(record)
-        figure = (f"val bpb {record['val_bpb']:.4f}" if "val_bpb" in record
+            record.val_bpb, record.test_bpb = bits_per_byte(val_loss), bits_per_byte(test_loss)
+        self.run_dir.stream("metrics").write(record.to_json())
+        figure = (f"val bpb {record.val_bpb:.4f}" if record.val_bpb is not None
                   else f"val acc {val_acc if val_acc is not None else test_acc:.4f}")
         self.log.info(f"epoch {q.epoch_end}/{self.cfg.train.epochs}  round {q.round}  {len(q.members)} worker(s)  "
                       f"loss {q.ended_loss:.4f}  {figure}  sent {total / 1e6:.2f} MB in all  {elapsed:.1f}s")

@@ -20,6 +20,7 @@ from collections.abc import Callable
 from typing import Any, Protocol
 
 from lowband.errors import ConfigError
+from lowband.records import EpochRecord
 from lowband.registry.plugins import import_factory
 
 # built-in logger name -> (package it needs, pip install hint)
@@ -61,26 +62,21 @@ def _factory(name: str) -> Callable[..., Logger]:
 
 
 
-def scalars(record: dict) -> dict[str, float | None]:
+def scalars(record: EpochRecord) -> dict[str, float]:
     """One epoch record as flat scalars: losses, accuracies, lr, bytes per tag, seconds, method extras."""
-    out: dict[str, float | None] = {"loss/train": record.get("train_loss")}
-    for key in ("val_acc", "test_acc", "val_acc_L", "test_acc_L"):
-        out[f"accuracy/{key}"] = record.get(key)
-    for key in ("val_loss", "test_loss", "val_bpb", "test_bpb"):
-        out[f"loss/{key}"] = record.get(key)
-    out["lr"] = record.get("lr")
-    out["samples_per_s"] = record.get("samples_per_s")
-    out["bytes/sent_per_worker"] = record.get("bytes_sent_per_worker")
-    out["bytes/recv_per_worker"] = record.get("bytes_recv_per_worker")
-    for tag, b in (record.get("bytes") or {}).items():
+    r = record
+    out: dict[str, object] = {
+        "loss/train": r.train_loss, "accuracy/val_acc": r.val_acc, "accuracy/test_acc": r.test_acc,
+        "accuracy/val_acc_L": r.val_acc_L, "accuracy/test_acc_L": r.test_acc_L,
+        "loss/val_loss": r.val_loss, "loss/test_loss": r.test_loss, "loss/val_bpb": r.val_bpb,
+        "loss/test_bpb": r.test_bpb, "lr": r.lr, "samples_per_s": r.samples_per_s,
+        "bytes/sent_per_worker": r.bytes_sent_per_worker, "bytes/recv_per_worker": r.bytes_recv_per_worker}
+    for tag, b in r.bytes.items():
         out[f"bytes/{tag}/sent"], out[f"bytes/{tag}/recv"] = b.get("sent"), b.get("recv")
-    for key, value in (record.get("time") or {}).items():
+    for key, value in r.time.items():
         out[f"seconds/{key.removesuffix('_s')}"] = value
-    known = {"epoch", "samples", "steps", "train_loss", "lr", "samples_per_s", "time", "bytes", "bytes_total",
-             "bytes_sent_per_worker", "bytes_recv_per_worker", "reached_target_epoch",
-             "val_acc", "test_acc", "val_acc_L", "test_acc_L", "val_loss", "test_loss", "val_bpb", "test_bpb"}
-    for key, value in record.items():  # method extras (Diff_LG, buffer volume, ...): numbers only
-        if key not in known and not key.endswith("_ranks"):
+    for key, value in r.extra.items():  # method extras (Diff_LG, buffer volume, ...): numbers only
+        if not key.endswith("_ranks"):
             out[f"method/{key}"] = value
     return {k: float(v) for k, v in out.items() if isinstance(v, (int, float)) and not isinstance(v, bool)}
 

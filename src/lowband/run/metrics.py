@@ -11,6 +11,8 @@ from collections.abc import Sequence
 
 from tqdm import tqdm
 
+from lowband.records import EpochRecord
+
 
 def setup_logging(run_dir: str, rank: int) -> logging.Logger:
     """Rank 0 logs to the console and RUN_DIR/train.log; other ranks only warnings, with their rank."""
@@ -40,7 +42,7 @@ class _TqdmHandler(logging.Handler):
         tqdm.write(self.format(record), file=sys.stderr if record.levelno >= logging.WARNING else sys.stdout)
 
 
-def read_metrics(run_dir: str, filename: str = "metrics.jsonl", check=None) -> list[dict]:
+def read_metrics(run_dir: str, filename: str = "metrics.jsonl", check=None) -> list[EpochRecord]:
     """A run's epoch records; damaged lines (and records whose epoch is not a whole number) are
     skipped with a warning naming file and line. `check` adds a reason of its own."""
     from lowband.run.rundir import read_jsonl
@@ -48,9 +50,11 @@ def read_metrics(run_dir: str, filename: str = "metrics.jsonl", check=None) -> l
     def whole_epoch(record: dict) -> str | None:
         if not isinstance(record.get("epoch", 0), int):
             return f"epoch {record['epoch']!r} is not an integer"
+        if "epoch" not in record:
+            return "no epoch"
         return check(record) if check else None
 
-    return list(read_jsonl(os.path.join(run_dir, filename), whole_epoch))
+    return [EpochRecord.from_json(r) for r in read_jsonl(os.path.join(run_dir, filename), whole_epoch)]
 
 
 class MetricsSink:
@@ -70,17 +74,17 @@ class MetricsSink:
         return tqdm(iterable, total=total, desc=f"epoch {epoch}/{self.total_epochs}", leave=False,
                     dynamic_ncols=True, file=sys.stderr)
 
-    def write(self, record: dict) -> None:
+    def write(self, record: EpochRecord) -> None:
         if not self.active:
             return
-        self.stream.write(record)
-        self.log.info(format_record(record, self.total_epochs) + "  " + self.progress(record["epoch"]))
+        self.stream.write(record.to_json())
+        self.log.info(format_record(record, self.total_epochs) + "  " + self.progress(record.epoch))
         if self.loggers:
             from lowband.run.loggers import scalars
 
             figures = scalars(record)
             for logger in self.loggers:
-                logger.log(figures, record["epoch"])
+                logger.log(figures, record.epoch)
 
     def progress(self, epoch: int) -> str:
         """'elapsed 12s  ETA 48s': wall time since this process started training, and the rest of the run
@@ -98,12 +102,12 @@ class MetricsSink:
         self.loggers = []
 
 
-def format_record(r: dict, total_epochs: int) -> str:
-    acc = "   -  " if r.get("val_acc") is None else f"{r['val_acc']:.4f}"
-    bpb = f"val bpb {r['val_bpb']:.4f}  " if r.get("val_bpb") is not None else ""
-    t = r["time"]
-    return (f"epoch {r['epoch']:>3}/{total_epochs}  loss {r['train_loss']:.4f}  {bpb}val acc {acc}  "
-            f"lr {r['lr']:.4g}  sent/worker {human_bytes(r['bytes_sent_per_worker'])}  "
+def format_record(r: EpochRecord, total_epochs: int) -> str:
+    acc = "   -  " if r.val_acc is None else f"{r.val_acc:.4f}"
+    bpb = f"val bpb {r.val_bpb:.4f}  " if r.val_bpb is not None else ""
+    t, lr, loss = r.time, r.lr or 0.0, r.train_loss or 0.0
+    return (f"epoch {r.epoch:>3}/{total_epochs}  loss {loss:.4f}  {bpb}val acc {acc}  "
+            f"lr {lr:.4g}  sent/worker {human_bytes(r.bytes_sent_per_worker)}  "
             f"compute {t['compute_s']:.1f}s comm {t['comm_s']:.1f}s wait {t['wait_s']:.1f}s")
 
 

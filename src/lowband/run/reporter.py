@@ -21,6 +21,7 @@ from dataclasses import asdict, dataclass, field
 
 from lowband.comm import BOOKKEEPING_TAGS, Communicator
 from lowband.data.metric import ACCURACY, BITS_PER_BYTE, Metric, bits_per_byte
+from lowband.records import EpochRecord, Scores
 from lowband.run.loggers import build as build_loggers
 from lowband.run.metrics import MetricsSink
 from lowband.run.rundir import RunDir
@@ -97,37 +98,30 @@ class EpochReporter:
         """The scope rank whose model had the smallest training loss this epoch (the EC-DNN paper's _L)."""
         return min(range(len(ranks)), key=lambda i: ranks[i].loss)
 
-    def record(self, epoch: int, ranks: list[RankFigures], glob: dict | None, extra: dict) -> dict:
-        """One metrics record. `glob`: the global model's {"test_acc", "val_acc"} (None: the method has
-        none, so rank 0's own model stands for it); `extra`: figures the trainer adds (steps, lr, time)."""
+    def record(self, epoch: int, ranks: list[RankFigures], glob: Scores | None) -> EpochRecord:
+        """One metrics record. `glob`: the global model's scores (None: the method has none, so rank 0's
+        own model stands for it); the trainer adds its own figures (steps, rates, seconds, the corpus)
+        before writing it."""
         evaluated = ranks[0].test_acc is not None
         best = self.best_local(ranks)
-        head = glob or {"test_acc": ranks[0].test_acc, "val_acc": ranks[0].val_acc,
-                        "test_loss": ranks[0].test_loss, "val_loss": ranks[0].val_loss}
-        return {
-            "epoch": epoch, "samples": sum(r.seen for r in ranks),
-            "train_loss": _mean([r.loss for r in ranks]), "train_loss_ranks": [r.loss for r in ranks],
-            "test_acc": head["test_acc"] if evaluated else None,
-            "val_acc": head["val_acc"] if evaluated else None,
-            "test_loss": head.get("test_loss") if evaluated else None,
-            "val_loss": head.get("val_loss") if evaluated else None,
-            **(self._bits_per_byte(head) if evaluated and self.metric is BITS_PER_BYTE else {}),
-            "test_acc_L": ranks[best].test_acc if evaluated else None,
-            "val_acc_L": ranks[best].val_acc if evaluated else None,
-            "test_acc_ranks": [r.test_acc for r in ranks] if evaluated else None,
-            "val_acc_ranks": [r.val_acc for r in ranks] if evaluated else None,
-            "bytes_sent_per_worker": _mean([r.sent for r in ranks]),
-            "bytes_recv_per_worker": _mean([r.recv for r in ranks]),
-            "bytes_inter_per_worker": _mean([r.inter for r in ranks]),
-            "bytes": _per_tag(ranks, _mean), "bytes_total": _per_tag(ranks, sum),
-            **extra,
-        }
+        head = glob or Scores(ranks[0].test_acc, ranks[0].val_acc, ranks[0].test_loss, ranks[0].val_loss)
+        record = EpochRecord(
+            epoch=epoch, samples=sum(r.seen for r in ranks),
+            train_loss=_mean([r.loss for r in ranks]), train_loss_ranks=[r.loss for r in ranks],
+            bytes_sent_per_worker=_mean([r.sent for r in ranks]),
+            bytes_recv_per_worker=_mean([r.recv for r in ranks]),
+            bytes_inter_per_worker=_mean([r.inter for r in ranks]),
+            bytes=_per_tag(ranks, _mean), bytes_total=_per_tag(ranks, sum))
+        if evaluated:
+            record.test_acc, record.val_acc = head.test_acc, head.val_acc
+            record.test_loss, record.val_loss = head.test_loss, head.val_loss
+            record.test_acc_L, record.val_acc_L = ranks[best].test_acc, ranks[best].val_acc
+            record.test_acc_ranks, record.val_acc_ranks = [r.test_acc for r in ranks], [r.val_acc for r in ranks]
+            if self.metric is BITS_PER_BYTE:
+                record.val_bpb, record.test_bpb = bits_per_byte(record.val_loss), bits_per_byte(record.test_loss)
+        return record
 
-    @staticmethod
-    def _bits_per_byte(head: dict) -> dict:
-        return {"val_bpb": bits_per_byte(head.get("val_loss")), "test_bpb": bits_per_byte(head.get("test_loss"))}
-
-    def write(self, record: dict) -> None:
+    def write(self, record: EpochRecord) -> None:
         self.sink.write(record)
 
     def close(self) -> None:

@@ -21,6 +21,7 @@ from lowband.data.metric import task_of
 from lowband.errors import ConfigError, Diverged, UsageError
 from lowband.registry import METHODS
 from lowband.run import checkpoint, launch, loggers
+from lowband.run.metrics import read_metrics
 from lowband.run.runconfig import check_model, new_run_dir, prepare_run_dir, read_run_config, write_config
 from lowband.run.rundir import RunDir
 
@@ -176,7 +177,7 @@ def _settle_resume(cfg: C.Config, run_dir: str, old_world: int | None, note: str
 
 
 def _last_val_acc(run: RunDir, rank: int) -> float:
-    accs = [r.get("val_acc") for r in run.read("metrics", rank=rank)]
+    accs = [r.val_acc for r in read_metrics(run.path, os.path.basename(run.stream_path("metrics", rank)))]
     return max((a for a in accs[-1:] if isinstance(a, (int, float))), default=-1.0)
 
 

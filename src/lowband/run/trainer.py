@@ -23,6 +23,7 @@ from lowband.data.metric import BITS_PER_BYTE, metric_for
 from lowband.errors import Diverged
 from lowband.methods.base import Context, Method
 from lowband.models import build_for_task
+from lowband.records import EpochRecord, Scores
 from lowband.registry import METHODS
 from lowband.registry.catalog import load_all
 from lowband.run import checkpoint
@@ -214,13 +215,13 @@ class Trainer:
     def _comm_seconds(self) -> float:
         return self.comm.ledger.seconds(leave_out=BOOKKEEPING_TAGS)
 
-    def _accuracies(self, model: torch.nn.Module) -> dict:
-        """{test_acc, val_acc, test_loss, val_loss} of `model` (validation None without a validation split)."""
+    def _accuracies(self, model: torch.nn.Module) -> Scores:
+        """`model`'s scores (validation None without a validation split)."""
         d, bs = self.plan.data, self.cfg.train.eval_batch_size
         test_acc, test_loss = scores(model, d.x_test, d.y_test, bs, self.device)
         val_acc, val_loss = (scores(model, d.x_val, d.y_val, bs, self.device)
                              if d.x_val is not None and d.y_val is not None else (None, None))
-        return {"test_acc": test_acc, "val_acc": val_acc, "test_loss": test_loss, "val_loss": val_loss}
+        return Scores(test_acc, val_acc, test_loss, val_loss)
 
     def _evaluate(self, model: torch.nn.Module) -> float:
         """Validation accuracy of a model a method asks about (rounds, ensembles); timed as evaluation."""
@@ -239,8 +240,8 @@ class Trainer:
         glob, glob_accs = None, None
         if evaluate:
             local = self._accuracies(self.method.local_model())
-            mine.test_acc, mine.val_acc = local["test_acc"], local["val_acc"]
-            mine.test_loss, mine.val_loss = local["test_loss"], local["val_loss"]
+            mine.test_acc, mine.val_acc, mine.test_loss, mine.val_loss = (
+                local.test_acc, local.val_acc, local.test_loss, local.val_loss)
             glob = self.method.global_model(final=last)
             glob_accs = self._accuracies(glob) if glob is not None and self.scope.rank == 0 else None
         times["eval_s"] = time.perf_counter() - t_eval
@@ -248,35 +249,38 @@ class Trainer:
         ranks = self.reporter.gather(mine)
         self.elapsed += time.perf_counter() - t_start
         self.best_local_rank = self.scope.global_ranks[self.reporter.best_local(ranks)]
-        facts = {"steps": self.step, **self._rates(ranks, times), **self._corpus()}
-        record = self.reporter.record(epoch, ranks, glob_accs, facts)
+        record = self.reporter.record(epoch, ranks, glob_accs)
+        record.steps = self.step
+        self._add_rates(record, ranks, times)
+        self._add_corpus(record)
         self._check_target(epoch, record)
-        self.reporter.write({**record, "reached_target_epoch": self.reached_target, **extra})
+        record.reached_target_epoch, record.extra = self.reached_target, extra
+        self.reporter.write(record)
         every = self.cfg.train.checkpoint_every
         if (every and epoch % every == 0) or last:
             self._save_checkpoint(epoch)
         if evaluate:  # the stopping epoch of an early stop is always evaluated
             self.final_global = glob
 
-    def _corpus(self) -> dict:
+    def _add_corpus(self, record: EpochRecord) -> None:
         """Which text a language model trained on (its sha256 and length), so two machines can tell."""
         meta = self.plan.data.meta
-        return {k: meta[k] for k in ("corpus_sha256", "corpus_bytes") if k in meta}
+        record.corpus_sha256, record.corpus_bytes = meta.get("corpus_sha256"), meta.get("corpus_bytes")
 
-    def _rates(self, ranks: list[RankFigures], times: dict) -> dict:
+    def _add_rates(self, record: EpochRecord, ranks: list[RankFigures], times: dict) -> None:
         samples = sum(r.samples for r in ranks)
-        return {"samples_per_s": round(samples / max(times["epoch_train_s"], 1e-9), 2),
-                "lr": self.optimizer.param_groups[0]["lr"],
-                "time": {**{k: round(v, 4) for k, v in times.items()}, "train_s": round(self.train_s, 4),
-                         "elapsed_s": round(self.elapsed, 4)}}
+        record.samples_per_s = round(samples / max(times["epoch_train_s"], 1e-9), 2)
+        record.lr = self.optimizer.param_groups[0]["lr"]
+        record.time = {**{k: round(v, 4) for k, v in times.items()}, "train_s": round(self.train_s, 4),
+                       "elapsed_s": round(self.elapsed, 4)}
 
     def _target(self) -> float:
         """train.target_accuracy, or train.target_bpb for a language model (0: none)."""
         return self.cfg.train.target_bpb if self.metric is BITS_PER_BYTE else self.cfg.train.target_accuracy
 
-    def _check_target(self, epoch: int, record: dict) -> None:
+    def _check_target(self, epoch: int, record: EpochRecord) -> None:
         """The first epoch whose validation figure reaches the target in the workload's metric (never the test set)."""
-        target, value = self._target(), record.get(self.metric.val_key)
+        target, value = self._target(), record.value(self.metric.val_key)
         if target and self.reached_target is None and self.metric.reaches(value, target):
             self.reached_target = epoch
             self.log.info(f"epoch {epoch}: validation {self.metric.name} {value:.4f} reached the target {target}")
