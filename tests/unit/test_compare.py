@@ -3,6 +3,7 @@
 import pytest
 
 from lowband.comparison.runner import add_speed, format_table, parse_spec, time_to
+from lowband.comparison.summary import SummaryRow
 from lowband.errors import ConfigError
 from lowband.records import EpochRecord
 
@@ -25,8 +26,7 @@ def rec(epoch, train_s, val, sent=0.0):
 
 
 def row(method, records, label=None):
-    return {"label": label or method, "method": method, "workers": 4, "status": "ok", "speedup": None,
-            "records": records}
+    return SummaryRow(label=label or method, method=method, workers=4, records=records)
 
 
 def test_compare_prints_the_shared_table_with_one_reference():
@@ -34,18 +34,18 @@ def test_compare_prints_the_shared_table_with_one_reference():
     ma = row("local_sgd", [rec(1, 5, 0.7, 1e4), rec(2, 10, 0.95, 2e4)], "local_sgd:tau=16")
     never = row("ensemble", [rec(1, 10, 0.3), rec(2, 20, 0.89)])
     add_speed([ar, ma, never])
-    assert ar["speedup"] == 1.0 and ma["speedup"] == pytest.approx(30 / 10) and never["speedup"] is None
+    assert ar.speedup == 1.0 and ma.speedup == pytest.approx(30 / 10) and never.speedup is None
     text = format_table([ar, ma, never])
     assert "Target accuracy (validation): 0.9000 (mean final validation accuracy of allreduce)" in text
     lines = {line.split()[0]: line for line in text.splitlines()[2:5]}
     assert "3.00x" in lines["local_sgd:tau=16"] and "never" in lines["ensemble"] and "0 B" in lines["ensemble"]
-    assert time_to(ma["records"], "val_acc", 0.99) is None and time_to(ma["records"], "val_acc", 0.9) == 10
+    assert time_to(ma.records, "val_acc", 0.99) is None and time_to(ma.records, "val_acc", 0.9) == 10
 
 
 def test_a_given_target_and_no_allreduce():
     ma = row("local_sgd", [rec(1, 5, 0.7), rec(2, 10, 0.95)])
     add_speed([ma], target=0.9)
-    assert ma["speedup"] is None
+    assert ma.speedup is None
     assert "Target accuracy (validation): 0.9000 (given)" in format_table([ma], target=0.9)
     assert "none (no Allreduce run and no target given)" in format_table([ma])
 

@@ -7,6 +7,7 @@ import pytest
 from lowband.comparison import plan as P
 from lowband.comparison import table
 from lowband.comparison.plots import pareto_front
+from lowband.comparison.summary import SummaryRow
 from lowband.data.metric import ACCURACY, BITS_PER_BYTE, bits_per_byte, metric_for, task_of
 from lowband.records import EpochRecord
 
@@ -40,19 +41,19 @@ def lm_run(label, bpbs, method=None, accs=None):
     records = [EpochRecord(epoch=e, val_acc=(accs or [0.3] * len(bpbs))[e - 1], test_acc=0.3, val_bpb=b,
                            test_bpb=b + 0.01, bytes_sent_per_worker=1e6 * e, samples=100 * e, time={"train_s": 2.0 * e})
                for e, b in enumerate(bpbs, 1)]
-    return {"label": label, "method": method or label.split(":")[0], "workers": 4, "status": "ok",
-            "records": records, "metric": BITS_PER_BYTE}
+    return SummaryRow(label=label, method=method or label.split(":")[0], workers=4, records=records,
+                      metric=BITS_PER_BYTE)
 
 
 def test_the_table_reads_bits_per_byte_and_reaches_within_one_percent():
     runs = [lm_run("allreduce", [3.0, 2.5, 2.0]), lm_run("diloco:tau=16", [3.2, 2.6, 2.019]),
             lm_run("local_sgd:tau=16", [3.3, 2.8, 2.03])]
     rows, target, why = table.rows(runs)
-    by = {r["label"]: r for r in rows}
+    by = {r.label: r for r in rows}
     assert target == 2.0 and "bits per byte" in why
-    assert by["diloco:tau=16"]["epochs_to_target"] == 3  # 2.019 <= 2.02
-    assert by["local_sgd:tau=16"]["epochs_to_target"] is None  # 2.03 > 2.02, although lower loss came first
-    assert by["allreduce"]["val"].mean == 2.0 and by["allreduce"]["test"].mean == pytest.approx(2.01)
+    assert by["diloco:tau=16"].epochs_to_target == 3  # 2.019 <= 2.02
+    assert by["local_sgd:tau=16"].epochs_to_target is None  # 2.03 > 2.02, although lower loss came first
+    assert by["allreduce"].val.mean == 2.0 and by["allreduce"].test.mean == pytest.approx(2.01)
     text = table.text(rows)
     assert "val bpb" in text and "test bpb" in text and "val acc" in text and "+0.95%" in text
 

@@ -16,7 +16,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import matplotlib.ticker
 
-from lowband.comparison.table import evaluated
+from lowband.comparison.summary import SummaryRow
+from lowband.comparison.table import TableRow, evaluated
 from lowband.data.metric import ACCURACY, Metric
 from lowband.run.metrics import human_bytes
 
@@ -31,7 +32,7 @@ def style(i: int) -> dict:
     return {"color": colours[i % 10], "marker": MARKERS[i % len(MARKERS)], "linestyle": LINES[(i // 10) % len(LINES)]}
 
 
-def per_epoch(runs: list[dict], value) -> list[tuple[int, float, float, float]]:
+def per_epoch(runs: list[SummaryRow], value) -> list[tuple[int, float, float, float]]:
     """(epoch, mean x, mean y, sd y) at every epoch all runs evaluated; `value(record)` -> (x, y)."""
     by_epoch: dict[int, list[tuple[float, float]]] = {}
     for run in runs:
@@ -87,7 +88,7 @@ def target_line(ax, target: float | None) -> None:
         ax.axhline(target, color="0.3", linestyle="--", linewidth=1, label=f"target {target:.4f}")
 
 
-def accuracy(groups: dict[str, list[dict]], key: str, xlabel: str, target: float | None, path: str,
+def accuracy(groups: dict[str, list[SummaryRow]], key: str, xlabel: str, target: float | None, path: str,
              metric: Metric = ACCURACY) -> None:
     """The mean validation figure of the workload's metric (band: ± sd over seeds) against epoch, bytes
     per worker or train seconds."""
@@ -123,20 +124,20 @@ def pareto_front(points: list[tuple[float, float]], higher_is_better: bool = Tru
     return front
 
 
-def pareto(rows: list[dict], target: float | None, path: str) -> None:
+def pareto(rows: list[TableRow], target: float | None, path: str) -> None:
     """The final validation figure (± sd) against bytes sent per worker, one point per label."""
     fig, ax = plt.subplots(figsize=FIGSIZE)
-    metric = rows[0]["metric"] if rows else ACCURACY
-    drawn = [(i, r) for i, r in enumerate(rows) if r["val"] is not None and r["bytes"] is not None]
-    zero = bytes_axis(ax, [r["bytes"].mean for _, r in drawn])
+    metric = rows[0].metric if rows else ACCURACY
+    drawn = [(i, r, r.val, r.bytes) for i, r in enumerate(rows) if r.val is not None and r.bytes is not None]
+    zero = bytes_axis(ax, [sent.mean for _, _, _, sent in drawn])
     points = []
-    for i, r in drawn:
-        x = r["bytes"].mean if r["bytes"].mean > 0 else zero
+    for i, r, val, sent in drawn:
+        x = sent.mean if sent.mean > 0 else zero
         s = style(i)
-        ax.errorbar([x], [r["val"].mean], yerr=[r["val"].sd or 0.0], color=s["color"], marker=s["marker"],
-                    markersize=7, capsize=3, linestyle="none", label=r["label"])
-        points.append((x, r["val"].mean))
-        ax.annotate(r["label"], (x, r["val"].mean), xytext=(6, 4), textcoords="offset points", fontsize=7,
+        ax.errorbar([x], [val.mean], yerr=[val.sd or 0.0], color=s["color"], marker=s["marker"],
+                    markersize=7, capsize=3, linestyle="none", label=r.label)
+        points.append((x, val.mean))
+        ax.annotate(r.label, (x, val.mean), xytext=(6, 4), textcoords="offset points", fontsize=7,
                     color=s["color"])
     front = pareto_front(points, metric.higher_is_better)
     if len(front) > 1:

@@ -30,6 +30,8 @@ import matplotlib.ticker
 
 from lowband.comm.links import LinkSpec
 from lowband.comparison import plots, projection, table
+from lowband.comparison.summary import SummaryRow
+from lowband.comparison.table import TableRow
 from lowband.config import read_toml
 from lowband.data.metric import metric_for
 from lowband.errors import ConfigError, UsageError
@@ -77,31 +79,18 @@ def record_problem(record: dict) -> str | None:
     return None
 
 
-def load_run(row: dict, folder: str, prefix: str) -> dict:
+def load_run(row: dict, folder: str, prefix: str) -> SummaryRow:
+    """One summary.csv row with its run's records, metric and link (read from the run's directory)."""
     run_dir = row["run_dir"] if os.path.isabs(row["run_dir"]) else os.path.join(folder, os.path.basename(row["run_dir"]))
     config = read_config(run_dir)
     link = config.get("link", {}) if isinstance(config.get("link", {}), dict) else {}
     data = config.get("data", {}) if isinstance(config.get("data", {}), dict) else {}
-    return {"label": prefix + row["label"], "method": row["method"], "workers": row["workers"],
-            "seed": _int(row.get("seed")), "sites": _int(row.get("sites")), "status": row.get("status") or "ok",
-            "run_dir": run_dir, "metric": metric_for(str(data.get("name", "mnist1d"))), "step_s": _float(row.get("step_s")),
-            "records": read_metrics(run_dir, check=record_problem), "link": projection.run_link({"link": link}),
-            "link_mode": link.get("mode", "model")}
-
-
-def _float(text) -> float | None:
-    try:
-        value = float(text)
-    except (TypeError, ValueError):
-        return None
-    return value if value > 0 else None
-
-
-def _int(text) -> int:
-    try:
-        return int(text or 0)
-    except ValueError:
-        return 0
+    run = SummaryRow.from_csv(row)
+    run.label, run.run_dir, run.status = prefix + run.label, run_dir, run.status or "ok"
+    run.step_s = run.step_s if run.step_s and run.step_s > 0 else None
+    run.metric, run.link = metric_for(str(data.get("name", "mnist1d"))), projection.run_link({"link": link})
+    run.link_mode, run.records = link.get("mode", "model"), read_metrics(run_dir, check=record_problem)
+    return run
 
 
 def summary_rows(path: str) -> list[tuple[int, dict]]:
@@ -123,7 +112,7 @@ def summary_rows(path: str) -> list[tuple[int, dict]]:
     return usable
 
 
-def load_runs(folders: list[str], labels: list[str] | None = None) -> list[dict]:
+def load_runs(folders: list[str], labels: list[str] | None = None) -> list[SummaryRow]:
     """Every run of the comparison directories (one summary.csv row each), with its metrics records."""
     runs = []
     for folder, prefix in zip(folders, prefixes(folders, labels), strict=True):
@@ -185,74 +174,74 @@ def _acc(text: str | None) -> str:
 
 
 # ---- projection onto other links -------------------------------------------------------------
-def dedicated(runs: list[dict]) -> bool:
+def dedicated(runs: list[SummaryRow]) -> bool:
     """Whether every run has a calibrated step time, so that time is projected for dedicated machines."""
-    return bool(runs) and all(r.get("step_s") for r in runs)
+    return bool(runs) and all(r.step_s for r in runs)
 
 
-def projected(runs: list[dict], epoch: int | None, link: LinkSpec, on_dedicated: bool = False) -> float | None:
+def projected(runs: list[SummaryRow], epoch: int | None, link: LinkSpec, on_dedicated: bool = False) -> float | None:
     """Mean over seeds of the projected training seconds through `epoch` on `link` (None: never): for
     dedicated machines (each worker's step measured alone), or from the seconds the runs measured here."""
     if epoch is None:
         return None
     if on_dedicated:
-        found = [projection.dedicated_through(r["records"], epoch, r.get("step_s"), link) for r in runs]
+        found = [projection.dedicated_through(r.records, epoch, r.step_s, link) for r in runs]
     else:
-        found = [projection.seconds_through(r["records"], epoch, link, r["link"]) for r in runs]
+        found = [projection.seconds_through(r.records, epoch, link, r.link or projection.UNLIMITED) for r in runs]
     secs = [s for s in found if s is not None]
     return sum(secs) / len(secs) if secs else None
 
 
-def goal_epochs(rows: list[dict], groups: dict[str, list[dict]], target: float | None) -> dict[str, int | None]:
+def goal_epochs(rows: list[TableRow], groups: dict[str, list[SummaryRow]], target: float | None) -> dict[str, int | None]:
     """Per label, the epoch projections run to: the target's (mean curve), or without a target the last one."""
     if target is not None:
-        return {r["label"]: r["epochs_to_target"] for r in rows}
+        return {r.label: r.epochs_to_target for r in rows}
     return {label: (table.mean_curve(g)[-1][0] if table.mean_curve(g) else None) for label, g in groups.items()}
 
 
-def sweep(groups: dict[str, list[dict]], goals: dict[str, int | None], rates: list[float],
+def sweep(groups: dict[str, list[SummaryRow]], goals: dict[str, int | None], rates: list[float],
           latency_s: float, on_dedicated: bool = False) -> dict[str, list[float | None]]:
     return {label: [projected(g, goals[label], LinkSpec(rate, latency_s), on_dedicated) for rate in rates]
             for label, g in groups.items()}
 
 
-def link_sentences(rows: list[dict], groups: dict[str, list[dict]], goals: dict[str, int | None],
+def link_sentences(rows: list[TableRow], groups: dict[str, list[SummaryRow]], goals: dict[str, int | None],
                    latency_s: float, has_target: bool, on_dedicated: bool = False) -> list[str]:
     """One sentence per link class: the fastest label to target there, and the one with fewest bytes."""
     goal = "to target" if has_target else "to finish training"
-    reach = [r for r in rows if goals[r["label"]] is not None]
+    reach = [r for r in rows if goals[r.label] is not None]
     by_bytes = min(reach, key=lambda r: _bytes_at_goal(r, groups, goals), default=None)
-    ref = next((r["label"] for r in reach if r["method"] == table.REFERENCE), None)
+    ref = next((r.label for r in reach if r.method == table.REFERENCE), None)
     out = []
     for name, rate in projection.LINK_CLASSES.items():
         link = LinkSpec(rate, latency_s)
-        secs = {r["label"]: projected(groups[r["label"]], goals[r["label"]], link, on_dedicated) for r in reach}
+        secs = {r.label: projected(groups[r.label], goals[r.label], link, on_dedicated) for r in reach}
         if not secs:
             out.append(f"At {name} no method reaches the target.")
             continue
         best = min(secs, key=lambda label: secs[label] or 0.0)
         versus = f"; {ref} {secs[ref]:.1f} s" if ref is not None and ref != best else ""
         out.append(f"At {name} the fastest {goal} is {best} ({secs[best]:.1f} s{versus}), the fewest bytes "
-                   f"{by_bytes['label'] if by_bytes else '-'} "
+                   f"{by_bytes.label if by_bytes else '-'} "
                    f"({human_bytes(_bytes_at_goal(by_bytes, groups, goals))} per worker).")
     return out
 
 
-def _bytes_at_goal(row: dict | None, groups: dict[str, list[dict]], goals: dict[str, int | None]) -> float:
-    goal = None if row is None else goals[row["label"]]
+def _bytes_at_goal(row: TableRow | None, groups: dict[str, list[SummaryRow]], goals: dict[str, int | None]) -> float:
+    goal = None if row is None else goals[row.label]
     if row is None or goal is None:
         return 0.0
-    value = table.at_epoch(groups[row["label"]], goal, lambda r: r.bytes_sent_per_worker)
+    value = table.at_epoch(groups[row.label], goal, lambda r: r.bytes_sent_per_worker)
     return value or 0.0
 
 
-def distill_timelines(runs: list[dict]) -> list[tuple[str, list[dict]]]:
+def distill_timelines(runs: list[SummaryRow]) -> list[tuple[str, list[dict]]]:
     """(label, rank 0's distill.rank0.jsonl points) for every run that has one."""
     out = []
     for run in runs:
-        points = RunDir(run["run_dir"]).read("distill", rank=0, per_rank=True)
+        points = RunDir(run.run_dir).read("distill", rank=0, per_rank=True)
         if points:
-            out.append((run["label"], points))
+            out.append((run.label, points))
     return out
 
 
@@ -284,24 +273,24 @@ def machine() -> str:
     return f"{os.cpu_count()} cores ({cpu}), torch {torch.__version__}, GPU {gpu}, Python {platform.python_version()}"
 
 
-def link_of(runs: list[dict]) -> str:
+def link_of(runs: list[SummaryRow]) -> str:
     from lowband.comm.links import parse_link
 
     seen = set()
     for run in runs:
-        link = read_config(run["run_dir"]).get("link")
+        link = read_config(run.run_dir).get("link")
         if isinstance(link, dict):
             seen.add(f"{parse_link(link.get('rate', '')).describe()} ({link.get('mode', 'model')})" + _sites_of(run, link))
     return "; ".join(sorted(seen)) or "unknown"
 
 
-def _sites_of(run: dict, link: dict) -> str:
+def _sites_of(run: SummaryRow, link: dict) -> str:
     """', between 2 sites, unlimited inside' for a run with sites (lowband.comm.sites), else ''."""
     from lowband.comm.links import parse_link
 
-    if run.get("sites", 0) <= 1:
+    if run.sites <= 1:
         return ""
-    return f" between {run['sites']} sites, {parse_link(link.get('intra', '')).describe()} inside"
+    return f" between {run.sites} sites, {parse_link(link.get('intra', '')).describe()} inside"
 
 
 
@@ -340,16 +329,16 @@ def check_target(target: float | None, metric) -> None:
         raise UsageError(f"--target={target:g} is invalid: these runs report {metric.name}; give a loss above 0")
 
 
-def facts(runs: list[dict], folders: list[str], target: float | None, why: str) -> list[str]:
+def facts(runs: list[SummaryRow], folders: list[str], target: float | None, why: str) -> list[str]:
     return [table.describe_target(target, why, table.metric_of(runs)), f"Machine: {machine()}", *corpus_facts(runs),
             f"Link: {link_of(runs)}",
             f"Budget: {budgets(folders)}", f"Comparisons: {', '.join(folders)}"]
 
 
-def corpus_facts(runs: list[dict]) -> list[str]:
+def corpus_facts(runs: list[SummaryRow]) -> list[str]:
     """'Text: sha256 ... (N bytes)' for language-model runs; a warning when they trained on different text."""
-    seen = {(r["records"][-1].corpus_sha256, r["records"][-1].corpus_bytes) for r in runs
-            if r["records"] and r["records"][-1].corpus_sha256}
+    seen = {(r.records[-1].corpus_sha256, r.records[-1].corpus_bytes) for r in runs
+            if r.records and r.records[-1].corpus_sha256}
     if not seen:
         return []
     shown = "; ".join(f"sha256 {h} ({n:,} bytes)" for h, n in sorted(seen, key=str))
@@ -376,7 +365,7 @@ def budgets(folders: list[str]) -> str:
     return "; ".join(dict.fromkeys(seen))
 
 
-def answer(rows: list[dict], groups: dict[str, list[dict]], target: float | None, latency_s: float,
+def answer(rows: list[TableRow], groups: dict[str, list[SummaryRow]], target: float | None, latency_s: float,
            out: str) -> list[str]:
     """The section that answers "which method for my link": sentences and the link-rate plot."""
     goals = goal_epochs(rows, groups, target)
@@ -391,9 +380,9 @@ def answer(rows: list[dict], groups: dict[str, list[dict]], target: float | None
             "", "![time_link](time_link.png)"]
 
 
-def nothing_finished(rows: list[dict]) -> list[str]:
+def nothing_finished(rows: list[TableRow]) -> list[str]:
     """A sentence when no run finished: every one diverged or failed (each run's status says which)."""
-    if any(r["status"] == "ok" for r in rows):
+    if any(r.status == "ok" for r in rows):
         return []
     return ["No run finished: every run diverged or failed (the table's status column; each run directory's "
             "diverged.rank*.txt or train.log says why), so there is nothing to compare.", ""]
@@ -413,14 +402,14 @@ def how_projected(on_dedicated: bool, latency_s: float) -> str:
             "The workers shared this machine's cores, so their compute seconds are not a dedicated machine's.")
 
 
-def measured_note(rows: list[dict], groups: dict[str, list[dict]], goals: dict[str, int | None],
+def measured_note(rows: list[TableRow], groups: dict[str, list[SummaryRow]], goals: dict[str, int | None],
                   latency_s: float, on_dedicated: bool) -> list[str]:
     """With dedicated figures, one line on what the seconds measured here (shared cores) would have said."""
     if not on_dedicated:
         return []
     link = LinkSpec(projection.LINK_CLASSES["10 mbit"], latency_s)
-    secs = {r["label"]: projected(groups[r["label"]], goals[r["label"]], link) for r in rows
-            if goals[r["label"]] is not None}
+    secs = {r.label: projected(groups[r.label], goals[r.label], link) for r in rows
+            if goals[r.label] is not None}
     known = {k: v for k, v in secs.items() if v is not None}
     if not known:
         return []
@@ -441,7 +430,7 @@ def verdict(folders: list[str], target: float | None = None, latency_s: float = 
     return [head, *link_sentences(rows, groups, goals, latency_s, target is not None, on_dedicated)]
 
 
-def plot_sections(runs: list[dict], rows: list[dict], groups: dict[str, list[dict]], target: float | None,
+def plot_sections(runs: list[SummaryRow], rows: list[TableRow], groups: dict[str, list[SummaryRow]], target: float | None,
           out: str) -> list[str]:
     plots.pareto(rows, target, os.path.join(out, "pareto.png"))
     names = ["pareto"]

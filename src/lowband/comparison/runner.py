@@ -10,22 +10,21 @@ from __future__ import annotations
 import csv
 import os
 import sys
+from dataclasses import replace
 
 from lowband import config as C
+from lowband.atomic import write_atomic
 from lowband.comparison import plan as P
 from lowband.comparison import table
 from lowband.comparison.plan import fill, parse_spec, spec_config  # noqa: F401 (fill, parse_spec: re-exported)
 from lowband.comparison.projection import run_link
+from lowband.comparison.summary import SummaryRow
 from lowband.data.metric import ACCURACY, Metric, metric_for
 from lowband.errors import Diverged
 from lowband.records import EpochRecord
 from lowband.run import loggers, runconfig, session
 from lowband.run.metrics import median, read_metrics
 from lowband.run.rundir import RunDir
-
-COLUMNS = ["label", "method", "seed", "workers", "val_acc", "val_acc_L", "final_acc", "final_acc_L", "best_val_acc",
-           "val_bpb", "final_bpb", "corpus_sha256", "epochs", "samples", "bytes_sent_per_worker", "sites",
-           "bytes_inter_per_worker", "train_s", "step_s", "samples_per_s", "speedup", "tuned", "status", "run_dir"]
 
 
 def with_method(base: C.Config, spec: str, defaults: dict | None = None) -> C.Config:
@@ -35,7 +34,7 @@ def with_method(base: C.Config, spec: str, defaults: dict | None = None) -> C.Co
     return C.from_dict(raw, runconfig.method_configs())
 
 
-def compare(plan: P.Plan, folder: str) -> tuple[int, str, list[dict]]:
+def compare(plan: P.Plan, folder: str) -> tuple[int, str, list[SummaryRow]]:
     """Run `plan` in `folder` (runs already recorded there as finished are skipped: --resume);
     returns (exit code, comparison directory, one row per full run).
 
@@ -63,19 +62,19 @@ def compare(plan: P.Plan, folder: str) -> tuple[int, str, list[dict]]:
     chosen = P.choose(results, metric)
     if plan.tune is not None:
         write_tuning(results, chosen, os.path.join(folder, "tuning.csv"), metric, statuses)
-    rows: list[dict] = []
+    rows: list[SummaryRow] = []
     for i, run in enumerate(P.full_runs(plan, chosen), len(tuning) + 1):
         code, run_dir = execute(folder, run, f"run {i}/{total}")
         if code == 130:
             return 130, folder, rows
         cfg = C.from_dict(run.config, runconfig.method_configs())
-        rows.append(summarize(run.label, cfg, run_dir, code) | {"tuned": run.tuned, "step_s": dedicated_step(cfg, folder)})
+        rows.append(replace(summarize(run.label, cfg, run_dir, code), tuned=run.tuned, step_s=dedicated_step(cfg, folder)))
     add_speed(rows)
     write_csv(rows, os.path.join(folder, "summary.csv"))
     from lowband.comparison.report import build
 
     build([folder])
-    return (0 if all(r["status"] == "ok" for r in rows) else 1), folder, rows
+    return (0 if all(r.status == "ok" for r in rows) else 1), folder, rows
 
 
 def layout(cfg: C.Config) -> tuple[int, int]:
@@ -188,25 +187,22 @@ def run_prepare(command: str) -> int:
     return subprocess.run([sys.executable, "-m", "lowband", *shlex.split(command)]).returncode
 
 
-def summarize(label: str, cfg: C.Config, run_dir: str, code: int) -> dict:
+def summarize(label: str, cfg: C.Config, run_dir: str, code: int) -> SummaryRow:
     """One run's row of summary.csv (final figures of its global model; `final_acc` is test accuracy),
-    plus its records and link for the comparison table."""
+    with its records and link for the comparison table."""
     records = read_metrics(run_dir)
     done = [r for r in records if r.evaluated]
     last, end = (records[-1] if records else EpochRecord(epoch=0)), (done[-1] if done else EpochRecord(epoch=0))
-    metric = metric_for(cfg.data.name)
-    return {
-        "label": label, "method": cfg.method.name, "seed": cfg.train.seed, "workers": session.world_size(cfg),
-        "metric": metric, "val_bpb": end.val_bpb, "final_bpb": end.test_bpb,
-        "link": run_link(C.to_dict(cfg)), "corpus_sha256": last.corpus_sha256,
-        "val_acc": end.val_acc, "val_acc_L": end.val_acc_L, "final_acc": end.test_acc, "final_acc_L": end.test_acc_L,
-        "best_val_acc": max((r.val_acc for r in done if r.val_acc is not None), default=None),
-        "epochs": last.epoch, "samples": last.samples, "bytes_sent_per_worker": last.bytes_sent_per_worker,
-        "sites": cfg.link.site_count(session.world_size(cfg)), "bytes_inter_per_worker": last.inter_or_sent,
-        "train_s": last.train_s, "speedup": None,
-        "samples_per_s": median([r.samples_per_s for r in records if r.samples_per_s]),
-        "status": status_of(code), "run_dir": run_dir, "records": records,
-    }
+    world = session.world_size(cfg)
+    return SummaryRow(
+        label=label, method=cfg.method.name, seed=cfg.train.seed, workers=world, metric=metric_for(cfg.data.name),
+        val_bpb=end.val_bpb, final_bpb=end.test_bpb, link=run_link(C.to_dict(cfg)), corpus_sha256=last.corpus_sha256,
+        val_acc=end.val_acc, val_acc_L=end.val_acc_L, final_acc=end.test_acc, final_acc_L=end.test_acc_L,
+        best_val_acc=max((r.val_acc for r in done if r.val_acc is not None), default=None),
+        epochs=last.epoch, samples=last.samples, bytes_sent_per_worker=last.bytes_sent_per_worker,
+        sites=cfg.link.site_count(world), bytes_inter_per_worker=last.inter_or_sent, train_s=last.train_s,
+        samples_per_s=median([r.samples_per_s for r in records if r.samples_per_s]),
+        status=status_of(code), run_dir=run_dir, records=records)
 
 
 def status_of(code: int) -> str:
@@ -219,30 +215,32 @@ def time_to(records: list[EpochRecord], key: str, target: float) -> float | None
     return next((r.train_s for r in records if r.value(key) is not None and r.value(key) >= target), None)
 
 
-def add_speed(rows: list[dict], target: float | None = None) -> None:
+def add_speed(rows: list[SummaryRow], target: float | None = None) -> None:
     """Give every run the comparison table's speed-up of its label (one reference: see lowband.comparison.table)."""
-    by_label = {r["label"]: r["speedup"] for r in table.rows(rows, target)[0]}
+    by_label = {r.label: r.speedup for r in table.rows(rows, target)[0]}
     for r in rows:
-        r["speedup"] = by_label.get(r["label"])
+        r.speedup = by_label.get(r.label)
 
 
-def write_csv(rows: list[dict], path: str) -> None:
-    os.makedirs(os.path.dirname(path), exist_ok=True)
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=COLUMNS, extrasaction="ignore")
-        writer.writeheader()
-        writer.writerows(rows)
+def write_csv(rows: list[SummaryRow], path: str) -> None:
+    """summary.csv: one row per run (lowband.comparison.summary), written whole or not at all."""
+    def write(tmp: str) -> None:
+        with open(tmp, "w", newline="") as f:
+            writer = csv.DictWriter(f, fieldnames=SummaryRow.columns())
+            writer.writeheader()
+            writer.writerows(r.csv_row() for r in rows)
+    write_atomic(path, write)
 
 
-def format_table(rows: list[dict], target: float | None = None) -> str:
+def format_table(rows: list[SummaryRow], target: float | None = None) -> str:
     """The comparison table (lowband.comparison.table) of these runs, as plain text, with its target."""
     body, target, why = table.rows(rows, target)
     return table.text(body) + "\n\n" + table.describe_target(target, why, table.metric_of(rows))
 
 
-def print_summary(rows: list[dict], folder: str, target: float | None = None) -> None:
+def print_summary(rows: list[SummaryRow], folder: str, target: float | None = None) -> None:
     print("\n" + format_table(rows, target))
-    tuned = dict.fromkeys(f"{r['label']} {r['tuned']}" for r in rows if r.get("tuned"))
+    tuned = dict.fromkeys(f"{r.label} {r.tuned}" for r in rows if r.tuned)
     word = table.metric_of(rows).name
     if tuned:
         print(f"\nTuned (best validation {word} of the sweep, tuning.csv): " + "; ".join(tuned))

@@ -1,8 +1,8 @@
 """The one comparison table, which `compare` prints and `report` writes: a row per label, seeds pooled.
 
-Input: runs, each a dict with `label`, `method`, `workers`, `status` and `records` (its metrics
-records, in epoch order). Runs sharing a label are the seeds of one configuration; figures are
-their mean ± sample standard deviation.
+Input: runs (lowband.comparison.summary.SummaryRow: `label`, `method`, `workers`, `status` and
+`records`, its metrics records in epoch order); output: a `TableRow` per label. Runs sharing a
+label are the seeds of one configuration; figures are their mean ± sample standard deviation.
 
 The figures read the workload's metric (lowband.data.metric, each run's `metric`): validation
 accuracy for a classifier (higher is better), validation bits per byte for a language model (lower
@@ -22,9 +22,10 @@ bytes per worker that crossed a site boundary beside all bytes sent.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from lowband.comparison.summary import SummaryRow
 from lowband.data.metric import ACCURACY, Metric
 from lowband.records import EpochRecord
 from lowband.run.metrics import human_bytes
@@ -51,29 +52,29 @@ class Stat:
         return fmt(self.mean) + ("" if self.sd is None else f" ± {fmt(self.sd)}")
 
 
-def evaluated(run: dict) -> list[EpochRecord]:
-    return [r for r in run["records"] if r.val_acc is not None]
+def evaluated(run: SummaryRow) -> list[EpochRecord]:
+    return [r for r in run.records if r.val_acc is not None]
 
 
-def groups(runs: list[dict]) -> dict[str, list[dict]]:
+def groups(runs: list[SummaryRow]) -> dict[str, list[SummaryRow]]:
     """Runs by label, labels in order of first appearance."""
-    out: dict[str, list[dict]] = {}
+    out: dict[str, list[SummaryRow]] = {}
     for run in runs:
-        out.setdefault(run["label"], []).append(run)
+        out.setdefault(run.label, []).append(run)
     return out
 
 
-def final(runs: list[dict], key: str) -> Stat | None:
+def final(runs: list[SummaryRow], key: str) -> Stat | None:
     """`key` of each run's last evaluated record, over the runs that have one."""
     return Stat.of([evaluated(r)[-1].value(key) for r in runs if evaluated(r)])
 
 
-def metric_of(runs: list[dict]) -> Metric:
-    """The workload's metric of these runs (each run's `metric`; accuracy when none says)."""
-    return next((r["metric"] for r in runs if r.get("metric") is not None), ACCURACY)
+def metric_of(runs: Sequence[SummaryRow | TableRow]) -> Metric:
+    """The workload's metric of these runs (the first run's; accuracy for none)."""
+    return runs[0].metric if runs else ACCURACY
 
 
-def mean_curve(runs: list[dict], key: str | None = None) -> list[tuple[int, float]]:
+def mean_curve(runs: list[SummaryRow], key: str | None = None) -> list[tuple[int, float]]:
     """(epoch, mean of `key` over the runs) at every epoch all of them evaluated (`key` default: the
     metric's validation figure)."""
     key = key or metric_of(runs).val_key
@@ -85,7 +86,7 @@ def mean_curve(runs: list[dict], key: str | None = None) -> list[tuple[int, floa
     return [(e, statistics.fmean(d[e] for d in done)) for e in common]
 
 
-def hit_epoch(runs: list[dict], target: float | None) -> int | None:
+def hit_epoch(runs: list[SummaryRow], target: float | None) -> int | None:
     """The first epoch at which the runs' mean validation figure reaches `target` (None: never)."""
     if target is None:
         return None
@@ -93,78 +94,102 @@ def hit_epoch(runs: list[dict], target: float | None) -> int | None:
     return next((e for e, value in mean_curve(runs) if metric.reaches(value, target)), None)
 
 
-def at_epoch(runs: list[dict], epoch: int, value) -> float | None:
+def at_epoch(runs: list[SummaryRow], epoch: int, value) -> float | None:
     """Mean over the runs of `value(record)` for their record of `epoch`."""
-    stat = Stat.of([value(r) for run in runs for r in run["records"] if r.epoch == epoch])
+    stat = Stat.of([value(r) for run in runs for r in run.records if r.epoch == epoch])
     return stat.mean if stat else None
 
 
-def reference(runs: list[dict], target: float | None) -> tuple[float | None, str]:
+def reference(runs: list[SummaryRow], target: float | None) -> tuple[float | None, str]:
     """(target, why): the given number, else Allreduce's mean final validation figure."""
     if target is not None:
         return target, "given"
     key = metric_of(runs).val_key
-    ref = next((g for g in groups(runs).values() if g[0]["method"] == REFERENCE and final(g, key)), None)
+    ref = next((g for g in groups(runs).values() if g[0].method == REFERENCE and final(g, key)), None)
     if ref is None:
-        ran = [r for r in runs if r["method"] == REFERENCE]
+        ran = [r for r in runs if r.method == REFERENCE]
         return None, ("none (the Allreduce runs diverged or failed)" if ran else
                       "none (no Allreduce run and no target given)")
     stat = final(ref, key)
     assert stat is not None  # ref was chosen for having one
     seeds = f" over {stat.n} seeds" if stat.n > 1 else ""
-    return stat.mean, f"mean final validation {metric_of(runs).name} of {ref[0]['label']}{seeds}"
+    return stat.mean, f"mean final validation {metric_of(runs).name} of {ref[0].label}{seeds}"
 
 
-def row(label: str, runs: list[dict], target: float | None) -> dict:
+@dataclass
+class TableRow:
+    """One label of the table: its seeds pooled (mean ± sd), and where it stands against the target."""
+
+    label: str
+    method: str
+    workers: int
+    seeds: int
+    status: str  # ok, or how many seeds diverged or failed
+    metric: Metric
+    val: Stat | None  # the metric's final validation figure
+    test: Stat | None
+    target: float | None
+    val_acc: Stat | None  # accuracy, whatever the metric (a language model's next-byte accuracy)
+    test_acc: Stat | None
+    val_acc_L: Stat | None
+    gap: float | None  # val - target
+    within_noise: bool
+    samples: Stat | None
+    bytes: Stat | None  # sent per worker
+    sites: int
+    inter: Stat | None  # inter-site bytes per worker
+    train_s: Stat | None
+    epochs_to_target: int | None
+    bytes_to_target: float | None
+    seconds_to_target: float | None
+    dedicated_to_target: float | None
+    speedup: float | None = None  # Allreduce's seconds to target over this label's
+
+
+def row(label: str, runs: list[SummaryRow], target: float | None) -> TableRow:
     metric = metric_of(runs)
     val, hit = final(runs, metric.val_key), hit_epoch(runs, target)
-    last = [r["records"][-1] for r in runs if r["records"]]
+    last = [r.records[-1] for r in runs if r.records]
     gap = None if val is None or target is None else val.mean - target
-    return {
-        "label": label, "method": runs[0]["method"], "workers": runs[0]["workers"], "seeds": len(runs),
-        "status": status(runs),
-        "metric": metric, "val": val, "test": final(runs, metric.test_key), "target": target,
-        "val_acc": final(runs, "val_acc"), "test_acc": final(runs, "test_acc"), "val_acc_L": final(runs, "val_acc_L"),
-        "gap": gap, "within_noise": val is not None and gap is not None and val.sd is not None and abs(gap) < val.sd,
-        "samples": Stat.of([r.samples for r in last]),
-        "bytes": Stat.of([r.bytes_sent_per_worker for r in last]),
-        "sites": max(int(r.get("sites") or 0) for r in runs),
-        "inter": Stat.of([r.inter_or_sent for r in last]),
-        "train_s": Stat.of([r.train_s for r in last]),
-        "epochs_to_target": hit,
-        "bytes_to_target": None if hit is None else at_epoch(runs, hit, lambda r: r.bytes_sent_per_worker),
-        "seconds_to_target": None if hit is None else at_epoch(runs, hit, lambda r: r.train_s),
-        "dedicated_to_target": None if hit is None else dedicated_at(runs, hit),
-        "speedup": None,
-    }
+    return TableRow(
+        label=label, method=runs[0].method, workers=runs[0].workers, seeds=len(runs), status=status(runs),
+        metric=metric, val=val, test=final(runs, metric.test_key), target=target,
+        val_acc=final(runs, "val_acc"), test_acc=final(runs, "test_acc"), val_acc_L=final(runs, "val_acc_L"),
+        gap=gap, within_noise=val is not None and gap is not None and val.sd is not None and abs(gap) < val.sd,
+        samples=Stat.of([r.samples for r in last]), bytes=Stat.of([r.bytes_sent_per_worker for r in last]),
+        sites=max(r.sites for r in runs), inter=Stat.of([r.inter_or_sent for r in last]),
+        train_s=Stat.of([r.train_s for r in last]), epochs_to_target=hit,
+        bytes_to_target=None if hit is None else at_epoch(runs, hit, lambda r: r.bytes_sent_per_worker),
+        seconds_to_target=None if hit is None else at_epoch(runs, hit, lambda r: r.train_s),
+        dedicated_to_target=None if hit is None else dedicated_at(runs, hit))
 
 
-def status(runs: list[dict]) -> str:
+def status(runs: list[SummaryRow]) -> str:
     """'ok', or how many of the seeds diverged and how many failed otherwise ('1 of 3 diverged')."""
-    diverged = sum(r["status"] == "diverged" for r in runs)
-    failed = sum(r["status"] not in ("ok", "diverged") for r in runs)
+    diverged = sum(r.status == "diverged" for r in runs)
+    failed = sum(r.status not in ("ok", "diverged") for r in runs)
     parts = [f"{n} of {len(runs)} {word}" for n, word in ((diverged, "diverged"), (failed, "failed")) if n]
     return "; ".join(parts) or "ok"
 
 
-def dedicated_at(runs: list[dict], epoch: int) -> float | None:
+def dedicated_at(runs: list[SummaryRow], epoch: int) -> float | None:
     """Mean over seeds of the dedicated-machine seconds through `epoch` on each run's own link (None:
     a run has no calibrated step time)."""
     from lowband.comparison.projection import dedicated_through
 
-    found = [dedicated_through(r["records"], epoch, r.get("step_s"), r.get("link")) for r in runs]
+    found = [dedicated_through(r.records, epoch, r.step_s, r.link) for r in runs]
     known = [s for s in found if s is not None]
     return sum(known) / len(known) if known and len(known) == len(found) else None
 
 
-def rows(runs: list[dict], target: float | None = None) -> tuple[list[dict], float | None, str]:
+def rows(runs: list[SummaryRow], target: float | None = None) -> tuple[list[TableRow], float | None, str]:
     """(one row per label, the target (in the runs' metric), why that target)."""
     target, why = reference(runs, target)
     out = [row(label, group, target) for label, group in groups(runs).items()]
-    ref = next((r for r in out if r["method"] == REFERENCE and r["seconds_to_target"] is not None), None)
+    ref = next((r for r in out if r.method == REFERENCE and r.seconds_to_target is not None), None)
     for r in out:
-        if ref is not None and r["seconds_to_target"] is not None:
-            r["speedup"] = ref["seconds_to_target"] / max(r["seconds_to_target"], 1e-9)
+        if ref is not None and ref.seconds_to_target is not None and r.seconds_to_target is not None:
+            r.speedup = ref.seconds_to_target / max(r.seconds_to_target, 1e-9)
     return out, target, why
 
 
@@ -173,10 +198,10 @@ def _acc(s: Stat | None) -> str:
     return "-" if s is None else s.show(lambda v: f"{v:.4f}")
 
 
-def _gap(r: dict) -> str:
-    if r["gap"] is None:
+def _gap(r: TableRow) -> str:
+    if r.gap is None or r.val is None or r.target is None:
         return "-"
-    return r["metric"].gap(r["val"].mean, r["target"]) + (" (within noise)" if r["within_noise"] else "")
+    return r.metric.gap(r.val.mean, r.target) + (" (within noise)" if r.within_noise else "")
 
 
 def _count(n: float) -> str:
@@ -190,59 +215,63 @@ def _never(v, fmt) -> str:
     return "never" if v is None else fmt(v)
 
 
+def _stat(s: Stat | None, fmt) -> str:
+    return "-" if s is None else fmt(s)
+
+
 INTER = "inter-site/worker"
 SIDE_ACC = "val acc"  # a language model's next-byte accuracy, beside its bits per byte
 DEDICATED = "dedicated s to target"
-COLUMNS = [
-    ("method", lambda r: r["label"]),
-    ("seeds", lambda r: str(r["seeds"])),
-    ("workers", lambda r: str(r["workers"])),
-    ("val METRIC", lambda r: _acc(r["val"])),
-    ("test METRIC", lambda r: _acc(r["test"])),
-    (SIDE_ACC, lambda r: _acc(r["val_acc"])),
+COLUMNS: list[tuple[str, Callable[[TableRow], str]]] = [
+    ("method", lambda r: r.label),
+    ("seeds", lambda r: str(r.seeds)),
+    ("workers", lambda r: str(r.workers)),
+    ("val METRIC", lambda r: _acc(r.val)),
+    ("test METRIC", lambda r: _acc(r.test)),
+    (SIDE_ACC, lambda r: _acc(r.val_acc)),
     ("vs target", _gap),
-    ("samples", lambda r: "-" if r["samples"] is None else _count(r["samples"].mean)),
-    ("sent/worker", lambda r: "-" if r["bytes"] is None else human_bytes(r["bytes"].mean)),
-    (INTER, lambda r: "-" if r["inter"] is None else human_bytes(r["inter"].mean)),
-    ("train s", lambda r: "-" if r["train_s"] is None else r["train_s"].show(lambda v: f"{v:.1f}")),
-    ("epochs to target", lambda r: _never(r["epochs_to_target"], str)),
-    ("bytes to target", lambda r: _never(r["bytes_to_target"], human_bytes)),
-    ("seconds to target", lambda r: _never(r["seconds_to_target"], lambda v: f"{v:.1f}")),
-    (DEDICATED, lambda r: _never(r["dedicated_to_target"], lambda v: f"{v:.1f}")),
-    ("speed-up vs allreduce", lambda r: "-" if r["speedup"] is None else f"{r['speedup']:.2f}x"),
+    ("samples", lambda r: _stat(r.samples, lambda s: _count(s.mean))),
+    ("sent/worker", lambda r: _stat(r.bytes, lambda s: human_bytes(s.mean))),
+    (INTER, lambda r: _stat(r.inter, lambda s: human_bytes(s.mean))),
+    ("train s", lambda r: _stat(r.train_s, lambda s: s.show(lambda v: f"{v:.1f}"))),
+    ("epochs to target", lambda r: _never(r.epochs_to_target, str)),
+    ("bytes to target", lambda r: _never(r.bytes_to_target, human_bytes)),
+    ("seconds to target", lambda r: _never(r.seconds_to_target, lambda v: f"{v:.1f}")),
+    (DEDICATED, lambda r: _never(r.dedicated_to_target, lambda v: f"{v:.1f}")),
+    ("speed-up vs allreduce", lambda r: "-" if r.speedup is None else f"{r.speedup:.2f}x"),
 ]
 
 
-def columns(table: list[dict]) -> list:
+def columns(table: list[TableRow]) -> list:
     """The columns shown, titled in the metric's word: the inter-site bytes only when some row's runs had
     more than one site; accuracy beside a language model's bits per byte; the dedicated-machine seconds
     when some run has a calibrated step time."""
-    sites = any(r.get("sites", 0) > 1 for r in table)
-    metric = table[0]["metric"] if table else ACCURACY
-    dedicated = any(r.get("dedicated_to_target") is not None for r in table)
+    sites = any(r.sites > 1 for r in table)
+    metric = metric_of(table)
+    dedicated = any(r.dedicated_to_target is not None for r in table)
     shown = [(title.replace("METRIC", metric.short), show) for title, show in COLUMNS
              if (sites or title != INTER) and (metric is not ACCURACY or title != SIDE_ACC)
              and (dedicated or title != DEDICATED)]
     return shown
 
 
-def head(table: list[dict]) -> list[str]:
-    failed = any(r["status"] != "ok" for r in table)
+def head(table: list[TableRow]) -> list[str]:
+    failed = any(r.status != "ok" for r in table)
     return [title for title, _ in columns(table)] + (["status"] if failed else [])
 
 
-def cells(r: dict, width: int, cols: list | None = None) -> list[str]:
+def cells(r: TableRow, width: int, cols: list | None = None) -> list[str]:
     """Row `r`'s cells under `cols` (default: the columns a table of `r` alone shows)."""
-    return ([show(r) for _, show in (cols or columns([r]))] + [r["status"]])[:width]
+    return ([show(r) for _, show in (cols or columns([r]))] + [r.status])[:width]
 
 
-def markdown(table: list[dict]) -> list[str]:
+def markdown(table: list[TableRow]) -> list[str]:
     titles, cols = head(table), columns(table)
     return (["| " + " | ".join(titles) + " |", "|" + "---|" * len(titles)]
             + ["| " + " | ".join(cells(r, len(titles), cols)) + " |" for r in table])
 
 
-def text(table: list[dict]) -> str:
+def text(table: list[TableRow]) -> str:
     """The table as aligned plain text, for the console."""
     titles, cols = head(table), columns(table)
     body = [cells(r, len(titles), cols) for r in table]

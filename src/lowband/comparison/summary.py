@@ -1,0 +1,89 @@
+"""One run of a comparison, named once: `SummaryRow` is a row of summary.csv plus what the table reads.
+
+The runner writes one per run (lowband.comparison.runner.summarize); the report reads them back from
+summary.csv (lowband.comparison.report.load_runs), the table and the plots pool them by label, and the
+Python API hands them on. The CSV keeps the columns below, in this order, so people and scripts read it
+as before; `metric`, `link`, `link_mode` and `records` live in memory only (they come from the run's
+directory: its config and its metrics.jsonl).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, fields
+from typing import Any
+
+from lowband.comm.links import LinkSpec
+from lowband.data.metric import ACCURACY, Metric
+from lowband.records import EpochRecord
+
+MEMORY = {"csv": False}  # a field summary.csv does not hold
+
+
+@dataclass
+class SummaryRow:
+    """One run: its label and method, its final figures (of the global model; `final_*` are test
+    figures), its bytes and seconds, its status (ok, diverged, failed (N)) and its directory."""
+
+    label: str
+    method: str
+    seed: int | None = None
+    workers: int = 1
+    val_acc: float | None = None
+    val_acc_L: float | None = None
+    final_acc: float | None = None
+    final_acc_L: float | None = None
+    best_val_acc: float | None = None
+    val_bpb: float | None = None
+    final_bpb: float | None = None
+    corpus_sha256: str | None = None
+    epochs: int = 0
+    samples: int | None = None
+    bytes_sent_per_worker: float = 0.0
+    sites: int = 0
+    bytes_inter_per_worker: float = 0.0
+    train_s: float = 0.0
+    step_s: float | None = None  # one worker's step measured alone (lowband.comparison.calibrate)
+    samples_per_s: float | None = None
+    speedup: float | None = None
+    tuned: str | None = None  # "optim.lr=0.1": what tuning chose for its label
+    status: str = "ok"
+    run_dir: str = ""
+    metric: Metric = field(default=ACCURACY, metadata=MEMORY)
+    link: LinkSpec | None = field(default=None, metadata=MEMORY)  # the link it was measured on
+    link_mode: str = field(default="model", metadata=MEMORY)
+    records: list[EpochRecord] = field(default_factory=list, repr=False, metadata=MEMORY)
+
+    @classmethod
+    def columns(cls) -> list[str]:
+        """summary.csv's header."""
+        return [f.name for f in fields(cls) if f.metadata.get("csv", True)]
+
+    def csv_row(self) -> dict[str, Any]:
+        """This run as a summary.csv row (None as an empty cell)."""
+        return {name: "" if getattr(self, name) is None else getattr(self, name) for name in self.columns()}
+
+    @classmethod
+    def from_csv(cls, row: dict[str, str]) -> SummaryRow:
+        """A summary.csv row read back: numbers parsed, empty or damaged cells as None (or the default)."""
+        out = cls(label=row.get("label") or "", method=row.get("method") or "")
+        for f in fields(cls):
+            text = row.get(f.name)
+            if f.name in ("label", "method") or not f.metadata.get("csv", True) or text is None or text == "":
+                continue
+            setattr(out, f.name, _parse(text, getattr(out, f.name), f.type))
+        return out
+
+
+def _parse(text: str, default: Any, kind: Any) -> Any:
+    """A CSV cell as the field's type (`kind` is its annotation, a string under postponed evaluation)."""
+    kind = str(kind)
+    try:
+        if kind.startswith("int"):
+            return int(float(text))
+        if kind.startswith("float"):
+            value = float(text)
+            return value if math.isfinite(value) else default
+    except ValueError:
+        return default
+    return text
