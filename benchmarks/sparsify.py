@@ -17,7 +17,7 @@ import time
 
 import torch
 
-from lowband.comm.codecs import GapsIndex
+from lowband.comm.index_codecs import GapsIndex
 from lowband.comm.masks import random_indices
 
 
@@ -67,7 +67,7 @@ def main():
     for frac in (0.01, 0.05, 0.1, 0.2, 0.4, 0.6, 0.8, 0.9, 0.95, 1.0):
         idx = random_indices(d, frac, torch.Generator().manual_seed(2), "geometric")
         values = 4 * len(idx)
-        gaps = GapsIndex.analytic_bytes(idx) + 8  # + the length header
+        gaps = GapsIndex().payload_bytes(idx, d) + 8  # + the length header
         bitmask = math.ceil(d / 8) + 8
         print(f"| {frac} | {values / dense:.3f} | {(values + gaps) / dense:.3f} | {(values + bitmask) / dense:.3f} | "
               f"{gaps / max(len(idx), 1):.2f} |")

@@ -8,7 +8,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lowband.comm.compress import parse_codec
+from lowband.comm.value_codecs import parse_codec
 from lowband.config import ModelConfig
 from lowband.distill.losses import afsd_loss, codistill_loss
 from lowband.models import build_model

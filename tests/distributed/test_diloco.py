@@ -11,7 +11,7 @@ import numpy as np
 import pytest
 import torch
 
-from lowband.comm.compress import parse_codec
+from lowband.comm.value_codecs import parse_codec
 from lowband.run.metrics import read_metrics
 from tests.conftest import cli, small
 from tests.distributed.helpers import initial_model, run_workers

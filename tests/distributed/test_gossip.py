@@ -8,7 +8,7 @@ import math
 import pytest
 import torch
 
-from lowband.comm.codecs import GapsIndex
+from lowband.comm.index_codecs import GapsIndex
 from lowband.comm.masks import random_indices
 from lowband.comm.topology import neighbours
 from lowband.methods.gossip import mask_seed
@@ -71,7 +71,7 @@ def test_rdpsgd_mixes_exactly_the_masked_coordinates(tmp_path, index):
         before, mixed = stacked(ranks, "before", s), stacked(ranks, "mixed", s)
         assert torch.equal(mixed[:, outside], before[:, outside])  # untouched by mixing
         torch.testing.assert_close(mixed[:, idx], (w @ before)[:, idx], rtol=1e-5, atol=1e-6)
-        index_bytes += {"seed": 0, "gaps": 8 + GapsIndex.analytic_bytes(idx), "bitmask": 8 + math.ceil(d / 8)}[index]
+        index_bytes += {"seed": 0, "gaps": 8 + GapsIndex().payload_bytes(idx, d), "bitmask": 8 + math.ceil(d / 8)}[index]
     for st in stats:
         sent = sum(len(random_indices(d, p, torch.Generator().manual_seed(mask_seed(0, s)), "geometric"))
                    for s in range(STEPS)) * 4 * 2
@@ -165,7 +165,7 @@ def test_dpsgd_through_fp16_mixes_the_neighbours_rounded_values(tmp_path):
 
 
 def test_topk_through_int8_keeps_public_copies_equal_and_counts_the_codecs_bytes(tmp_path):
-    from lowband.comm.compress import parse_codec
+    from lowband.comm.value_codecs import parse_codec
 
     world = 4
     ranks, stats = trace(tmp_path, world, "topk", p=0.05, index="bitmask", codec="int8")

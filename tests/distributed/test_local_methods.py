@@ -53,7 +53,7 @@ def steps_per_epoch(run_dir) -> int:
 
 @pytest.mark.parametrize("codec", ["fp32", "int8"])
 def test_ec_dnn_bytes_per_round_are_two_model_all_gathers(tmp_path, codec):
-    from lowband.comm.compress import parse_codec
+    from lowband.comm.value_codecs import parse_codec
 
     # 600 samples -> 432 train -> 216 per worker -> 13 steps/epoch, 26 steps; rounds end at 8, 16, 24
     run_dir, records = run(tmp_path, "ec_dnn", "--set", "method.tau=8", "--set", "method.round_evals=10",

@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from lowband.comm.compress import parse_codec
+from lowband.comm.value_codecs import parse_codec
 from lowband.distill import wire
 from lowband.distill.predictions import PredictionClient, PredictionServer, decode_answer, encode_answer
 

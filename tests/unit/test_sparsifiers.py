@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from lowband.comm.codecs import GapsIndex
+from lowband.comm.index_codecs import GapsIndex
 from lowband.comm.masks import random_indices
 from lowband.methods.sparsifiers import (
     Dense,
@@ -38,7 +38,7 @@ def test_dense_sends_everything_and_mixes_with_the_weights():
     before = x.clone()
     msg = dense.message(0)
     assert torch.equal(msg.values, before) and msg.index is None
-    assert msg.wire_bytes() == {"params": D * 4}  # values only, no header
+    assert msg.bytes_by_tag() == {"params": D * 4}  # values only, no header
     got = neighbour_values(D)
     dense.apply(msg, {j: Incoming(v) for j, v in got.items()})
     torch.testing.assert_close(x, 0.5 * before + 0.2 * got[0] + 0.3 * got[2])
@@ -51,8 +51,8 @@ def test_random_k_sends_the_shared_mask_and_mixes_only_it(index):
     msg = rk.message(4)
     idx = random_indices(D, 0.3, torch.Generator().manual_seed(mask_seed(7, 4)), "geometric")
     assert torch.equal(msg.idx, idx) and torch.equal(msg.values, before[idx])
-    index_bytes = {"seed": None, "gaps": 8 + GapsIndex.analytic_bytes(idx), "bitmask": 8 + math.ceil(D / 8)}[index]
-    assert msg.wire_bytes() == ({"params": len(idx) * 4} | ({} if index_bytes is None else {"index": index_bytes}))
+    index_bytes = {"seed": None, "gaps": 8 + GapsIndex().payload_bytes(idx, D), "bitmask": 8 + math.ceil(D / 8)}[index]
+    assert msg.bytes_by_tag() == ({"params": len(idx) * 4} | ({} if index_bytes is None else {"index": index_bytes}))
     got = neighbour_values(len(idx))
     rk.apply(msg, {j: Incoming(v, msg.index) for j, v in got.items()})
     expected = before.clone()
@@ -71,7 +71,7 @@ def test_random_k_with_p_one_is_dense():
     rk, x = bound(RandomK(1.0, "gaps", "geometric", seed=0))
     dense, y = bound(Dense())
     a, b = rk.message(0), dense.message(0)
-    assert a.idx is None and a.index is None and a.wire_bytes() == b.wire_bytes()
+    assert a.idx is None and a.index is None and a.bytes_by_tag() == b.bytes_by_tag()
     got = {j: Incoming(v) for j, v in neighbour_values(D).items()}
     rk.apply(a, got)
     dense.apply(b, got)
@@ -88,7 +88,7 @@ def test_top_k_sends_the_largest_changes_and_keeps_the_rest_for_later():
     expected_idx = torch.arange(D - k, D)
     assert torch.equal(msg.idx, expected_idx)
     torch.testing.assert_close(msg.values, (x - start)[expected_idx])
-    assert msg.wire_bytes() == {"params": k * 4, "index": 16 + math.ceil(D / 8)}  # (index length, k) header
+    assert msg.bytes_by_tag() == {"params": k * 4, "index": 16 + math.ceil(D / 8)}  # (index length, k) header
     own = start.clone()
     own[expected_idx] = x[expected_idx]
     torch.testing.assert_close(topk.copies[1], own)  # error feedback: the rest stays in x - copy
@@ -122,14 +122,14 @@ def test_top_k_state_round_trips():
 
 # ---- value codecs (method.codec) ---------------------------------------------------------------------
 def test_dense_through_fp16_sends_half_the_bytes_and_mixes_what_arrives():
-    from lowband.comm.compress import parse_codec
+    from lowband.comm.value_codecs import parse_codec
 
     dense = Dense()
     x = torch.randn(D, generator=torch.Generator().manual_seed(3))
     dense.bind(x, MIXING, Timers(), parse_codec("fp16"))
     before = x.clone()
     msg = dense.message(0)
-    assert msg.wire_bytes() == {"params": D * 2}
+    assert msg.bytes_by_tag() == {"params": D * 2}
     sent = {j: torch.randn(D, generator=torch.Generator().manual_seed(j)) for j in MIXING.peers}
     payloads = {j: Incoming(torch.from_numpy(v.numpy().astype("float16")).view(torch.uint8)) for j, v in sent.items()}
     dense.apply(msg, payloads)
@@ -138,20 +138,20 @@ def test_dense_through_fp16_sends_half_the_bytes_and_mixes_what_arrives():
 
 
 def test_random_k_through_int8_counts_the_codecs_exact_bytes():
-    from lowband.comm.compress import parse_codec
+    from lowband.comm.value_codecs import parse_codec
 
     codec = parse_codec("int8")
     rk = RandomK(0.3, "seed", "geometric", seed=7)
     rk.bind(torch.randn(D), MIXING, Timers(), codec)
     msg = rk.message(2)
-    assert msg.wire_bytes() == {"params": codec.payload_bytes(len(msg.idx))}
+    assert msg.bytes_by_tag() == {"params": codec.payload_bytes(len(msg.idx))}
 
 
 @pytest.mark.parametrize("spec", ["int8", "int4:stochastic", "bf16"])
 def test_top_k_copies_stay_equal_everywhere_through_a_lossy_codec(spec):
     """Three nodes, each the others' neighbour, in one process: after every step each node's copy of
     node j equals node j's own public copy, bit for bit (CHOCO's invariant), however lossy the codec."""
-    from lowband.comm.compress import parse_codec
+    from lowband.comm.value_codecs import parse_codec
 
     world = 3
     nodes = []

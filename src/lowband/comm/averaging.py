@@ -10,7 +10,7 @@ import copy
 
 from torch import nn
 
-from lowband.comm.compress import Codec
+from lowband.comm.value_codecs import Codec
 from lowband.models.flat import flat_state, load_flat
 
 

@@ -17,7 +17,7 @@ from itertools import pairwise
 
 import torch
 
-from lowband.comm.compress import Codec, ErrorFeedback
+from lowband.comm.value_codecs import Codec, ErrorFeedback
 
 
 def _segments(numel: int, parts: int) -> list[tuple[int, int]]:

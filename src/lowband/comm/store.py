@@ -27,7 +27,7 @@ import torch
 from safetensors.torch import load as load_bytes
 from safetensors.torch import save as save_bytes
 
-from lowband.comm.compress import dequantize_chunks, quantize_chunks
+from lowband.comm.value_codecs import dequantize_chunks, quantize_chunks
 from lowband.errors import ConfigError, UsageError
 
 STORED = {"fp32": torch.float32, "fp16": torch.float16, "bf16": torch.bfloat16, "int8": torch.int8}
@@ -43,7 +43,7 @@ def _stored(tensor: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
 def encode_state(state: dict[str, torch.Tensor], dtype: torch.dtype) -> dict[str, torch.Tensor]:
     """The tensors a checkpoint file holds. int8: each float32 tensor T becomes int8 levels of T's
     shape and T.__scale__, one float32 scale (max |x| / 127) per 1,024 values in C order
-    (comm/compress.py's quantize_chunks)."""
+    (comm/value_codecs.py's quantize_chunks)."""
     if dtype != torch.int8:
         return {k: _stored(v.detach().cpu(), dtype).contiguous() for k, v in state.items()}
     out: dict[str, torch.Tensor] = {}

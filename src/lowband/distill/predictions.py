@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lowband.comm.compress import Codec, parse_codec
+from lowband.comm.value_codecs import Codec, parse_codec
 from lowband.distill import wire
 from lowband.distill.teacher import TeacherServer
 from lowband.errors import ConfigError

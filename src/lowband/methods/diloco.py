@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import torch
 
-from lowband.comm.compress import SPEC_HELP, parse_codec
+from lowband.comm.value_codecs import SPEC_HELP, parse_codec
 from lowband.config import opt
 from lowband.errors import ConfigError, require
 from lowband.methods.base import Method

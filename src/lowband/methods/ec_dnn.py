@@ -11,7 +11,7 @@ once more (tag "params") and their mean output z on the relabelled samples is ca
 of the round minimises CE(y, f) - alpha * ||softmax(f) - z||^2, which keeps the local models
 diverse. Total compression steps are thus p of all steps, as in the paper. Reported: _G (the
 ensemble; margin weights need labels, so at test time margin ensembles use 1/K) and _L.
-With `codec` (fp16, int8, ...) the gathered models travel encoded (comm/compress.py).
+With `codec` (fp16, int8, ...) the gathered models travel encoded (comm/value_codecs.py).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from typing import Literal
 import torch
 
 from lowband.comm.averaging import gather_models
-from lowband.comm.compress import parse_codec
+from lowband.comm.value_codecs import parse_codec
 from lowband.config import opt
 from lowband.distill.ensemble import Ensemble
 from lowband.distill.losses import diversity_penalty, ensemble_weights, soft_cross_entropy

@@ -23,8 +23,8 @@ import torch
 from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from lowband.comm.compress import parse_codec
 from lowband.comm.reduce import compressed_mean
+from lowband.comm.value_codecs import parse_codec
 from lowband.methods.outer import Fragment, split_fragments
 
 

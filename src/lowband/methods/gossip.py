@@ -7,7 +7,7 @@ neighbours (W symmetric, doubly stochastic; comm/topology.py) and then takes the
 with g_i. RD-PSGD mixes only a random subset of coordinates, each kept with probability p and
 the same on every node in a step; the rest keep their local value. The subset comes from a
 seed shared by all nodes and the step number, so in `seed` mode no index crosses the wire;
-`gaps` and `bitmask` send the indices as the paper does (comm/codecs.py). With p = 1 RD-PSGD is
+`gaps` and `bitmask` send the indices as the paper does (comm/index_codecs.py). With p = 1 RD-PSGD is
 D-PSGD exactly. `sync_every = s` mixes only every s-th step. The exchange for a step is posted
 right after the previous optimizer step and waited for after backward, so it overlaps with the
 forward and backward pass. Bytes: "params" (values) and "index" (indices and length headers).
@@ -28,8 +28,8 @@ import torch
 
 from lowband.comm.averaging import averaged_copy
 from lowband.comm.communicator import Pending
-from lowband.comm.compress import VALUE_SPECS, parse_codec
 from lowband.comm.topology import mixing_matrix, neighbours
+from lowband.comm.value_codecs import VALUE_SPECS, parse_codec
 from lowband.config import MethodConfig, opt
 from lowband.errors import require
 from lowband.methods.base import Method

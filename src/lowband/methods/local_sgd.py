@@ -15,7 +15,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lowband.comm.averaging import averaged_copy
-from lowband.comm.compress import SPEC_HELP, parse_codec
+from lowband.comm.value_codecs import SPEC_HELP, parse_codec
 from lowband.config import opt
 from lowband.methods.base import Method
 from lowband.methods.outer import Fragment

@@ -16,8 +16,8 @@ import torch
 from torch import nn
 from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
-from lowband.comm.compress import Codec, ErrorFeedback
 from lowband.comm.reduce import compressed_mean
+from lowband.comm.value_codecs import Codec, ErrorFeedback
 
 
 def split_fragments(params: list[nn.Parameter], parts: int) -> list[list[nn.Parameter]]:

@@ -6,13 +6,13 @@ sparsifier decides which coordinates take part and what goes on the wire:
   Dense    every coordinate, values only (D-PSGD)
   RandomK  a random subset, each coordinate kept with probability p, the same on every node in a
            step because it comes from a seed all nodes share and the step number (RD-PSGD). Its
-           index codec (comm/codecs.py) says whether the indices travel: `seed` sends none, `gaps`
+           index codec (comm/index_codecs.py) says whether the indices travel: `seed` sends none, `gaps`
            and `bitmask` send them and the receiver checks they equal its own. p = 1 is Dense.
   TopK     the k largest changes against public copies x_hat that all parties update alike, with
            error feedback: what is left out stays in x - x_hat and goes later (CHOCO-SGD,
            Koloskova et al. 2019). Indices differ per node, so they always travel.
 
-Every sparsifier sends its values through a value codec (`method.codec`, comm/compress.py: fp32
+Every sparsifier sends its values through a value codec (`method.codec`, comm/value_codecs.py: fp32
 by default, or fp16, bf16, int8, int4, int2). A lossy codec's payload is what travels; every node
 decodes what it receives, and TopK moves its own public copy by the *decoded* values, so that all
 copies of it stay equal. fp16 and bf16 suit every sparsifier; int codecs quantize what they are
@@ -21,7 +21,7 @@ TopK's messages are changes, the setting CHOCO-SGD's analysis covers.
 
 A `Message` is one step's send: values (tag "params"), encoded indices (tag "index"), and whether
 the values' length differs per node. Parts whose length the receiver cannot know travel after a
-header of their lengths (`Communicator.exchange_sized_async`); `Message.wire_bytes` is exactly
+header of their lengths (`Communicator.exchange_sized_async`); `Message.bytes_by_tag` is exactly
 what one neighbour's link carries per tag.
 """
 
@@ -32,9 +32,9 @@ from dataclasses import dataclass, field
 
 import torch
 
-from lowband.comm.codecs import INDEX_CODECS
-from lowband.comm.compress import Codec
+from lowband.comm.index_codecs import INDEX_CODECS
 from lowband.comm.masks import random_indices
+from lowband.comm.value_codecs import Codec
 
 LENGTH_BYTES = 8  # one int64 per part in the lengths header
 
@@ -70,7 +70,7 @@ class Message:
         parts = [] if self.index is None else [("index", self.index)]
         return parts + ([("params", self.values)] if self.sized else [])
 
-    def wire_bytes(self) -> dict[str, int]:
+    def bytes_by_tag(self) -> dict[str, int]:
         """Bytes this message puts on one neighbour's link, per tag (the lengths header counts as index)."""
         out = {"params": self.values.numel() * self.values.element_size()}
         sized = self.sized_parts()

@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 import torch
 
-from lowband.comm.compress import QUANT_CHUNK, TOPK_CHUNK, ErrorFeedback, parse_codec
+from lowband.comm.value_codecs import QUANT_CHUNK, TOPK_CHUNK, ErrorFeedback, parse_codec
 from lowband.errors import ConfigError
 
 SIZES = [1, 7, 1024, 1500, 4096, 10_001]

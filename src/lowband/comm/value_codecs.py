@@ -22,10 +22,11 @@ import math
 import numpy as np
 import torch
 
+from lowband.comm.index_codecs import CHUNK, ChunkIndex
 from lowband.errors import require
 
 QUANT_CHUNK = 1024
-TOPK_CHUNK = 4096  # 12-bit indices
+TOPK_CHUNK = CHUNK  # 12-bit positions (lowband.comm.index_codecs.ChunkIndex)
 
 
 def _view(payload: torch.Tensor, dtype: torch.dtype) -> torch.Tensor:
@@ -144,34 +145,17 @@ def dequantize_chunks(levels: torch.Tensor, scale: torch.Tensor) -> torch.Tensor
     return flat * scale.repeat_interleave(QUANT_CHUNK)[:flat.numel()]
 
 
-def _pack12(indices: np.ndarray) -> np.ndarray:
-    """Indices < 4096, two in three bytes."""
-    idx = np.zeros(len(indices) + len(indices) % 2, np.uint16)
-    idx[:len(indices)] = indices
-    a, b = idx[0::2], idx[1::2]
-    out = np.stack([a & 0xFF, (a >> 8) | ((b & 0xF) << 4), b >> 4], axis=1)
-    return out.astype(np.uint8).reshape(-1)
-
-
-def _unpack12(packed: np.ndarray, count: int) -> np.ndarray:
-    trio = packed.reshape(-1, 3).astype(np.uint16)
-    a = trio[:, 0] | ((trio[:, 1] & 0xF) << 8)
-    b = (trio[:, 1] >> 4) | (trio[:, 2] << 4)
-    return np.stack([a, b], axis=1).reshape(-1)[:count].astype(np.int64)
-
-
 class TopKCodec(Codec):
-    """Per chunk of TOPK_CHUNK values, the k largest in magnitude: 12-bit positions, then the values."""
+    """Per chunk of TOPK_CHUNK values, the k largest in magnitude: their positions through the chunk12
+    index codec (lowband.comm.index_codecs.ChunkIndex), then the values through `values`."""
 
     sparse = True
 
     def __init__(self, fraction: float, values: Codec | None = None):
         self.fraction, self.values = fraction, values or Codec()
         self.k = max(1, round(fraction * TOPK_CHUNK))
+        self.index = ChunkIndex(self.k)
         self.spec = f"topk:{fraction:g}" + ("" if self.values.spec == "fp32" else "+" + self.values.spec)
-
-    def _count(self, numel: int) -> int:
-        return math.ceil(numel / TOPK_CHUNK) * min(self.k, TOPK_CHUNK)
 
     def state_dict(self) -> dict:
         return self.values.state_dict()
@@ -180,26 +164,23 @@ class TopKCodec(Codec):
         self.values.load_state_dict(state)
 
     def payload_bytes(self, numel):
-        count = self._count(numel)
-        return 3 * math.ceil(count / 2) + self.values.payload_bytes(count)
+        return self.index.payload_bytes(None, numel) + self.values.payload_bytes(self.index.count(numel))
 
     def encode(self, x):
         n = x.numel()
-        chunks = torch.zeros(math.ceil(n / TOPK_CHUNK) * TOPK_CHUNK)
-        chunks[:n] = x.detach().float().cpu()
-        chunks = chunks.view(-1, TOPK_CHUNK)
-        pos = chunks.abs().topk(min(self.k, TOPK_CHUNK), dim=1, sorted=False).indices.sort(dim=1).values
-        vals = chunks.gather(1, pos).reshape(-1)
-        return torch.cat([torch.from_numpy(_pack12(pos.reshape(-1).numpy())), self.values.encode(vals)])
+        padded = torch.zeros(math.ceil(n / TOPK_CHUNK) * TOPK_CHUNK)
+        padded[:n] = x.detach().float().cpu()
+        chunks = padded.view(-1, TOPK_CHUNK)
+        pos = chunks.abs().topk(self.index.per_chunk, dim=1, sorted=False).indices.sort(dim=1).values
+        flat = (pos + torch.arange(chunks.shape[0]).unsqueeze(1) * TOPK_CHUNK).reshape(-1)
+        return torch.cat([self.index.encode(flat, n), self.values.encode(padded[flat])])
 
     def decode(self, payload, numel):
-        count = self._count(numel)
-        head = 3 * math.ceil(count / 2)
-        pos = torch.from_numpy(_unpack12(payload[:head].cpu().numpy(), count)).view(-1, min(self.k, TOPK_CHUNK))
-        vals = self.values.decode(payload[head:], count).view(pos.shape)
-        out = torch.zeros(pos.shape[0], TOPK_CHUNK)
-        out.scatter_(1, pos, vals)
-        return out.reshape(-1)[:numel]
+        head = self.index.payload_bytes(None, numel)
+        flat = self.index.decode(payload[:head], numel)
+        out = torch.zeros(math.ceil(numel / TOPK_CHUNK) * TOPK_CHUNK)
+        out[flat] = self.values.decode(payload[head:], flat.numel())
+        return out[:numel]
 
 
 VALUE_SPECS = "fp32, fp16, bf16, int8, int4, int2 (optionally :stochastic or :nearest)"

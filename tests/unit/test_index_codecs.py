@@ -9,7 +9,7 @@ import torch
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from lowband.comm.codecs import HEADER, BitmaskIndex, GapsIndex, SeedIndex
+from lowband.comm.index_codecs import CHUNK, HEADER, BitmaskIndex, ChunkIndex, GapsIndex, SeedIndex
 
 
 @st.composite
@@ -25,7 +25,7 @@ def test_gaps_round_trip_and_size(case):
     idx, numel = case
     payload = GapsIndex().encode(idx, numel)
     assert torch.equal(GapsIndex().decode(payload, numel), idx)
-    assert payload.numel() == GapsIndex.analytic_bytes(idx) == GapsIndex().wire_bytes(payload)
+    assert payload.numel() == GapsIndex().payload_bytes(idx, numel)
 
 
 @settings(max_examples=150, deadline=None)
@@ -34,7 +34,33 @@ def test_bitmask_round_trip_and_size(case):
     idx, numel = case
     payload = BitmaskIndex().encode(idx, numel)
     assert torch.equal(BitmaskIndex().decode(payload, numel), idx)
-    assert payload.numel() == math.ceil(numel / 8)
+    assert payload.numel() == math.ceil(numel / 8) == BitmaskIndex().payload_bytes(idx, numel)
+
+
+@st.composite
+def chunked_sets(draw):
+    """k distinct positions in each chunk of 4,096 coordinates (the last chunk padded), sorted."""
+    chunks, k = draw(st.integers(1, 4)), draw(st.integers(1, 40))
+    rng = np.random.default_rng(draw(st.integers(0, 2**32 - 1)))
+    idx = np.concatenate([c * CHUNK + np.sort(rng.choice(CHUNK, k, replace=False)) for c in range(chunks)])
+    return torch.from_numpy(idx.astype(np.int64)), k, (chunks - 1) * CHUNK + draw(st.integers(1, CHUNK))
+
+
+@settings(max_examples=100, deadline=None)
+@given(chunked_sets())
+def test_chunk12_round_trip_and_size(case):
+    idx, k, numel = case
+    codec = ChunkIndex(k)
+    payload = codec.encode(idx, numel)
+    assert torch.equal(codec.decode(payload, numel), idx)
+    assert payload.numel() == codec.payload_bytes(idx, numel) == 3 * math.ceil(len(idx) / 2)
+
+
+def test_chunk12_packs_two_positions_in_three_bytes_low_bits_first():
+    """Positions 0xABC and 0x123 by hand: bytes 0xBC, 0x3A (low nibble of the second, high of the
+    first), 0x12."""
+    payload = ChunkIndex(2).encode(torch.tensor([0xABC, 0x123 + CHUNK]), 2 * CHUNK)
+    assert payload.tolist() == [0xBC, 0x3A, 0x12]
 
 
 def test_gaps_pick_the_narrowest_width_and_escape_rare_long_gaps():
@@ -56,4 +82,4 @@ def test_seed_mode_sends_nothing():
 def test_gaps_are_about_one_byte_per_index_for_moderate_p():
     rng = np.random.default_rng(0)
     idx = torch.from_numpy(np.flatnonzero(rng.random(100_000) < 0.1))
-    assert GapsIndex.analytic_bytes(idx) < 1.1 * len(idx) + HEADER  # vs 4 bytes for a raw int32 index
+    assert GapsIndex().payload_bytes(idx, 100_000) < 1.1 * len(idx) + HEADER  # vs 4 bytes for a raw int32 index
