@@ -23,8 +23,8 @@ class FakeReader:
 
     def __init__(self):
         self.fed, self.links, self.closed = [], ["a", "b"], 0
-        self.stats = {"bytes_sent": 0, "bytes_recv": 0, "resent": 1, "teacher_failures": 0, "batches_sent": 4,
-                      "starved_s": 0.25}
+        self.stats = {"resent": 1, "teacher_failures": 0, "batches_sent": 4, "starved_s": 0.25}
+        self.moved = [0, 0]
         self.queue: dict[tuple[int, int], Batch] = {}
 
     def feed(self, epoch, batches):
@@ -33,10 +33,14 @@ class FakeReader:
             self.queue[(epoch, step)] = b
 
     def get(self, epoch, step):
-        self.stats["bytes_sent"] += 100
-        self.stats["bytes_recv"] += 30
+        self.moved[0] += 100
+        self.moved[1] += 30
         b = self.queue.pop((epoch, step))
         return b, -b.x.repeat(1, 4)
+
+    def take_bytes(self):
+        moved, self.moved = tuple(self.moved), [0, 0]
+        return moved
 
     def take_timeline(self):
         return [{"buffer": 2, "teachers": 1}, {"buffer": 6, "teachers": 2}]

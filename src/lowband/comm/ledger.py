@@ -60,12 +60,17 @@ class Ledger:
         s.calls += 1
 
     def outside(self, tag: str, sent: float, recv: float = 0.0, crosses: bool = False, peer="store",
-                seconds: float = 0.0) -> None:
+                seconds: float = 0.0, reply_peer=None, pipelined: bool = False) -> None:
         """Bytes that travelled outside a collective: held for a modelled link's transfer time (to
-        `peer`'s link), then counted, `crosses` saying whether they left the site."""
+        `peer`'s link), then counted, `crosses` saying whether they left the site. `reply_peer`: the
+        received bytes held a link of their own too (a teacher's answers), and the caller waits for the
+        later of the two; `pipelined`: a stream kept in flight, whose latency overlaps."""
         t0 = time.perf_counter()
-        if self.link is not None and sent:
-            self.link.wait_until(self.link.reserve(peer, sent, crosses))
+        if self.link is not None and reply_peer is not None and (sent or recv):
+            self.link.wait_until(max(self.link.reserve(peer, sent, crosses, pipelined),
+                                     self.link.reserve(reply_peer, recv, crosses, pipelined)))
+        elif self.link is not None and sent:
+            self.link.wait_until(self.link.reserve(peer, sent, crosses, pipelined))
         self.count(tag, sent, recv, seconds + time.perf_counter() - t0, inter=sent if crosses else 0.0)
 
     def add_time(self, tag: str, seconds: float) -> None:

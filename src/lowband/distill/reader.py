@@ -125,7 +125,8 @@ class DistilReader:
         self.starving_since: float | None = None
         self.seq = itertools.count()
         self.stats = {"batches_sent": 0, "resent": 0, "teacher_failures": 0, "teachers_added": 0,
-                      "bytes_sent": 0, "bytes_recv": 0, "starved_s": 0.0}
+                      "starved_s": 0.0}
+        self.moved = [0, 0]  # bytes sent to and received from teachers since the student last took them
         self.timeline: list[dict] = []
         self._warned: dict[str, float] = {}
         self._t0 = time.monotonic()
@@ -210,8 +211,15 @@ class DistilReader:
 
     def add_bytes(self, sent: int = 0, recv: int = 0) -> None:
         with self.cv:
-            self.stats["bytes_sent"] += sent
-            self.stats["bytes_recv"] += recv
+            self.moved[0] += sent
+            self.moved[1] += recv
+
+    def take_bytes(self) -> tuple[int, int]:
+        """(sent, received) bytes since the last call; the student counts them in its ledger
+        (lowband.distill.sources), so the reader keeps no totals of its own."""
+        with self.cv:
+            moved, self.moved = (self.moved[0], self.moved[1]), [0, 0]
+        return moved
 
     def link_failed(self, link: TeacherLink, error: Exception) -> None:
         with self.cv:

@@ -11,7 +11,6 @@ reports its figures at the end of an epoch, and frees what it holds on `close`.
 
 from __future__ import annotations
 
-import time
 from collections.abc import Iterator
 from typing import Any
 
@@ -67,7 +66,6 @@ class RemoteTeachers(TeacherSource):
     def __init__(self, reader: Any, comm: Any, steps_per_epoch: int, last_epoch: int, device: torch.device):
         self.reader, self.comm, self.device = reader, comm, device
         self.steps_per_epoch, self.last_epoch = steps_per_epoch, last_epoch
-        self.counted = (0, 0)  # the reader's byte counters already handed to the communicator
 
     def batches(self, epoch: int, loader: Any) -> Iterator[Batch]:
         self.reader.feed(epoch, loader.epoch(epoch))
@@ -79,16 +77,11 @@ class RemoteTeachers(TeacherSource):
             yield Batch(item.x, item.y, item.ids, logits.to(self.device))
 
     def _count_bytes(self) -> None:
-        """Count the bytes moved since the last call; a modelled link holds the student until the link
-        could have carried them (each direction at the link's rate; latency hidden by the prefetch)."""
-        sent, recv = self.reader.stats["bytes_sent"], self.reader.stats["bytes_recv"]
-        new_sent, new_recv = sent - self.counted[0], recv - self.counted[1]
-        t0, link = time.perf_counter(), self.comm.link
-        if link is not None and (new_sent or new_recv):
-            link.wait_until(max(link.reserve("teachers-out", new_sent, True, pipelined=True),
-                                link.reserve("teachers-in", new_recv, True, pipelined=True)))
-        self.comm.ledger.count("soft-labels", sent=new_sent, recv=new_recv, seconds=time.perf_counter() - t0, inter=new_sent)
-        self.counted = (sent, recv)
+        """Count the bytes the reader moved since the last call; a modelled link holds the student until
+        the link could have carried them (each direction at the link's rate; latency hidden by the prefetch)."""
+        sent, recv = self.reader.take_bytes()
+        self.comm.ledger.outside("soft-labels", sent, recv, crosses=True, peer="teachers-out",
+                                 reply_peer="teachers-in", pipelined=True)
 
     def end_epoch(self) -> tuple[dict, list[dict]]:
         timeline = self.reader.take_timeline()
