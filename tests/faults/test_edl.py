@@ -21,7 +21,7 @@ from lowband.data import Batches
 from lowband.run import checkpoint
 from lowband.run.metrics import read_metrics
 from lowband.run.runconfig import read_run_config
-from lowband.run.trainer import make_plan
+from lowband.run.trainer import worker_data
 from tests.conftest import ROOT, alive, children, cli, small
 from tests.faults.test_processes import rank_of, wait_for
 
@@ -55,7 +55,7 @@ def popen(args) -> subprocess.Popen:
 def expected_ids(run: str, rank: int, epoch: int) -> list[int]:
     """The ids the student's own data order gives (what N-training would train on)."""
     cfg = read_run_config(run)
-    plan = make_plan(cfg, cfg.train.workers)
+    plan = worker_data(cfg, cfg.train.workers)
     b = Batches(plan.data, plan.shards[rank], cfg.train.batch_size, plan.steps, seed=cfg.train.seed * 131 + rank)
     return torch.cat([batch.ids for batch in b.epoch(epoch)]).tolist()
 

@@ -138,10 +138,10 @@ def test_netns_mode_takes_sites_but_refuses_an_intra_latency(monkeypatch):
     from lowband.comm import links
     from lowband.errors import UsageError
     from lowband.run.runconfig import method_configs
-    from lowband.run.session import check_sites
+    from lowband.run.spec import resolve
 
     cfg = config.from_dict({"link": {"mode": "netns", "sites": 2}, "train": {"workers": 4}}, method_configs())
-    assert check_sites(cfg, 4) == [0, 0, 1, 1]
+    assert resolve(cfg, 4).sites == [0, 0, 1, 1]
     monkeypatch.setattr(links.os, "geteuid", lambda: 0)
     with pytest.raises(UsageError, match=r"^link.intra: --link-mode netns .* cannot add latency"):
         links.check_netns_possible(links.parse_link("1gbit,1ms", "link.intra"), "link.intra")

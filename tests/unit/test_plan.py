@@ -4,8 +4,7 @@ import pytest
 
 from lowband.comparison import plan as P
 from lowband.errors import ConfigError
-from lowband.run.runconfig import method_configs
-from lowband.run.session import world_size
+from lowband.run.spec import resolve
 
 
 def test_seeds_are_distinct_non_negative_integers():
@@ -34,8 +33,8 @@ def test_bad_tune_specs(bad):
 
 def plan(specs, tune=None, seeds=None, base=None, overrides=None, per_method=None):
     base = base if base is not None else {"train": {"workers": 2, "epochs": 5}}
-    return P.make_plan(specs, base, overrides or {}, "F", method_configs(), seeds,
-                       P.parse_tune(tune, 2) if tune else None, [], per_method, None, check=world_size)
+    return P.make_plan(specs, base, overrides or {}, "F", seeds=seeds, tune=P.parse_tune(tune, 2) if tune else None,
+                       suite={"per_method": per_method})
 
 
 def test_per_method_settings_sit_between_the_suite_and_the_command_line():
@@ -110,7 +109,7 @@ def test_suite_files_hold_per_method_settings(tmp_path):
                     '[per_method.local_sgd]\noptim.lr = 0.1\n[per_method."local_sgd:tau=16"]\noptim.lr = 0.2\n')
     suite = load_suite(path=str(path))
     assert suite["per_method"] == {"local_sgd": {"optim": {"lr": 0.1}}, "local_sgd:tau=16": {"optim": {"lr": 0.2}}}
-    p = P.make_plan(suite["methods"], suite["config"], {}, "F", method_configs(), per_method=suite["per_method"])
+    p = P.make_plan(suite["methods"], suite["config"], {}, "F", suite={"per_method": suite["per_method"]})
     assert [raw.get("optim", {}).get("lr") for raw in p.configs.values()] == [None, 0.1, 0.2]
     path.write_text('methods = ["allreduce"]\nper_method = {local_sgd = 1}\n')
     with pytest.raises(ConfigError, match="per_method"):
@@ -120,7 +119,7 @@ def test_suite_files_hold_per_method_settings(tmp_path):
 def test_budgets_scale_each_methods_epochs_to_allreduces_steps_or_samples():
     # a fake layout: (steps per epoch per worker, workers) as if 480 training samples, batch 16
     def layout(cfg):
-        world = world_size(cfg)
+        world = resolve(cfg).world
         shard = 480 if cfg.method.name == "single" else 480 // world * (2 if cfg.method.name == "codistill" else 1)
         return shard // cfg.train.batch_size, world
 
@@ -128,7 +127,7 @@ def test_budgets_scale_each_methods_epochs_to_allreduces_steps_or_samples():
     base = {"train": {"workers": 4, "epochs": 20, "batch_size": 16}}
 
     def epochs(budget, tune=None):
-        p = P.make_plan(specs, base, {}, "F", method_configs(), tune=tune, budget=budget, layout=layout)
+        p = P.make_plan(specs, base, {}, "F", tune=tune, budget=budget, layout=layout)
         return [r.config["train"]["epochs"] for r in P.full_runs(p, {})], P.tuning_runs(p)
 
     assert epochs("epochs")[0] == [20, 20, 20, 20]

@@ -169,12 +169,9 @@ def test_zero_bytes_sit_a_decade_left_of_the_rest_and_the_front_is_non_dominated
 def test_built_in_suites_resolve_to_valid_configs(name):
     from lowband.comparison.plan import make_plan
     from lowband.comparison.request import load_suite
-    from lowband.run.runconfig import method_configs
-    from lowband.run.session import world_size
 
     suite = load_suite(name)
-    plan = make_plan(suite["methods"], suite["config"], {}, "F", method_configs(), prepare=suite["prepare"],
-                     per_method=suite["per_method"], method_defaults=suite["method_defaults"], check=world_size)
+    plan = make_plan(suite["methods"], suite["config"], {}, "F", suite=suite)
     assert plan.labels == suite["methods"]  # make_plan raises on any invalid option, setting or world size
 
 

@@ -9,7 +9,7 @@ from lowband.cli import main
 from lowband.comm.sites import check_groups, describe, site_map
 from lowband.errors import ConfigError
 from lowband.run.runconfig import method_configs
-from lowband.run.session import world_size
+from lowband.run.spec import resolve
 
 
 def test_equal_sites_of_consecutive_ranks():
@@ -56,12 +56,12 @@ def cfg(raw: dict) -> C.Config:
 
 def test_world_size_checks_the_map_and_method_groups():
     ok = cfg({"method": {"name": "codistill", "group_size": 2}, "train": {"workers": 4}, "link": {"sites": 2}})
-    assert world_size(ok) == 4
+    assert resolve(ok).world == 4 and resolve(ok).sites == [0, 0, 1, 1]
     bad = cfg({"method": {"name": "afsd", "group_size": 2}, "train": {"workers": 4}, "link": {"site_of": [0, 1, 1, 1]}})
     with pytest.raises(ConfigError, match="straddle"):
-        world_size(bad)
+        resolve(bad)
     # without a site map groups are free (every worker is its own site, as before sites existed)
-    assert world_size(cfg({"method": {"name": "codistill", "group_size": 2}, "train": {"workers": 4}})) == 4
+    assert resolve(cfg({"method": {"name": "codistill", "group_size": 2}, "train": {"workers": 4}})).world == 4
 
 
 @pytest.mark.parametrize("raw, field", [({"sites": -1}, "link.sites"), ({"site_of": [0, "a"]}, "link.site_of"),

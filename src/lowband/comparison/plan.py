@@ -218,15 +218,21 @@ class Plan:
                     data.get("prepare") or [], data.get("budget", "epochs"), data.get("scale"))
 
 
-def make_plan(specs: list[str], base: dict, overrides: dict, folder: str, method_configs: dict[str, type],
-              seeds: list[int] | None = None, tune: Tune | None = None, prepare: list[str] | None = None,
-              per_method: dict | None = None, method_defaults: dict | None = None, check=None,
-              budget: str = "epochs", layout=None) -> Plan:
-    """Resolve and check every run before any starts: each spec's config, each seed and tuned value.
+def make_plan(specs: list[str], base: dict, overrides: dict, folder: str, *, seeds: list[int] | None = None,
+              tune: Tune | None = None, suite: dict | None = None, budget: str = "epochs", layout=None) -> Plan:
+    """Resolve and check every run before any starts: each spec's config, each seed and tuned value,
+    each run's shape (lowband.run.spec.resolve); a bad value raises ConfigError/UsageError.
 
-    `check(config)` is called on every built config (e.g. the world size's check); a bad value
-    raises ConfigError/UsageError. `layout(config)` -> (optimizer steps per epoch per worker,
-    workers) sizes a `steps` or `samples` budget."""
+    `suite`: a suite's `prepare` commands, `per_method` settings and `method_defaults`; `layout(config)`
+    -> (optimizer steps per epoch per worker, workers) sizes a `steps` or `samples` budget (default:
+    the workers' real data, `steps_layout`)."""
+    from lowband.run.runconfig import method_configs as known_methods
+    from lowband.run.spec import resolve
+
+    method_configs = known_methods()
+    suite = suite or {}
+    prepare, per_method, method_defaults = suite.get("prepare"), suite.get("per_method"), suite.get("method_defaults")
+    layout = layout or steps_layout
     require(len(set(specs)) == len(specs), "--methods", ",".join(specs), "each method spec at most once")
     for key in per_method or {}:
         require(parse_spec(key)[0] in method_configs, f"per_method.{key}", (per_method or {})[key],
@@ -245,10 +251,17 @@ def make_plan(specs: list[str], base: dict, overrides: dict, folder: str, method
         require(None not in kinds, "--tune", tune.field, "not a numeric field; tune a number, e.g. optim.lr")
         plan.tune = Tune(tune.field, typed_values(tune, float if float in kinds else int), tune.epochs)
     for run in tuning_runs(plan) + full_runs(plan, {}):
-        cfg = C.from_dict(run.config, method_configs)
-        if check is not None:
-            check(cfg)
+        resolve(C.from_dict(run.config, method_configs))
     return plan
+
+
+def steps_layout(cfg: C.Config) -> tuple[int, int]:
+    """(optimizer steps per epoch of each worker, workers) of a config: what a budget is measured in."""
+    from lowband.run.spec import resolve
+    from lowband.run.trainer import worker_data
+
+    world = resolve(cfg).world
+    return worker_data(cfg, world).steps, world
 
 
 def budget_scale(budget: str, layout, reference: C.Config, cfg: C.Config) -> float:

@@ -41,10 +41,6 @@ class Request:
 
 def plan_for(request: Request) -> tuple[P.Plan, str]:
     """(the comparison's plan, its new directory), every run's config checked; nothing runs yet."""
-    from lowband.comparison.runner import layout
-    from lowband.run.runconfig import method_configs
-    from lowband.run.session import world_size
-
     if request.suite and (request.suite_file or request.config_file):
         raise UsageError("--suite and --config both name a suite; give one")
     if request.base is not None:
@@ -57,9 +53,8 @@ def plan_for(request: Request) -> tuple[P.Plan, str]:
         raise UsageError("--methods names no method")
     prepare = [] if request.methods is not None else suite["prepare"]  # a suite's preparation serves its methods
     folder = new_folder(request.out)
-    plan = P.make_plan(list(methods), base, request.overrides, folder, method_configs(), request.seeds, request.tune,
-                       prepare, suite["per_method"], suite["method_defaults"], check=world_size,
-                       budget=request.budget, layout=layout)
+    plan = P.make_plan(list(methods), base, request.overrides, folder, seeds=request.seeds, tune=request.tune,
+                       suite={**suite, "prepare": prepare}, budget=request.budget)
     return plan, folder
 
 

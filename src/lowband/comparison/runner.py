@@ -25,6 +25,7 @@ from lowband.records import EpochRecord
 from lowband.run import loggers, runconfig, session
 from lowband.run.metrics import median, read_metrics
 from lowband.run.rundir import RunDir
+from lowband.run.spec import resolve
 
 
 def with_method(base: C.Config, spec: str, defaults: dict | None = None) -> C.Config:
@@ -77,14 +78,6 @@ def compare(plan: P.Plan, folder: str) -> tuple[int, str, list[SummaryRow]]:
     return (0 if all(r.status == "ok" for r in rows) else 1), folder, rows
 
 
-def layout(cfg: C.Config) -> tuple[int, int]:
-    """(optimizer steps per epoch of each worker, workers) of a config: what a budget is measured in."""
-    from lowband.run.trainer import make_plan
-
-    world = session.world_size(cfg)
-    return make_plan(cfg, world).steps, world
-
-
 def describe_budget(plan: P.Plan) -> str:
     """'budget samples: single 5 epochs, allreduce 20 epochs' (empty for the default, equal epochs)."""
     if plan.budget == "epochs":
@@ -98,7 +91,7 @@ def preflight(plan: P.Plan) -> None:
     is made: bad input leaves no folder behind."""
     for label in plan.labels:
         cfg = C.from_dict(plan.configs[label], runconfig.method_configs())
-        session.check_plan(cfg)
+        session.check_plan(resolve(cfg))
         loggers.check(cfg.train.loggers)
 
 
@@ -193,7 +186,7 @@ def summarize(label: str, cfg: C.Config, run_dir: str, code: int) -> SummaryRow:
     records = read_metrics(run_dir)
     done = [r for r in records if r.evaluated]
     last, end = (records[-1] if records else EpochRecord(epoch=0)), (done[-1] if done else EpochRecord(epoch=0))
-    world = session.world_size(cfg)
+    world = resolve(cfg).world
     return SummaryRow(
         label=label, method=cfg.method.name, seed=cfg.train.seed, workers=world, metric=metric_for(cfg.data.name),
         val_bpb=end.val_bpb, final_bpb=end.test_bpb, link=run_link(C.to_dict(cfg)), corpus_sha256=last.corpus_sha256,

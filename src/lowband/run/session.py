@@ -17,33 +17,20 @@ import torch
 from lowband import config as C
 from lowband.atomic import copy_atomic
 from lowband.comm import Communicator, launched_by_torchrun
-from lowband.data.metric import task_of
-from lowband.errors import ConfigError, Diverged, UsageError
+from lowband.errors import Diverged, UsageError
 from lowband.registry import METHODS
 from lowband.run import checkpoint, launch, loggers
 from lowband.run.metrics import read_metrics
 from lowband.run.runconfig import check_model, new_run_dir, prepare_run_dir, read_run_config, write_config
 from lowband.run.rundir import RunDir
-
-
-def world_size(cfg: C.Config) -> int:
-    method = METHODS.get(cfg.method.name)
-    world = method.fixed_workers or cfg.train.workers
-    if world < method.min_workers:
-        raise ConfigError("train.workers", world, f"method {cfg.method.name} needs at least {method.min_workers} workers")
-    method.check(cfg.method, world)
-    if method.language_model_refused and task_of(cfg.data.name) == "lm":
-        raise ConfigError("method.name", cfg.method.name, f"cannot train a language model ({cfg.data.name}): "
-                                                          f"{method.language_model_refused}")
-    check_sites(cfg, world)
-    return world
+from lowband.run.spec import RunSpec, resolve
 
 
 def check_resume_world(run_dir: str, world: int, allow_change: bool = False) -> int:
     """The world size the run checkpointed with. Refuse (one line) a resume with another one unless
     `allow_change` and the method can change it (lowband.run.reshard); nothing is written here."""
     cfg = read_run_config(run_dir) if RunDir(run_dir).is_run() else None
-    recorded = world_size(cfg) if cfg is not None else world
+    recorded = resolve(cfg).world if cfg is not None else world
     ranks = checkpoint.ranks_saved(run_dir)
     if ranks and ranks != list(range(recorded)):
         raise UsageError(f"--resume {run_dir}: its checkpoints are of ranks {ranks}, its config records {recorded} "
@@ -74,24 +61,11 @@ def change_world(run_dir: str, old: int, new: int) -> None:
           f"{done.archive}", file=sys.stderr)
 
 
-def check_sites(cfg: C.Config, world: int) -> list[int]:
-    """The run's site map (lowband.comm.sites); a configured one has every method group inside one site."""
-    from lowband.comm.sites import check_groups, configured
-
-    site_of = cfg.link.site_map(world)
-    method = METHODS.get(cfg.method.name)
-    if configured(cfg.link.sites, cfg.link.site_of):
-        check_groups(site_of, method.groups(cfg.method, world), "method.group_size",
-                     getattr(cfg.method, "group_size", None))
-    return site_of
-
-
-def check_plan(cfg: C.Config) -> None:
+def check_plan(spec: RunSpec) -> None:
     """Fail fast in the launcher, before any worker starts: data, shards, model all fit."""
-    from lowband.run.trainer import make_plan
+    from lowband.run.trainer import worker_data
 
-    plan = make_plan(cfg, world_size(cfg))
-    check_model(cfg, plan.data)
+    check_model(spec.cfg, worker_data(spec.cfg, spec.world).data)
 
 
 def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = False,
@@ -105,32 +79,31 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
         return _as_torchrun_worker(cfg, run_dir, out, resume, allow_world_change, note)
     run_dir = run_dir or new_run_dir(out, cfg.method.name)
     loggers.check(cfg.train.loggers)
-    old_world = check_resume_world(run_dir, world_size(cfg), allow_world_change) if resume else None
-    if not resume or old_world != world_size(cfg):
-        check_plan(cfg)
+    spec = resolve(cfg)
+    old_world = check_resume_world(run_dir, spec.world, allow_world_change) if resume else None
+    if not resume or old_world != spec.world:
+        check_plan(spec)
     netns, sites = None, None
     if cfg.link.mode == "netns":
         from lowband.comm.links import check_netns_possible
-        from lowband.comm.sites import configured
 
         check_netns_possible(cfg.link.spec)
         check_netns_possible(cfg.link.intra_spec, "link.intra")
-        netns = cfg.link.spec
-        sites = cfg.link.site_map(world_size(cfg)) if configured(cfg.link.sites, cfg.link.site_of) else None
-    method = METHODS.get(cfg.method.name)
+        netns, sites = cfg.link.spec, spec.sites
+    method = spec.method
     with method.services(cfg.method):  # e.g. Redis and teachers: failing here leaves no run directory behind
         if not resume:
             prepare_run_dir(cfg, run_dir)
         else:
-            _settle_resume(cfg, run_dir, old_world, note)
-        code = launch.run("lowband.run.session:train_worker", [run_dir, "1" if resume else "0"], world_size(cfg),
+            _settle_resume(spec, run_dir, old_world, note)
+        code = launch.run("lowband.run.session:train_worker", [run_dir, "1" if resume else "0"], spec.world,
                           run_dir, cfg.train.threads, keep_going=method.independent_models,
                           netns=netns, max_restarts=cfg.train.max_restarts, restart_args=[run_dir, "1"],
                           sites=sites, intra=cfg.link.intra_spec)
     if code == Diverged.exit_code:
         print(f"lowband: error: {first_divergence(run_dir)}", file=sys.stderr)
     elif method.independent_models and code not in (2, 130):
-        code = salvage(run_dir, world_size(cfg), code)
+        code = salvage(run_dir, spec.world, code)
     return code, run_dir
 
 
@@ -165,15 +138,15 @@ def first_divergence(run_dir: str) -> str:
     return f"{line} (full trace: {path}; records up to the last good epoch kept in {run_dir})"
 
 
-def _settle_resume(cfg: C.Config, run_dir: str, old_world: int | None, note: str | None = None) -> None:
+def _settle_resume(spec: RunSpec, run_dir: str, old_world: int | None, note: str | None = None) -> None:
     """Before a resume's workers start: say `note`, re-cut the checkpoints if the world size changed,
     then record the config the resume runs with."""
     if note:
         print(f"lowband: {note}", file=sys.stderr)
     RunDir(run_dir).clear_divergences()
-    if old_world is not None and old_world != world_size(cfg):
-        change_world(run_dir, old_world, world_size(cfg))
-    write_config(cfg, run_dir)
+    if old_world is not None and old_world != spec.world:
+        change_world(run_dir, old_world, spec.world)
+    write_config(spec.cfg, run_dir)
 
 
 def _last_val_acc(run: RunDir, rank: int) -> float:
@@ -255,15 +228,14 @@ def _as_torchrun_worker(cfg: C.Config, run_dir: str | None, out: str, resume: bo
         raise UsageError(f"method {cfg.method.name} runs {method.fixed_workers} process(es); torchrun started {world}")
     if world < method.min_workers:
         raise UsageError(f"method {cfg.method.name} needs at least {method.min_workers} workers; torchrun started {world}")
-    method.check(cfg.method, world)
-    check_sites(cfg, world)
+    if not method.fixed_workers:  # the run records the world size torchrun chose
+        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, workers=world))
+    spec = resolve(cfg, world)
     loggers.check(cfg.train.loggers)
     if int(os.environ.get("TORCHELASTIC_MAX_RESTARTS", "0")) > 0 and run_dir is None and not resume:
         raise UsageError("torchrun --max-restarts needs --run-dir DIR, so that restarted workers find the checkpoints")
     resume = resume or int(os.environ.get("TORCHELASTIC_RESTART_COUNT", "0")) > 0
     old_world = check_resume_world(run_dir, world, allow_world_change) if resume and run_dir is not None else None
-    if not method.fixed_workers:  # the run records the world size torchrun chose
-        cfg = dataclasses.replace(cfg, train=dataclasses.replace(cfg.train, workers=world))
     comm = _join(cfg)
     chosen = None
     if comm.rank == 0:
@@ -271,7 +243,7 @@ def _as_torchrun_worker(cfg: C.Config, run_dir: str | None, out: str, resume: bo
         if not resume:
             prepare_run_dir(cfg, chosen)
         elif old_world is not None:
-            _settle_resume(cfg, chosen, old_world, note)
+            _settle_resume(spec, chosen, old_world, note)
     run_dir = comm.broadcast_bytes(chosen.encode() if chosen else None, src=0).decode()
     _run(cfg, run_dir, resume, comm)
     return 0, run_dir

@@ -32,25 +32,25 @@ from lowband.run.reporter import EpochReporter, RankFigures, TrainingError, tag_
 from lowband.run.rundir import RunDir
 from lowband.run.schedule import lr_at
 
-__all__ = ["Trainer", "TrainingError", "train_step", "make_plan", "accuracy", "scores", "task_loss"]
+__all__ = ["Trainer", "TrainingError", "train_step", "worker_data", "accuracy", "scores", "task_loss"]
 
 
 @dataclass
-class Plan:
-    """What every rank derives from the config alone: data, shards, steps per epoch."""
+class WorkerData:
+    """What every rank derives from the config alone: the data set, each rank's shard, steps per epoch."""
 
     data: TensorData
     shards: list[torch.Tensor]
     steps: int
 
 
-def make_plan(cfg: Config, world: int) -> Plan:
+def worker_data(cfg: Config, world: int) -> WorkerData:
     load_all()
     data = load_dataset(cfg.data)
     shards = METHODS.get(cfg.method.name).partition(cfg.method, data.y_train, world, cfg.train.seed)
     if shards is None:
         shards = partition(data.y_train, world, cfg.data.partition, cfg.train.seed, cfg.data.alpha)
-    return Plan(data, shards, steps_per_epoch(shards, cfg.train.batch_size))
+    return WorkerData(data, shards, steps_per_epoch(shards, cfg.train.batch_size))
 
 
 def resolve_device(requested: str) -> torch.device:
@@ -118,7 +118,7 @@ class Trainer:
         self.run = RunDir(run_dir, self.rank)
         self.log = setup_logging(run_dir, self.rank)
         self.device = comm.device
-        self.plan = make_plan(cfg, self.world)
+        self.plan = worker_data(cfg, self.world)
         method_cls = METHODS.get(cfg.method.name)
         torch.manual_seed(cfg.train.seed if method_cls.same_init else cfg.train.seed + 7919 * self.rank)
         data = self.plan.data
