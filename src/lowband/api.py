@@ -166,15 +166,15 @@ def load_model(run_dir: str, local: bool = False):
     num_classes), so the data set is not read.
     """
     import json
-    import os
 
     from lowband.comparison.churn import load_final_model
     from lowband.run.checkpoint import model_metadata
     from lowband.run.runconfig import read_run_config
+    from lowband.run.rundir import RunDir
 
-    name = "model_L.safetensors" if local else "model.safetensors"
     read_run_config(run_dir, "load_model(run_dir)")  # a path that is no run says so in the API's own words
-    meta = model_metadata(os.path.join(run_dir, name))
+    run = RunDir(run_dir)
+    meta = model_metadata(run.local_model_path() if local else run.model_path(0))
     if "in_shape" in meta and "num_classes" in meta:  # written by lowband since 0.1.0
         in_shape, classes = tuple(json.loads(meta["in_shape"])), int(meta["num_classes"])
     else:  # an older run: the shapes from its data set
@@ -182,7 +182,7 @@ def load_model(run_dir: str, local: bool = False):
 
         data = read_dataset(read_run_config(run_dir, "load_model(run_dir)").data)
         in_shape, classes = data.in_shape, data.num_classes
-    return load_final_model(run_dir, in_shape, classes, name)
+    return load_final_model(run_dir, in_shape, classes, local)
 
 
 class _quiet:

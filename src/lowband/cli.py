@@ -332,7 +332,7 @@ def cmd_join(args) -> int:
 
 
 def cmd_compare(args) -> int:
-    from lowband.comparison import plan as P
+    from lowband.comparison.folder import ComparisonDir
     from lowband.comparison.request import plan_for
     from lowband.comparison.runner import compare, print_summary
 
@@ -343,7 +343,7 @@ def cmd_compare(args) -> int:
         given += ["--budget"] if args.budget != "epochs" else []
         if given:
             raise UsageError(f"--resume continues a comparison with its own plan.json; drop {', '.join(given)}")
-        plan, folder = P.load(args.resume), args.resume
+        plan, folder = ComparisonDir(args.resume).load_plan(), args.resume
     else:
         plan, folder = plan_for(compare_request(args))
     code, folder, rows = compare(plan, folder)
@@ -372,13 +372,13 @@ def compare_request(args):
 
 
 def cmd_report(args) -> int:
-    import os
 
     from lowband.comm.links import DELAY, DELAY_UNITS
+    from lowband.comparison.folder import ComparisonDir
     from lowband.comparison.report import build
 
     for folder in args.folders:
-        if not os.path.isfile(os.path.join(folder, "summary.csv")):
+        if not ComparisonDir(folder).is_comparison():
             raise UsageError(f"{folder} is not a comparison directory (no summary.csv)")
     labels = [x.strip() for x in args.labels.split(",")] if args.labels is not None else None
     delay = DELAY.match(args.latency)

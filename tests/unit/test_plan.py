@@ -3,6 +3,7 @@
 import pytest
 
 from lowband.comparison import plan as P
+from lowband.comparison.folder import ComparisonDir
 from lowband.errors import ConfigError
 from lowband.run.spec import resolve
 
@@ -90,15 +91,16 @@ def test_tuned_fields_must_exist_hold_numbers_and_fit_the_field():
 
 def test_plan_round_trips_and_records_finished_runs(tmp_path):
     p = plan(["allreduce", "local_sgd:tau=4"], "optim.lr=log:0.01:0.1:3", seeds=[0, 1])
-    P.save(p, str(tmp_path))
-    again = P.load(str(tmp_path))
+    folder = ComparisonDir(str(tmp_path))
+    folder.save_plan(p)
+    again = folder.load_plan()
     assert again == p and P.tuning_runs(again) == P.tuning_runs(p)
-    assert P.finished(str(tmp_path)) == {}
-    P.mark(str(tmp_path), "run/allreduce/seed=0", "d", 1)
-    P.mark(str(tmp_path), "run/allreduce/seed=0", "d", 0)
-    assert P.finished(str(tmp_path))["run/allreduce/seed=0"]["code"] == 0  # the last record counts
+    assert folder.finished() == {} and folder.budget() == "epochs"
+    folder.mark("run/allreduce/seed=0", "d", 1)
+    folder.mark("run/allreduce/seed=0", "d", 0)
+    assert folder.finished()["run/allreduce/seed=0"]["code"] == 0  # the last record counts
     with pytest.raises(Exception, match="no plan.json"):
-        P.load(str(tmp_path / "nothing"))
+        ComparisonDir(str(tmp_path / "nothing")).load_plan()
 
 
 def test_suite_files_hold_per_method_settings(tmp_path):

@@ -15,7 +15,6 @@ so a report or a resumed comparison does not measure again.
 from __future__ import annotations
 
 import json
-import os
 import time
 
 import torch
@@ -23,7 +22,6 @@ import torch
 from lowband import config as C
 from lowband.atomic import write_text_atomic
 
-FILE = "calibration.json"
 WARMUP, STEPS = 3, 12
 
 
@@ -71,7 +69,9 @@ def measure(cfg: C.Config, steps: int = STEPS, warmup: int = WARMUP) -> float:
 
 def step_seconds(cfg: C.Config, folder: str) -> float:
     """`cfg`'s dedicated step time, from the folder's calibration.json or measured now (and kept there)."""
-    path = os.path.join(folder, FILE)
+    from lowband.comparison.folder import ComparisonDir
+
+    path = ComparisonDir(folder).calibration_path
     known = read(path)
     k = key(cfg)
     if k not in known:

@@ -17,21 +17,24 @@ from lowband.distill.ensemble import Ensemble
 from lowband.errors import UsageError
 from lowband.models import build_for_task
 from lowband.run import runconfig
+from lowband.run.rundir import RunDir
 
 
 def run_config(run_dir: str):
     """The Config of a run directory given to churn (one line when it is not one)."""
-    if not os.path.isfile(os.path.join(run_dir, "config.toml")):
+    if not RunDir(run_dir).is_run():
         raise UsageError(f"churn: {run_dir} is not a run directory (no config.toml)")
     return runconfig.read_run_config(run_dir)
 
 
-def load_final_model(run_dir: str, in_shape, num_classes: int, name: str = "model.safetensors") -> torch.nn.Module:
-    """A run's model.safetensors (or `name`) as a module (an ensemble run's as its members and weights)."""
+def load_final_model(run_dir: str, in_shape, num_classes: int, local: bool = False) -> torch.nn.Module:
+    """A run's model.safetensors (`local`: model_L.safetensors, its best local model) as a module (an
+    ensemble run's as its members and weights)."""
     cfg = run_config(run_dir)
-    path = os.path.join(run_dir, name)
+    run = RunDir(run_dir)
+    path = run.local_model_path() if local else run.model_path(0)
     if not os.path.isfile(path):
-        raise UsageError(f"{run_dir} has no {name} (did the run finish?)")
+        raise UsageError(f"{run_dir} has no {os.path.basename(path)} (did the run finish?)")
     try:
         state = load_file(path)
     except Exception as e:  # noqa: BLE001 - any damage to the file is the same answer

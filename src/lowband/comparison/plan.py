@@ -16,13 +16,12 @@ comparison's workers and data. A method's epochs (tuning runs' too) are scaled t
 rounded to whole epochs (at least 1); the table's `samples` column shows what each processed.
 
 The plan's inputs are saved as plan.json in the comparison directory, and every finished run is
-recorded in done.jsonl there, so that `compare --resume DIR` re-plans the same runs and skips the
-finished ones. Nothing here starts a run.
+recorded in done.jsonl there (lowband.comparison.folder), so that `compare --resume DIR` re-plans
+the same runs and skips the finished ones. Nothing here starts a run.
 """
 
 from __future__ import annotations
 
-import json
 import math
 import os
 import re
@@ -32,10 +31,8 @@ from dataclasses import asdict, dataclass
 
 from lowband import config as C
 from lowband.data.metric import ACCURACY, Metric
-from lowband.errors import ConfigError, UsageError, require
+from lowband.errors import ConfigError, require
 
-PLAN = "plan.json"
-DONE = "done.jsonl"
 TUNE_DIR = "tune"
 BUDGETS = ("epochs", "steps", "samples")
 
@@ -335,33 +332,3 @@ def choose(results: list[tuple[Run, float | None]], metric: Metric = ACCURACY) -
         if value is not None and (current is None or metric.better(value, current[0])):
             best[run.label] = (value, run.value)
     return {label: None if b is None else b[1] for label, b in best.items()}
-
-
-# ---- files in the comparison directory ------------------------------------------------------
-def save(plan: Plan, folder: str) -> None:
-    os.makedirs(folder, exist_ok=True)
-    with open(os.path.join(folder, PLAN), "w") as f:
-        json.dump(plan.to_json(), f, indent=1)
-
-
-def load(folder: str) -> Plan:
-    path = os.path.join(folder, PLAN)
-    if not os.path.isfile(path):
-        raise UsageError(f"--resume {folder}: not a comparison directory with a plan (no {PLAN})")
-    with open(path) as f:
-        return Plan.from_json(json.load(f))
-
-
-def finished(folder: str) -> dict[str, dict]:
-    """done.jsonl: the last completion record of each key ({key, run_dir, code})."""
-    path = os.path.join(folder, DONE)
-    if not os.path.exists(path):
-        return {}
-    with open(path) as f:
-        records = [json.loads(line) for line in f if line.strip()]
-    return {r["key"]: r for r in records}
-
-
-def mark(folder: str, key: str, run_dir: str, code: int) -> None:
-    with open(os.path.join(folder, DONE), "a") as f:
-        f.write(json.dumps({"key": key, "run_dir": run_dir, "code": code}) + "\n")

@@ -30,9 +30,9 @@ import matplotlib.ticker
 
 from lowband.comm.links import LinkSpec
 from lowband.comparison import plots, projection, table
+from lowband.comparison.folder import ComparisonDir
 from lowband.comparison.summary import SummaryRow
 from lowband.comparison.table import TableRow
-from lowband.config import read_toml
 from lowband.data.metric import metric_for
 from lowband.errors import ConfigError, UsageError
 from lowband.run.metrics import human_bytes, read_metrics
@@ -59,11 +59,11 @@ ROW_FIELDS = ("run_dir", "label", "method", "workers")
 
 def read_config(run_dir: str) -> dict:
     """A run's config.toml as a dict ({} when missing; {} and a warning when damaged)."""
-    path = os.path.join(run_dir, "config.toml")
-    if not os.path.exists(path):
+    run = RunDir(run_dir)
+    if not run.is_run():
         return {}
     try:
-        return read_toml(path, "config.toml")
+        return run.read_config_dict()
     except ConfigError as e:
         warn(f"{e}; its link is taken as unlimited")
         return {}
@@ -116,7 +116,7 @@ def load_runs(folders: list[str], labels: list[str] | None = None) -> list[Summa
     """Every run of the comparison directories (one summary.csv row each), with its metrics records."""
     runs = []
     for folder, prefix in zip(folders, prefixes(folders, labels), strict=True):
-        runs += [load_run(row, folder, prefix) for _, row in summary_rows(os.path.join(folder, "summary.csv"))]
+        runs += [load_run(row, folder, prefix) for _, row in summary_rows(ComparisonDir(folder).summary_path)]
     return runs
 
 
@@ -124,7 +124,7 @@ def load_tuning(folders: list[str], labels: list[str] | None = None) -> list[dic
     """Rows of each folder's tuning.csv (label, field, value, val_acc, chosen), labels prefixed."""
     out = []
     for folder, prefix in zip(folders, prefixes(folders, labels), strict=True):
-        path = os.path.join(folder, "tuning.csv")
+        path = ComparisonDir(folder).tuning_path
         if os.path.exists(path):
             out += [{**row, "label": prefix + row["label"]} for row in _tuning_rows(path)]
     return out
@@ -352,15 +352,9 @@ BUDGET_WORDS = {"epochs": "equal epochs over each worker's own data",
 
 def budgets(folders: list[str]) -> str:
     """What every method was given equally, from each comparison's plan.json (older ones: equal epochs)."""
-    import json
-
     seen = []
     for folder in folders:
-        path = os.path.join(folder, "plan.json")
-        budget = "epochs"
-        if os.path.exists(path):
-            with open(path) as f:
-                budget = json.load(f).get("budget", "epochs")
+        budget = ComparisonDir(folder).budget()
         seen.append(BUDGET_WORDS.get(budget, budget))
     return "; ".join(dict.fromkeys(seen))
 

@@ -16,6 +16,7 @@ from lowband import config as C
 from lowband.atomic import write_atomic
 from lowband.comparison import plan as P
 from lowband.comparison import table
+from lowband.comparison.folder import ComparisonDir
 from lowband.comparison.plan import fill, parse_spec, spec_config  # noqa: F401 (fill, parse_spec: re-exported)
 from lowband.comparison.projection import run_link
 from lowband.comparison.summary import SummaryRow
@@ -44,7 +45,7 @@ def compare(plan: P.Plan, folder: str) -> tuple[int, str, list[SummaryRow]]:
     """
     if not os.path.exists(folder):
         preflight(plan)
-    P.save(plan, folder)
+    ComparisonDir(folder).save_plan(plan)
     if describe_budget(plan):
         print(describe_budget(plan), flush=True)
     for i, command in enumerate(plan.prepare or []):
@@ -62,7 +63,7 @@ def compare(plan: P.Plan, folder: str) -> tuple[int, str, list[SummaryRow]]:
         statuses[run.key] = status_of(code)
     chosen = P.choose(results, metric)
     if plan.tune is not None:
-        write_tuning(results, chosen, os.path.join(folder, "tuning.csv"), metric, statuses)
+        write_tuning(results, chosen, ComparisonDir(folder).tuning_path, metric, statuses)
     rows: list[SummaryRow] = []
     for i, run in enumerate(P.full_runs(plan, chosen), len(tuning) + 1):
         code, run_dir = execute(folder, run, f"run {i}/{total}")
@@ -71,7 +72,7 @@ def compare(plan: P.Plan, folder: str) -> tuple[int, str, list[SummaryRow]]:
         cfg = C.from_dict(run.config, runconfig.method_configs())
         rows.append(replace(summarize(run.label, cfg, run_dir, code), tuned=run.tuned, step_s=dedicated_step(cfg, folder)))
     add_speed(rows)
-    write_csv(rows, os.path.join(folder, "summary.csv"))
+    write_csv(rows, ComparisonDir(folder).summary_path)
     from lowband.comparison.report import build
 
     build([folder])
@@ -101,7 +102,7 @@ def execute(folder: str, run: P.Run, position: str = "") -> tuple[int, str]:
     run_dir = os.path.join(folder, run.dir)
     title = (f"{position}: " if position else "") + run.label + \
         (f" {run.key.split('/')[-1]}" if run.kind == "tune" else f" seed {run.seed}")
-    done = P.finished(folder).get(run.key)
+    done = ComparisonDir(folder).finished().get(run.key)
     if done is not None and done["code"] == 0 and RunDir(run_dir).has_records():
         print(f"\n{title}: finished already", flush=True)
         return 0, run_dir
@@ -109,19 +110,19 @@ def execute(folder: str, run: P.Run, position: str = "") -> tuple[int, str]:
     cfg = C.from_dict(run.config, runconfig.method_configs())
     code, run_dir = session.start(cfg, run_dir, resume=RunDir(run_dir).is_run())
     if code != 130:
-        P.mark(folder, run.key, run_dir, code)
+        ComparisonDir(folder).mark(run.key, run_dir, code)
     return code, run_dir
 
 
 def prepared(folder: str, key: str, command: str) -> int:
     """Run a preparation command unless done.jsonl records it finished."""
-    done = P.finished(folder).get(key)
+    done = ComparisonDir(folder).finished().get(key)
     if done is not None and done["code"] == 0:
         print(f"\n=== prepare: lowband {command}: finished already ===", flush=True)
         return 0
     code = run_prepare(continued(command.replace("{folder}", folder)))
     if code != 130:
-        P.mark(folder, key, "", code)
+        ComparisonDir(folder).mark(key, "", code)
     return code
 
 

@@ -18,6 +18,7 @@ from safetensors.torch import load_file
 
 from lowband.distill.coordinator import Coordinator, TeacherInfo, redact
 from lowband.errors import UsageError
+from lowband.run.rundir import RunDir
 
 log = logging.getLogger("lowband.teacher")
 
@@ -28,15 +29,15 @@ def find_run_config(path: str) -> str:
         raise UsageError(f"--teacher {path}: no such file or directory")
     here = path if os.path.isdir(path) else os.path.dirname(os.path.abspath(path))
     for folder in (here, os.path.dirname(here)):
-        if os.path.isfile(os.path.join(folder, "config.toml")):
-            return os.path.join(folder, "config.toml")
+        if RunDir(folder).is_run():
+            return RunDir(folder).config_path
     raise UsageError(f"--teacher {path}: no config.toml beside it or in its parent, so its architecture is unknown; "
                      "give a lowband run directory, its model.safetensors, or a file in its checkpoints/")
 
 
 def read_weights(path: str) -> dict[str, torch.Tensor]:
     if os.path.isdir(path):
-        path = os.path.join(path, "model.safetensors")
+        path = RunDir(path).model_path(0)
     if not os.path.isfile(path):
         raise UsageError(f"--teacher {path}: no such file")
     if path.endswith(".safetensors"):

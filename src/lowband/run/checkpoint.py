@@ -87,8 +87,13 @@ def model_metadata(path: str) -> dict[str, str]:
         return {}
 
 
+def rank_name(rank: int, epoch: int) -> str:
+    """A rank's checkpoint file name: rank{R}-epoch{EEEE}.pt."""
+    return f"rank{rank}-epoch{epoch:04d}.pt"
+
+
 def rank_path(run_dir: str, rank: int, epoch: int) -> str:
-    return os.path.join(RunDir(run_dir).checkpoint_dir, f"rank{rank}-epoch{epoch:04d}.pt")
+    return os.path.join(RunDir(run_dir).checkpoint_dir, rank_name(rank, epoch))
 
 
 def epochs_saved(run_dir: str, rank: int) -> list[int]:

@@ -86,7 +86,7 @@ def main(run_dir: str, resume: str = "0") -> None:
     except Diverged as e:  # the launcher stops the job and prints this file's first line
         import traceback
 
-        worker.run_dir.write_text(f"diverged.rank{worker.id}.txt", f"{e}\n\n{traceback.format_exc()}")
+        RunDir(worker.run_dir.path, worker.id).record_divergence(f"{e}\n\n{traceback.format_exc()}")
         raise
     finally:
         worker.close()
@@ -473,7 +473,7 @@ def _logger(run_dir: str, worker: int) -> logging.Logger:
     if os.environ.get("LOWBAND_QUIET") == "1":
         console.setLevel(logging.WARNING)
     log.addHandler(console)
-    fh = logging.FileHandler(os.path.join(run_dir, "train.log"))
+    fh = logging.FileHandler(RunDir(run_dir).log_path)
     fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
     log.addHandler(fh)
     return log

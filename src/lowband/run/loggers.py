@@ -22,6 +22,7 @@ from typing import Any, Protocol
 from lowband.errors import ConfigError
 from lowband.records import EpochRecord
 from lowband.registry.plugins import import_factory
+from lowband.run.rundir import RunDir
 
 # built-in logger name -> (package it needs, pip install hint)
 PACKAGES = {"tensorboard": ("tensorboard", "pip install tensorboard"), "wandb": ("wandb", "pip install wandb")}
@@ -87,8 +88,7 @@ class TensorBoardLogger:
     def __init__(self, run_dir: str, rank: int, config: dict):
         from torch.utils.tensorboard import SummaryWriter
 
-        folder = os.path.join(run_dir, "tensorboard", *([f"rank{rank}"] if rank else []))
-        self.writer = SummaryWriter(log_dir=folder)
+        self.writer = SummaryWriter(log_dir=RunDir(run_dir, rank).logger_dir("tensorboard"))
         self.writer.add_text("config", "```\n" + _toml(config) + "\n```", 0)
 
     def log(self, scalars: dict[str, float], epoch: int) -> None:
@@ -107,6 +107,7 @@ class WandbLogger:
         import wandb
 
         name = os.path.basename(os.path.normpath(run_dir)) + (f"-rank{rank}" if rank else "")
+        # wandb makes its own wandb/ folder under `dir`: RUN_DIR/wandb, as RunDir says
         self.run = wandb.init(project=os.environ.get("WANDB_PROJECT", "lowband"), name=name, dir=run_dir,
                               config=config, mode=os.environ.get("WANDB_MODE", "offline"), reinit=True)
 

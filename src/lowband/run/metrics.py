@@ -26,7 +26,9 @@ def setup_logging(run_dir: str, rank: int) -> logging.Logger:
     console.setFormatter(logging.Formatter("%(message)s" if rank == 0 else f"[rank {rank}] %(message)s"))
     log.addHandler(console)
     if rank == 0:
-        fh = logging.FileHandler(os.path.join(run_dir, "train.log"))
+        from lowband.run.rundir import RunDir
+
+        fh = logging.FileHandler(RunDir(run_dir).log_path)
         fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         log.addHandler(fh)
     return log

@@ -68,7 +68,7 @@ def reshard(run_dir: str, old: int, new: int) -> Resharded:
         state = checkpoint.load_state(checkpoint.rank_path(run_dir, source, epoch))
         state["comm"] = merge_counters([counted[q][0] for q in summed])
         state["samples"] = sum(counted[q][1] for q in summed)
-        checkpoint.save_state(state, os.path.join(staging, f"rank{r}-epoch{epoch:04d}.pt"))
+        checkpoint.save_state(state, os.path.join(staging, checkpoint.rank_name(r, epoch)))
     archive = _archive_name(folder, old)
     os.makedirs(archive)
     for name in sorted(os.listdir(folder)):

@@ -1,6 +1,8 @@
 """A run directory and every file in it, with one owner: `RunDir`.
 
     config.toml                 the resolved configuration
+    train.log                   what the console showed
+    tensorboard/, wandb/        experiment loggers' files (tensorboard/rank{R}/ for ranks R > 0)
     checkpoints/                rank{R}-epoch{E}.pt, resumable state (see checkpoint.py)
     model.safetensors           the final model (model.rank{R}.safetensors: rank R's own, when
                                 ranks train separate models); model_L.safetensors the best local one
@@ -87,6 +89,10 @@ class RunDir:
                     out.append((self.file(name), f.readline().strip()))
         return out
 
+    def record_divergence(self, text: str) -> None:
+        """diverged.rank{R}.txt: why this rank stopped (its first line is what the console says)."""
+        self.write_text(f"diverged.rank{self.rank}.txt", text)
+
     def clear_divergences(self) -> None:
         """Remove the diverged.rank{R}.txt files of an earlier attempt (a resume starts afresh)."""
         for path, _ in self.divergences():
@@ -96,6 +102,17 @@ class RunDir:
         from lowband.config import read_toml
 
         return read_toml(self.config_path, "run directory config")
+
+    # ---- what people read besides the records ---------------------------------------------------
+    @property
+    def log_path(self) -> str:
+        """train.log: what the console showed (rank 0's lines; an elastic job's workers all write it)."""
+        return self.file("train.log")
+
+    def logger_dir(self, name: str) -> str:
+        """Where experiment logger `name` keeps its files (lowband.run.loggers): NAME/, or NAME/rankR/
+        for rank R > 0 of a method whose ranks train separate models."""
+        return self.file(name, *([f"rank{self.rank}"] if self.rank else []))
 
     # ---- checkpoints (their names: run/checkpoint.py) ---------------------------------------------
     @property

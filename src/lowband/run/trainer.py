@@ -149,7 +149,7 @@ class Trainer:
         try:
             self._fit(resume)
         except Diverged as e:
-            self.run.write_text(f"diverged.rank{self.rank}.txt", f"{e}\n\n{traceback.format_exc()}")
+            self.run.record_divergence(f"{e}\n\n{traceback.format_exc()}")
             raise
 
     def _fit(self, resume: bool) -> None:

@@ -1,0 +1,88 @@
+"""A comparison directory and every file in it, with one owner: `ComparisonDir`.
+
+    plan.json            the plan's inputs; `compare --resume DIR` re-plans the same runs from it
+    done.jsonl           one line per finished run ({key, run_dir, code}): a resume skips them
+    prepare/N/           a suite's preparation commands (e.g. training a teacher)
+    tune/LABEL_FIELD-V/  tuning runs;  LABEL/ (or LABEL-seedS/): the full runs, each a run directory
+    tuning.csv           one row per tuning run, the chosen value marked
+    summary.csv          one row per full run (lowband.comparison.summary.SummaryRow)
+    calibration.json     one worker's step measured alone (lowband.comparison.calibrate)
+    report.md, report.html, *.png   the report (lowband.comparison.report)
+
+Whole files (plan.json, the CSVs) are written atomically; done.jsonl is appended a line at a time.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+
+from lowband.atomic import write_text_atomic
+from lowband.comparison.plan import Plan
+from lowband.errors import UsageError
+
+
+class ComparisonDir:
+    """The files of one comparison directory."""
+
+    PLAN, DONE, SUMMARY, TUNING, CALIBRATION = "plan.json", "done.jsonl", "summary.csv", "tuning.csv", "calibration.json"
+
+    def __init__(self, path: str):
+        self.path = path
+
+    def __fspath__(self) -> str:
+        return self.path
+
+    def file(self, *parts: str) -> str:
+        return os.path.join(self.path, *parts)
+
+    @property
+    def summary_path(self) -> str:
+        return self.file(self.SUMMARY)
+
+    @property
+    def tuning_path(self) -> str:
+        return self.file(self.TUNING)
+
+    @property
+    def calibration_path(self) -> str:
+        return self.file(self.CALIBRATION)
+
+    def is_comparison(self) -> bool:
+        """Whether the directory holds a comparison's results (its summary.csv)."""
+        return os.path.isfile(self.summary_path)
+
+    # ---- the plan and the runs done -------------------------------------------------------------
+    def save_plan(self, plan: Plan) -> None:
+        os.makedirs(self.path, exist_ok=True)
+        write_text_atomic(self.file(self.PLAN), json.dumps(plan.to_json(), indent=1))
+
+    def load_plan(self) -> Plan:
+        """The saved plan; a directory without one is a UsageError naming --resume."""
+        path = self.file(self.PLAN)
+        if not os.path.isfile(path):
+            raise UsageError(f"--resume {self.path}: not a comparison directory with a plan (no {self.PLAN})")
+        with open(path) as f:
+            return Plan.from_json(json.load(f))
+
+    def budget(self) -> str:
+        """What the plan gave every method equally (older comparisons, without a plan: epochs)."""
+        path = self.file(self.PLAN)
+        if not os.path.exists(path):
+            return "epochs"
+        with open(path) as f:
+            return json.load(f).get("budget", "epochs")
+
+    def finished(self) -> dict[str, dict]:
+        """done.jsonl: the last completion record of each key ({key, run_dir, code})."""
+        path = self.file(self.DONE)
+        if not os.path.exists(path):
+            return {}
+        with open(path) as f:
+            records = [json.loads(line) for line in f if line.strip()]
+        return {r["key"]: r for r in records}
+
+    def mark(self, key: str, run_dir: str, code: int) -> None:
+        """Record that the run `key` finished with exit code `code`."""
+        with open(self.file(self.DONE), "a") as f:
+            f.write(json.dumps({"key": key, "run_dir": run_dir, "code": code}) + "\n")
