@@ -33,7 +33,7 @@ from datetime import timedelta
 import torch
 import torch.distributed as dist
 
-from lowband.comm.ledger import Ledger, all_gather_bytes, ring_allreduce_bytes
+from lowband.comm.ledger import Ledger, all_gather_bytes, broadcast_bytes, reduce_bytes, ring_allreduce_bytes
 from lowband.comm.links import UNLIMITED, LinkModel, LinkSpec
 
 
@@ -205,17 +205,14 @@ class Communicator:
 
     def broadcast(self, tensor: torch.Tensor, src: int, tag: str) -> torch.Tensor:
         if self.world > 1:
-            pos = (self.rank - src) % self.world
-            sent = _nbytes(tensor) if pos < self.world - 1 else 0
-            recv = _nbytes(tensor) if pos > 0 else 0
+            sent, recv = broadcast_bytes(_nbytes(tensor), self.world, (self.rank - src) % self.world)
             self._timed(tag, sent, recv, lambda: dist.broadcast(tensor, group=self.group, group_src=src))
         return tensor
 
     def reduce(self, tensor: torch.Tensor, dst: int, tag: str) -> torch.Tensor:
         """Sum `tensor` across ranks into rank `dst`'s copy (other ranks' copies are left undefined)."""
         if self.world > 1:
-            sent = _nbytes(tensor) if self.rank != dst else 0
-            recv = (self.world - 1) * _nbytes(tensor) if self.rank == dst else 0
+            sent, recv = reduce_bytes(_nbytes(tensor), self.world, self.rank == dst)
             self._timed(tag, sent, recv, lambda: dist.reduce(tensor, dst=self._peer(dst), group=self.group), to=dst)
         return tensor
 

@@ -3,10 +3,13 @@
 Every byte lowband counts goes through one `Ledger`: the communicator's collectives and point-to-point
 calls (comm/communicator.py), and the bytes that travel outside a collective (a checkpoint written to
 shared storage, a prediction server's answers, teachers' soft labels) through `outside`, which also
-holds the caller for a modelled link's transfer time. The ring model's formulas live here, once:
+holds the caller for a modelled link's transfer time. What each collective moves per rank, for S
+bytes and K ranks, is written here once (the communicator only measures S and runs the operation):
 
   allreduce   sent = recv = 2(K-1)/K * S      (reduce-scatter then all-gather around a ring)
   all_gather  sent = recv = (K-1) * S         (S is one rank's part)
+  broadcast   a chain from the source: every rank but the last sends S, every rank but the source receives S
+  reduce      every rank but the destination sends S; the destination receives (K-1) * S
 
 Communicators made from one another (split, alone, an elastic quorum's) share their ledger.
 """
@@ -38,6 +41,16 @@ def ring_allreduce_bytes(nbytes: float, world: int) -> float:
 def all_gather_bytes(nbytes: float, world: int) -> float:
     """Bytes each rank sends (and receives) gathering a part of `nbytes` from every one of `world` ranks."""
     return (world - 1) * nbytes
+
+
+def broadcast_bytes(nbytes: float, world: int, position: int) -> tuple[float, float]:
+    """(sent, received) by the rank `position` steps down a chain broadcast of `nbytes` (0: the source)."""
+    return (nbytes if position < world - 1 else 0.0), (nbytes if position > 0 else 0.0)
+
+
+def reduce_bytes(nbytes: float, world: int, is_destination: bool) -> tuple[float, float]:
+    """(sent, received) by a rank in a reduce of `nbytes` to one destination."""
+    return (0.0, (world - 1) * nbytes) if is_destination else (nbytes, 0.0)
 
 
 class Ledger:
