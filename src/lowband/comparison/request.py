@@ -13,8 +13,6 @@ import time
 from dataclasses import dataclass, field
 from importlib import resources
 
-import tomllib
-
 from lowband import config as C
 from lowband.comparison import plan as P
 from lowband.errors import ConfigError, UsageError
@@ -81,7 +79,8 @@ def load_suite(name: str | None = None, path: str | None = None) -> dict:
     if name is not None:
         if name not in suite_names():
             raise UsageError(f"unknown suite {name!r}; known: {', '.join(suite_names())} (or --config FILE)")
-        raw = tomllib.loads(resources.files("lowband").joinpath("suites", f"{name}.toml").read_text())
+        with resources.as_file(resources.files("lowband").joinpath("suites", f"{name}.toml")) as built_in:
+            raw = C.read_toml(str(built_in), f"suite {name}")
     else:
         assert path is not None, "a suite is a name or a path"
         raw = C.read_toml(path)
