@@ -28,6 +28,7 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import matplotlib.ticker
 
+from lowband.atomic import write_text_atomic
 from lowband.comm.links import LinkSpec
 from lowband.comparison import plots, projection, table
 from lowband.comparison.folder import ComparisonDir
@@ -313,8 +314,7 @@ def build(folders: list[str], out: str | None = None, target: float | None = Non
     tuning = tuning_table(load_tuning(folders, labels))
     md += ["## Tuning", "", *tuning, ""] if tuning else []
     md += ["## Plots", "", *plot_sections(runs, rows, groups, target, out)]
-    with open(os.path.join(out, "report.md"), "w") as f:
-        f.write("\n".join(md) + "\n")
+    write_text_atomic(os.path.join(out, "report.md"), "\n".join(md) + "\n")
     write_html(os.path.join(out, "report.html"), md, out)
     return os.path.join(out, "report.md")
 
@@ -456,8 +456,7 @@ def write_html(path: str, md: list[str], folder: str) -> None:
             "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse}"
             "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:first-child{text-align:left}"
             "img{max-width:100%;display:block;margin:1em 0}</style>" + "".join(parts))
-    with open(path, "w") as f:
-        f.write(page)
+    write_text_atomic(path, page)
 
 
 def _html_line(line: str, folder: str) -> str:

@@ -163,14 +163,11 @@ def write_tuning(results: list[tuple[P.Run, float | None]], chosen: dict, path: 
                  statuses: dict[str, str] | None = None) -> None:
     """tuning.csv: one row per tuning run (label, method, field, value, metric, its validation figure, its
     status: ok, diverged, failed (N); chosen yes/no). A run that did not finish is never chosen."""
-    with open(path, "w", newline="") as f:
-        writer = csv.DictWriter(f, fieldnames=TUNING_COLUMNS)
-        writer.writeheader()
-        for run, value in results:
-            writer.writerow({"label": run.label, "method": run.config["method"]["name"], "field": run.field,
-                             "value": P.show(run.value), "metric": metric.val_key, "val": "" if value is None else value,
-                             "status": (statuses or {}).get(run.key, "ok"),
-                             "chosen": "yes" if chosen.get(run.label) == run.value else "no"})
+    rows = [{"label": run.label, "method": run.config["method"]["name"], "field": run.field,
+             "value": P.show(run.value), "metric": metric.val_key, "val": "" if value is None else value,
+             "status": (statuses or {}).get(run.key, "ok"), "chosen": "yes" if chosen.get(run.label) == run.value else "no"}
+            for run, value in results]
+    write_csv_atomic(path, TUNING_COLUMNS, rows)
 
 
 def run_prepare(command: str) -> int:
@@ -217,12 +214,17 @@ def add_speed(rows: list[SummaryRow], target: float | None = None) -> None:
 
 
 def write_csv(rows: list[SummaryRow], path: str) -> None:
-    """summary.csv: one row per run (lowband.comparison.summary), written whole or not at all."""
+    """summary.csv: one row per run (lowband.comparison.summary)."""
+    write_csv_atomic(path, SummaryRow.columns(), [r.csv_row() for r in rows])
+
+
+def write_csv_atomic(path: str, columns: list[str], rows: list[dict]) -> None:
+    """A CSV file with a header, written whole or not at all."""
     def write(tmp: str) -> None:
         with open(tmp, "w", newline="") as f:
-            writer = csv.DictWriter(f, fieldnames=SummaryRow.columns())
+            writer = csv.DictWriter(f, fieldnames=columns)
             writer.writeheader()
-            writer.writerows(r.csv_row() for r in rows)
+            writer.writerows(rows)
     write_atomic(path, write)
 
 

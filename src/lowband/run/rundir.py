@@ -152,8 +152,7 @@ class RunDir:
         """Drop every record after `epoch` from this rank's streams (on resume)."""
         for path in self.own_streams():
             kept = [r for r in read_jsonl(path) if r.get("epoch", 0) <= epoch]
-            with open(path, "w") as f:
-                f.writelines(json.dumps(r) + "\n" for r in kept)
+            write_text_atomic(path, "".join(json.dumps(r) + "\n" for r in kept))
 
 
 def read_jsonl(path: str, check: Callable[[dict], str | None] | None = None) -> Iterator[dict]:
