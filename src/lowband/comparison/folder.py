@@ -48,6 +48,14 @@ class ComparisonDir:
     def calibration_path(self) -> str:
         return self.file(self.CALIBRATION)
 
+    def report_path(self, kind: str) -> str:
+        """report.md or report.html (`kind`: md, html)."""
+        return self.file(f"report.{kind}")
+
+    def plot_path(self, name: str) -> str:
+        """NAME.png, a plot the report shows."""
+        return self.file(f"{name}.png")
+
     def is_comparison(self) -> bool:
         """Whether the directory holds a comparison's results (its summary.csv)."""
         return os.path.isfile(self.summary_path)

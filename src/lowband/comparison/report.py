@@ -314,9 +314,10 @@ def build(folders: list[str], out: str | None = None, target: float | None = Non
     tuning = tuning_table(load_tuning(folders, labels))
     md += ["## Tuning", "", *tuning, ""] if tuning else []
     md += ["## Plots", "", *plot_sections(runs, rows, groups, target, out)]
-    write_text_atomic(os.path.join(out, "report.md"), "\n".join(md) + "\n")
-    write_html(os.path.join(out, "report.html"), md, out)
-    return os.path.join(out, "report.md")
+    folder = ComparisonDir(out)
+    write_text_atomic(folder.report_path("md"), "\n".join(md) + "\n")
+    write_html(folder.report_path("html"), md, out)
+    return folder.report_path("md")
 
 
 def check_target(target: float | None, metric) -> None:
@@ -367,7 +368,7 @@ def answer(rows: list[TableRow], groups: dict[str, list[SummaryRow]], target: fl
     on_dedicated = dedicated([run for g in groups.values() for run in g])
     ylabel = "projected seconds to target" if target is not None else "projected seconds to finish training"
     plots.link_sweep(sweep(groups, goals, rates, latency_s, on_dedicated), rates, projection.LINK_CLASSES,
-                     ylabel + (" (dedicated machines)" if on_dedicated else ""), os.path.join(out, "time_link.png"))
+                     ylabel + (" (dedicated machines)" if on_dedicated else ""), ComparisonDir(out).plot_path("time_link"))
     return ["## Which method for my link", "", *nothing_finished(rows),
             *link_sentences(rows, groups, goals, latency_s, target is not None, on_dedicated),
             "", how_projected(on_dedicated, latency_s), *measured_note(rows, groups, goals, latency_s, on_dedicated),
@@ -426,14 +427,14 @@ def verdict(folders: list[str], target: float | None = None, latency_s: float = 
 
 def plot_sections(runs: list[SummaryRow], rows: list[TableRow], groups: dict[str, list[SummaryRow]], target: float | None,
           out: str) -> list[str]:
-    plots.pareto(rows, target, os.path.join(out, "pareto.png"))
+    plots.pareto(rows, target, ComparisonDir(out).plot_path("pareto"))
     names = ["pareto"]
     for name, key, xlabel in PLOTS:
-        plots.accuracy(groups, key, xlabel, target, os.path.join(out, f"{name}.png"), table.metric_of(runs))
+        plots.accuracy(groups, key, xlabel, target, ComparisonDir(out).plot_path(name), table.metric_of(runs))
         names.append(name)
     timelines = distill_timelines(runs)
     if timelines:
-        plot_distill(timelines, os.path.join(out, "distill.png"))
+        plot_distill(timelines, ComparisonDir(out).plot_path("distill"))
         names.append("distill")
     return [f"![{name}]({name}.png)" for name in names]
 

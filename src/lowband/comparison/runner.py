@@ -99,7 +99,7 @@ def preflight(plan: P.Plan) -> None:
 def execute(folder: str, run: P.Run, position: str = "") -> tuple[int, str]:
     """Run `run` unless done.jsonl records it finished; an interrupted run continues from its checkpoint.
     `position` ('run 3/12') heads its banner."""
-    run_dir = os.path.join(folder, run.dir)
+    run_dir = ComparisonDir(folder).file(run.dir)
     title = (f"{position}: " if position else "") + run.label + \
         (f" {run.key.split('/')[-1]}" if run.kind == "tune" else f" seed {run.seed}")
     done = ComparisonDir(folder).finished().get(run.key)
