@@ -152,3 +152,16 @@ def test_a_crash_alone_is_reported_with_its_signal(capsys):
              subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])]
     assert supervise(procs) == 134
     assert "worker 0" in capsys.readouterr().err and all(p.poll() is not None for p in procs)
+
+
+def test_the_failure_seen_first_is_the_cause_when_none_explains_itself(capsys):
+    # worker 1 is killed; worker 0, a lower rank, aborts 0.2 s later in the collective cut short:
+    # the launcher reports the kill, not the abort that followed from it
+    from lowband.run.launch import supervise
+
+    abort_later = "import os, signal, time; time.sleep(0.2); os.kill(os.getpid(), signal.SIGABRT)"
+    killed = "import os, signal; os.kill(os.getpid(), signal.SIGKILL)"
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for code in (abort_later, killed)]
+    assert supervise(procs) == 128 + signal.SIGKILL
+    err = capsys.readouterr().err
+    assert "worker 1" in err and "SIGABRT" not in err

@@ -138,12 +138,15 @@ def _failures(procs: list[subprocess.Popen]) -> list[tuple[int, int]]:
 def _cause(procs: list[subprocess.Popen], poll_s: float, settle_s: float = 0.5) -> tuple[int, int]:
     """The failure that explains the others: a worker's usage error (2) or divergence (4) before a
     peer's crash, which often follows from it (a collective cut short by the leaver). The peers get
-    `settle_s` to show their codes, since the crash may be seen before the cause."""
-    deadline, failed = time.monotonic() + settle_s, _failures(procs)
+    `settle_s` to show their codes, since the crash may be seen before the cause. Without one, the
+    failure seen first: a peer that aborts after a worker was killed is not the cause."""
+    first = _failures(procs)
+    deadline, failed = time.monotonic() + settle_s, first
     while not any(c in (2, 4) for _, c in failed) and time.monotonic() < deadline:
         time.sleep(poll_s)
         failed = _failures(procs)
-    return min(failed, key=lambda f: (f[1] not in (2, 4), f[1] != 2, f[0]))
+    explained = [f for f in failed if f[1] in (2, 4)]
+    return min(explained, key=lambda f: (f[1] != 2, f[0])) if explained else first[0]
 
 
 def stop(procs: list[subprocess.Popen], grace_s: float = GRACE_S) -> None:
