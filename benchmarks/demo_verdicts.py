@@ -22,10 +22,10 @@ def verdict(folder: str) -> tuple[list[str], str, dict[str, float]]:
     """(labels that reach the target, the fastest at 10 mbit, final val bpb per label) of one comparison."""
     runs = report.load_runs([folder])
     rows, _, _ = table.rows(runs)
-    reach = [r["label"] for r in rows if r["epochs_to_target"] is not None]
+    reach = [r.label for r in rows if r.epochs_to_target is not None]
     sentence = next(s for s in report.verdict([folder]) if s.startswith("At 10 mbit"))
     match = re.search(r"the fastest to target is (\S+)", sentence)
-    return reach, match.group(1) if match else "-", {r["label"]: r["val"].mean for r in rows if r["val"]}
+    return reach, match.group(1) if match else "-", {r.label: r.val.mean for r in rows if r.val}
 
 
 def main() -> None:
