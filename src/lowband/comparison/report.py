@@ -34,7 +34,7 @@ from lowband.comparison import plots, projection, table
 from lowband.comparison.folder import ComparisonDir
 from lowband.comparison.summary import SummaryRow
 from lowband.comparison.table import TableRow
-from lowband.data.metric import metric_for
+from lowband.data.metric import ACCURACY, BITS_PER_BYTE, metric_for
 from lowband.errors import ConfigError, UsageError
 from lowband.run.metrics import human_bytes, read_metrics
 from lowband.run.rundir import RunDir, warn
@@ -152,7 +152,7 @@ def tuning_table(rows: list[dict]) -> list[str]:
     tried: dict[tuple[str, str], list[dict]] = {}
     for r in rows:
         tried.setdefault((r["label"], r["field"]), []).append(r)
-    word = "bits per byte" if any(r.get("metric") == "val_bpb" for r in rows) else "accuracy"
+    word = BITS_PER_BYTE.name if any(r.get("metric") == BITS_PER_BYTE.val_key for r in rows) else ACCURACY.name
     lines = [f"| method | setting | values tried (validation {word}) | chosen |", "|---|---|---|---|"]
     for (label, field), values in tried.items():
         chosen = [v["value"] for v in values if str(v.get("chosen", "")).strip().lower() in ("1", "true", "yes")]
@@ -164,7 +164,7 @@ def tuning_table(rows: list[dict]) -> list[str]:
 def _tried(row: dict) -> str:
     """A tuning run's figure, or why it has none ('diverged', 'failed (1)')."""
     status = row.get("status") or "ok"
-    return _acc(row.get("val", row.get("val_acc"))) if status == "ok" else status
+    return _acc(row.get("val", row.get(ACCURACY.val_key))) if status == "ok" else status  # older files: val_acc
 
 
 def _acc(text: str | None) -> str:

@@ -64,9 +64,11 @@ def groups(runs: list[SummaryRow]) -> dict[str, list[SummaryRow]]:
     return out
 
 
-def final(runs: list[SummaryRow], key: str) -> Stat | None:
-    """`key` of each run's last evaluated record, over the runs that have one."""
-    return Stat.of([evaluated(r)[-1].value(key) for r in runs if evaluated(r)])
+def final(runs: list[SummaryRow], key: str | Callable[[EpochRecord], float | None]) -> Stat | None:
+    """A figure of each run's last evaluated record, over the runs that have one: the field a metric
+    names (`key`, e.g. its val_key) or what a function reads."""
+    read = key if callable(key) else (lambda r: r.value(key))
+    return Stat.of([read(evaluated(r)[-1]) for r in runs if evaluated(r)])
 
 
 def metric_of(runs: Sequence[SummaryRow | TableRow]) -> Metric:
@@ -154,7 +156,8 @@ def row(label: str, runs: list[SummaryRow], target: float | None) -> TableRow:
     return TableRow(
         label=label, method=runs[0].method, workers=runs[0].workers, seeds=len(runs), status=status(runs),
         metric=metric, val=val, test=final(runs, metric.test_key), target=target,
-        val_acc=final(runs, "val_acc"), test_acc=final(runs, "test_acc"), val_acc_L=final(runs, "val_acc_L"),
+        val_acc=final(runs, lambda r: r.val_acc), test_acc=final(runs, lambda r: r.test_acc),
+        val_acc_L=final(runs, lambda r: r.val_acc_L),
         gap=gap, within_noise=val is not None and gap is not None and val.sd is not None and abs(gap) < val.sd,
         samples=Stat.of([r.samples for r in last]), bytes=Stat.of([r.bytes_sent_per_worker for r in last]),
         sites=max(r.sites for r in runs), inter=Stat.of([r.inter_or_sent for r in last]),

@@ -241,9 +241,9 @@ def plot(run_dir: str, rounds: list[dict], epochs: list[EpochRecord]) -> str:
     top.set_ylabel("workers in the quorum")
     top.yaxis.set_major_locator(MaxNLocator(integer=True))
     top.set_title("elastic job: membership and validation over time")
-    key = "val_bpb" if epochs[-1].val_bpb is not None else "val_acc"
-    bottom.plot([r.extra["elapsed_s"] for r in epochs], [r.value(key) for r in epochs], marker="o")
-    bottom.set_ylabel("validation bits per byte" if key == "val_bpb" else "validation accuracy")
+    bpb = epochs[-1].val_bpb is not None
+    bottom.plot([r.extra["elapsed_s"] for r in epochs], [r.val_bpb if bpb else r.val_acc for r in epochs], marker="o")
+    bottom.set_ylabel("validation bits per byte" if bpb else "validation accuracy")
     bottom.set_xlabel("seconds since the job started")
     fig.tight_layout()
     path = os.path.join(run_dir, "elastic.png")
