@@ -7,10 +7,13 @@ A codec spec is one or two parts joined by "+":
                         (scale = max |x| / (2^(b-1) - 1)); ":stochastic" rounds up with probability
                         equal to the remainder (unbiased), ":nearest" (default) to the nearest level
   topk:F                per chunk of 4096 values, the round(F * 4096) largest in magnitude, their
-                        positions as 12-bit indices packed two in three bytes; the values in fp32
-                        or in the value codec after "+" (topk:0.02+int2)
-Every payload is a uint8 tensor whose length depends only on the vector's length, so receivers
-can size their buffers in advance. `ErrorFeedback` keeps what compression dropped and adds it to
+                        positions through the chunk12 index codec (lowband.comm.index_codecs: 12 bits
+                        each, two in three bytes); the values in fp32 or in the value codec after "+"
+                        (topk:0.02+int2)
+What travels, one way for every kind: values (here), indices (index_codecs.py) and checkpoints
+(store.py) encode to bytes and decode back, and the bytes counted are the payload's length.
+Every value payload is a uint8 tensor whose length, `payload_bytes(n)`, depends only on the
+vector's length n, so receivers can size their buffers in advance. `ErrorFeedback` keeps what compression dropped and adds it to
 the next vector (sent + residual = input + previous residual, exactly).
 Same idea as hivemind's compression/ and torchft's quantization.py; our own code.
 """
