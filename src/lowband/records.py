@@ -14,12 +14,14 @@ Byte figures are cumulative since the run began (see lowband.run.reporter for th
 
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-# Written only when they have a value: a classifier's records carry no bits per byte, and data that is
-# not a corpus no corpus hash.
-_ONLY_WHEN_SET = frozenset({"val_bpb", "test_bpb", "corpus_sha256", "corpus_bytes"})
+# Written only when they have a value: data that is not a corpus has no corpus hash; a classifier's
+# records carry no bits per byte (a language model's carry both, one null without a validation split).
+_ONLY_WHEN_SET = frozenset({"corpus_sha256", "corpus_bytes"})
+_BPB = ("val_bpb", "test_bpb")
 
 
 @dataclass
@@ -67,8 +69,22 @@ class EpochRecord:
     extra: dict[str, Any] = field(default_factory=dict)
 
     def value(self, key: str) -> Any:
-        """The figure a metric names (lowband.data.metric.Metric.val_key: "val_acc" or "val_bpb")."""
-        return getattr(self, key)
+        """The figure a metric names (lowband.data.metric.Metric.val_key: "val_acc" or "val_bpb"), or a
+        method's own figure in `extra` (None when the record has neither)."""
+        return getattr(self, key) if key in _FIELDS else self.extra.get(key)
+
+    def __getitem__(self, key: str) -> Any:
+        """Reading a record as the dict it was before 0.3 (`record["val_acc"]`) still works, with a
+        DeprecationWarning: use the attribute (`record.val_acc`)."""
+        warnings.warn("EpochRecord[key] is deprecated; read the attribute (record.val_acc) or record.value(key)",
+                      DeprecationWarning, stacklevel=2)
+        return self.to_json()[key]
+
+    def get(self, key: str, default: Any = None) -> Any:
+        """Deprecated dict-style read, as `__getitem__`."""
+        warnings.warn("EpochRecord.get(key) is deprecated; read the attribute or record.value(key)",
+                      DeprecationWarning, stacklevel=2)
+        return self.to_json().get(key, default)
 
     @property
     def evaluated(self) -> bool:
@@ -85,10 +101,16 @@ class EpochRecord:
         """Bytes per worker that crossed a site boundary; all bytes sent when the run had no site map."""
         return self.bytes_sent_per_worker if self.bytes_inter_per_worker is None else self.bytes_inter_per_worker
 
-    def to_json(self) -> dict[str, Any]:
-        """The flat dict written to metrics.jsonl."""
+    def to_json(self, only_set: bool = False) -> dict[str, Any]:
+        """The flat dict written to metrics.jsonl; `only_set`: leave out every field still at its
+        default (the elastic worker's records, which fill only some)."""
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
-        out = {k: v for k, v in out.items() if v is not None or k not in _ONLY_WHEN_SET}
+        bpb = any(out[k] is not None for k in _BPB)
+        out = {k: v for k, v in out.items()
+               if not (v is None and (k in _ONLY_WHEN_SET or (k in _BPB and not bpb)))}
+        if only_set:
+            blank = EpochRecord(epoch=self.epoch)
+            out = {k: v for k, v in out.items() if k == "epoch" or v != getattr(blank, k)}
         return {**out, **self.extra}
 
     @classmethod
@@ -97,3 +119,6 @@ class EpochRecord:
         known = {f.name for f in fields(cls)} - {"extra"}
         return cls(**{k: v for k, v in raw.items() if k in known},
                    extra={k: v for k, v in raw.items() if k not in known})
+
+
+_FIELDS = frozenset(f.name for f in fields(EpochRecord)) - {"extra"}

@@ -84,6 +84,6 @@ def _parse(text: str, default: Any, kind: Any) -> Any:
         if kind.startswith("float"):
             value = float(text)
             return value if math.isfinite(value) else default
-    except ValueError:
+    except (ValueError, OverflowError):
         return default
     return text

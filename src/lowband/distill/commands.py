@@ -150,5 +150,6 @@ def summary_line(run_dir: str) -> str:
     rates = [r.samples_per_s for r in records if r.samples_per_s]
     d = last.extra.get("distill", {})
     extra = f", {d.get('resent', 0)} batch(es) re-sent after teacher failures" if d else ""
-    return (f"student: test accuracy {last.test_acc or 0.0:.4f}, {sum(rates) / max(len(rates), 1):.0f} samples/s "
+    acc = "-" if last.test_acc is None else f"{last.test_acc:.4f}"
+    return (f"student: test accuracy {acc}, {sum(rates) / max(len(rates), 1):.0f} samples/s "
             f"on average over {len(records)} epoch(s){extra}")

@@ -219,7 +219,8 @@ def summarize(run_dir: str) -> None:
     changes = sum(1 for a, b in pairwise(rounds) if a["members"] != b["members"])
     redone = sum(1 for q in rounds if q["attempt"] > 0)
     last = epochs[-1]
-    figure = f"val bpb {last.val_bpb:.4f}" if last.val_bpb is not None else f"val acc {last.val_acc or 0.0:.4f}"
+    acc = "-" if last.val_acc is None else f"{last.val_acc:.4f}"
+    figure = f"val bpb {last.val_bpb:.4f}" if last.val_bpb is not None else f"val acc {acc}"
     tags = ", ".join(f"{t} {v / 1e6:.2f} MB" for t, v in sorted(last.extra["bytes_total_by_tag"].items()) if v)
     print(f"lowband: elastic job done: {len(epochs)} epoch(s) in {len(rounds)} round(s); workers per round "
           f"{min(sizes)}..{max(sizes)} (mean {sum(sizes) / len(sizes):.2f}), membership changed {changes} time(s), "

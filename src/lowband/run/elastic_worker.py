@@ -352,7 +352,7 @@ class ElasticWorker:
                    "bytes_total_by_tag": by_tag, "bytes_sent_total": total, "elapsed_s": round(elapsed, 3)})
         if metric_for(self.cfg.data.name) is BITS_PER_BYTE:
             record.val_bpb, record.test_bpb = bits_per_byte(val_loss), bits_per_byte(test_loss)
-        self.run_dir.stream("metrics").write(record.to_json())
+        self.run_dir.stream("metrics").write(record.to_json(only_set=True))
         figure = (f"val bpb {record.val_bpb:.4f}" if record.val_bpb is not None
                   else f"val acc {val_acc if val_acc is not None else test_acc:.4f}")
         self.log.info(f"epoch {q.epoch_end}/{self.cfg.train.epochs}  round {q.round}  {len(q.members)} worker(s)  "

@@ -76,6 +76,7 @@ def scalars(record: EpochRecord) -> dict[str, float]:
         out[f"bytes/{tag}/sent"], out[f"bytes/{tag}/recv"] = b.get("sent"), b.get("recv")
     for key, value in r.time.items():
         out[f"seconds/{key.removesuffix('_s')}"] = value
+    out["method/bytes_inter_per_worker"], out["method/corpus_bytes"] = r.bytes_inter_per_worker, r.corpus_bytes
     for key, value in r.extra.items():  # method extras (Diff_LG, buffer volume, ...): numbers only
         if not key.endswith("_ranks"):
             out[f"method/{key}"] = value
