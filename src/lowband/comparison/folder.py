@@ -75,11 +75,7 @@ class ComparisonDir:
 
     def budget(self) -> str:
         """What the plan gave every method equally (older comparisons, without a plan: epochs)."""
-        path = self.file(self.PLAN)
-        if not os.path.exists(path):
-            return "epochs"
-        with open(path) as f:
-            return json.load(f).get("budget", "epochs")
+        return self.load_plan().budget if os.path.isfile(self.file(self.PLAN)) else "epochs"
 
     def finished(self) -> dict[str, dict]:
         """done.jsonl: the last completion record of each key ({key, run_dir, code})."""
