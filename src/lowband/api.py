@@ -79,10 +79,10 @@ class Comparison:
     table: str = field(repr=False, default="")
 
 
-def resolve(config=None, method: str | None = None, overrides: dict | None = None) -> C.Config:
+def build_config(config=None, method: str | None = None, overrides: dict | None = None) -> C.Config:
     """A validated Config from a config (TOML path, dict or Config), a method and keyword overrides.
 
-    >>> resolve(method="allreduce", overrides={"epochs": 3, "optim.lr": 0.1}).optim.lr
+    >>> build_config(method="allreduce", overrides={"epochs": 3, "optim.lr": 0.1}).optim.lr
     0.1
     """
     from lowband.run.runconfig import method_configs
@@ -121,7 +121,7 @@ def train(method: str | None = None, config=None, *, run_dir: str | None = None,
     from lowband.run import session
 
     load_all()
-    cfg = resolve(config, method, overrides)
+    cfg = build_config(config, method, overrides)
     with _quiet(quiet):
         code, where = session.start(cfg, run_dir, out=out)
     if code != 0:
@@ -148,7 +148,7 @@ def compare(methods: list[str], config=None, *, out: str = "runs", quiet: bool =
     load_all()
     if isinstance(methods, str) or not methods:
         raise ConfigError("methods", methods, "must be a non-empty list of method specs, e.g. ['allreduce']")
-    base = C.to_dict(resolve(config, parse_spec(methods[0])[0], overrides))
+    base = C.to_dict(build_config(config, parse_spec(methods[0])[0], overrides))
     plan, folder = plan_for(Request(methods=list(methods), base=base, out=out))
     with _quiet(quiet):
         code, folder, rows = cmp.compare(plan, folder)

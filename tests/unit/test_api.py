@@ -9,17 +9,17 @@ from lowband import api
 
 
 def test_keywords_shortcuts_and_dotted_keys_layer_over_a_config():
-    cfg = api.resolve({"train": {"epochs": 7, "workers": 3}}, "local_sgd",
+    cfg = api.build_config({"train": {"epochs": 7, "workers": 3}}, "local_sgd",
                       {"workers": 2, "method.tau": 4, "optim.lr": 0.2, "dataset": "digits"})
     assert (cfg.method.name, cfg.method.tau, cfg.train.workers, cfg.train.epochs) == ("local_sgd", 4, 2, 7)
     assert cfg.optim.lr == 0.2 and cfg.data.name == "digits"
-    assert api.resolve(cfg).train.workers == 2  # a Config round-trips
+    assert api.build_config(cfg).train.workers == 2  # a Config round-trips
 
 
 def test_a_toml_path_is_read(tmp_path):
     path = tmp_path / "my.toml"
     path.write_text("[method]\nname = 'ec_dnn'\nensemble = 'margin'\n[train]\nepochs = 5\n")
-    cfg = api.resolve(str(path), overrides={"epochs": 6})
+    cfg = api.build_config(str(path), overrides={"epochs": 6})
     assert (cfg.method.name, cfg.method.ensemble, cfg.train.epochs) == ("ec_dnn", "margin", 6)
 
 

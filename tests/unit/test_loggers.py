@@ -82,7 +82,7 @@ def test_a_missing_package_stops_the_command_with_one_line_and_no_run_dir(name, 
 
 def test_an_unknown_logger_is_a_config_error_at_resolve():
     with pytest.raises(ConfigError, match="train.loggers"):
-        cli.resolve(cli.parser().parse_args(["config", "--logger", "mlflow"]))
+        cli.config_from_args(cli.parser().parse_args(["config", "--logger", "mlflow"]))
 
 
 def test_each_epoch_line_tells_the_whole_run(tmp_path, monkeypatch, caplog):

@@ -4,11 +4,13 @@ import math
 
 import pytest
 
+from lowband import config as C
 from lowband.comparison import plan as P
 from lowband.comparison.folder import ComparisonDir
 from lowband.comparison.space import Param, Tune, parse_tune
 from lowband.data.metric import ACCURACY, BITS_PER_BYTE
 from lowband.errors import ConfigError
+from lowband.run import runconfig
 from lowband.run.spec import resolve
 
 
@@ -83,18 +85,19 @@ def test_trials_set_their_values_and_the_first_seed_then_each_seed_runs_once_wit
     p = plan(["allreduce", "local_sgd:tau=4"], ["optim.lr=0.05:0.2", "method.tau=2,8"], seeds=[3, 4])
     assert p.tuned == {"allreduce": ["optim.lr"], "local_sgd:tau=4": ["optim.lr", "method.tau"]}  # tau: who has it
     trial = P.trial_run(p, "local_sgd:tau=4", 7, {"optim.lr": 0.1, "method.tau": 8})
-    assert (trial.config["optim"]["lr"], trial.config["method"]["tau"], trial.config["train"]["seed"],
-            trial.config["train"]["epochs"]) == (0.1, 8, 3, 2)
+    assert (trial.config.optim.lr, trial.config.method.tau, trial.config.train.seed,
+            trial.config.train.epochs) == (0.1, 8, 3, 2)
     assert trial.dir == "tune/local_sgd_tau-4/trial-007" and trial.tuned == "optim.lr=0.1 method.tau=8"
     assert P.trial_run(p, "allreduce", 8, {"optim.lr": 0.1}, "tune/allreduce/trial-002").dir == "tune/allreduce/trial-002"
     chosen = {"allreduce": {"optim.lr": 0.15}, "local_sgd:tau=4": {"optim.lr": 0.05, "method.tau": 2}}
     full = P.full_runs(p, chosen)
-    assert [(r.label, r.seed, r.config["optim"]["lr"], r.config["method"].get("tau"), r.config["train"]["epochs"])
+    assert [(r.label, r.seed, r.config.optim.lr, getattr(r.config.method, "tau", None), r.config.train.epochs)
             for r in full] == [("allreduce", 3, 0.15, None, 5), ("local_sgd:tau=4", 3, 0.05, 2, 5),
                                ("allreduce", 4, 0.15, None, 5), ("local_sgd:tau=4", 4, 0.05, 2, 5)]
     assert [r.dir for r in full[:2]] == ["allreduce_seed-3", "local_sgd_tau-4_seed-3"]
     assert full[1].tuned == "optim.lr=0.05 method.tau=2" and len({r.key for r in full}) == 4
-    assert "optim" not in P.full_runs(p, {"allreduce": {}})[0].config  # none finished: untuned
+    untuned = P.full_runs(p, {"allreduce": {}})[0].config  # none finished: the config's own rate
+    assert untuned.optim.lr == C.from_dict(p.configs["allreduce"], runconfig.method_configs()).optim.lr
 
 
 def test_one_seed_keeps_plain_directory_names():
@@ -170,14 +173,14 @@ def test_budgets_scale_each_methods_epochs_to_allreduces_steps_or_samples():
     def epochs(budget, tune=None):
         p = P.make_plan(specs, base, {}, "F", tune=tune, budget=budget, layout=layout)
         trials = [P.trial_run(p, label, 0, {"optim.lr": 0.1}) for label in specs] if tune else []
-        return [r.config["train"]["epochs"] for r in P.full_runs(p, {})], trials
+        return [r.config.train.epochs for r in P.full_runs(p, {})], trials
 
     assert epochs("epochs")[0] == [20, 20, 20, 20]
     # allreduce: 7 steps x 16 x 4 = 448 samples per epoch; single: 30 steps = 480; codistill (all data twice): 15 steps
     assert epochs("steps")[0] == [round(20 * 7 / 30), 20, 20, round(20 * 7 / 15)]
     assert epochs("samples")[0] == [round(20 * 448 / 480), 20, 20, round(20 * 448 / (15 * 16 * 4))]
     tuning = epochs("steps", parse_tune("optim.lr=0.1", 10))[1]
-    assert [r.config["train"]["epochs"] for r in tuning] == [2, 10, 10, 5]  # tuning runs scale alike
+    assert [r.config.train.epochs for r in tuning] == [2, 10, 10, 5]  # tuning runs scale alike
     with pytest.raises(ConfigError, match="--budget"):
         epochs("time")
 
@@ -203,10 +206,12 @@ def test_a_target_budget_runs_the_reference_first_and_caps_the_others_at_factor_
     runs = P.full_runs(p, {})
     assert [(r.label, r.seed) for r in runs[:3]] == [("allreduce", 0), ("single", 0), ("local_sgd:tau=4", 0)]
     # the reference keeps its epochs; the others up to 2 x its 5 x 448 samples, rounded up to whole epochs
-    assert [r.config["train"]["epochs"] for r in runs[:3]] == [5, math.ceil(2 * 5 * 448 / 480), 10]
+    assert [r.config.train.epochs for r in runs[:3]] == [5, math.ceil(2 * 5 * 448 / 480), 10]
     aimed = P.aim(runs[1], 0.8, ACCURACY)
-    assert (aimed.config["train"]["target_accuracy"], aimed.config["train"]["stop_at_target"]) == (0.8, True)
-    assert P.aim(runs[1], 1.9, BITS_PER_BYTE).config["train"]["target_bpb"] == 1.9
+    assert (aimed.config.train.target_accuracy, aimed.config.train.stop_at_target) == (0.8, True)
+    with pytest.raises(ConfigError, match="train.target_bpb"):  # a typed config: bpb on a classifier is refused
+        P.aim(runs[1], 1.9, BITS_PER_BYTE)
+    assert runs[1].config.train.stop_at_target is False  # aiming makes a new run, the plan's stays as it was
     assert P.make_plan(["allreduce"], base, {}, "F", budget="target", layout=layout).factor == 4.0  # the default
 
 

@@ -21,6 +21,10 @@ import torch
 
 from lowband import config as C
 from lowband.atomic import write_text_atomic
+from lowband.comparison.folder import ComparisonDir
+from lowband.data import load_dataset
+from lowband.models import build_for_task
+from lowband.run.trainer import make_optimizer, resolve_device, task_loss
 
 WARMUP, STEPS = 3, 12
 
@@ -36,10 +40,6 @@ def key(cfg: C.Config) -> str:
 
 def measure(cfg: C.Config, steps: int = STEPS, warmup: int = WARMUP) -> float:
     """Median seconds of one optimizer step of `cfg`'s model on its data, one thread, measured here."""
-    from lowband.data import load_dataset
-    from lowband.models import build_for_task
-    from lowband.run.trainer import make_optimizer, resolve_device, task_loss
-
     threads = torch.get_num_threads()
     torch.set_num_threads(1)
     try:
@@ -69,8 +69,6 @@ def measure(cfg: C.Config, steps: int = STEPS, warmup: int = WARMUP) -> float:
 
 def step_seconds(cfg: C.Config, folder: str) -> float:
     """`cfg`'s dedicated step time, from the folder's calibration.json or measured now (and kept there)."""
-    from lowband.comparison.folder import ComparisonDir
-
     path = ComparisonDir(folder).calibration_path
     known = read(path)
     k = key(cfg)

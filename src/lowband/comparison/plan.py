@@ -42,6 +42,8 @@ from lowband import config as C
 from lowband.comparison.space import Tune, show
 from lowband.data.metric import Metric
 from lowband.errors import ConfigError, require
+from lowband.run import runconfig
+from lowband.run.spec import resolve
 
 TUNE_DIR = "tune"
 BUDGETS = ("epochs", "steps", "samples", "target")
@@ -173,6 +175,7 @@ def parse_budget(text: str) -> tuple[str, float]:
 @dataclass(frozen=True)
 class Run:
     """One run of the plan: `key` names it in done.jsonl, `dir` is relative to the comparison directory;
+    `config` its typed config, parsed once here (what the runner starts and the tuner watches);
     `values` the tuned fields' values (None: nothing tuned)."""
 
     key: str
@@ -180,7 +183,7 @@ class Run:
     kind: str  # "tune" or "run"
     seed: int
     dir: str
-    config: dict
+    config: C.Config
     values: dict | None = None
 
     @property
@@ -217,6 +220,10 @@ class Plan:
             return self.epochs(label, epochs)
         return max(1, math.ceil(epochs * (self.scale or {}).get(label, 1.0) * self.factor - 1e-9))
 
+    def config(self, label: str) -> C.Config:
+        """`label`'s typed config (the plan keeps raw ones: they are what plan.json saves)."""
+        return typed(self.configs[label])
+
     def to_json(self) -> dict:
         return {"version": 2, **asdict(self), "tune": self.tune.to_json() if self.tune else None}
 
@@ -237,10 +244,7 @@ def make_plan(specs: list[str], base: dict, overrides: dict, folder: str, *, see
     `suite`: a suite's `prepare` commands, `per_method` settings, `method_defaults` and `target` (the
     reference of a target budget); `layout(config)` -> (optimizer steps per epoch per worker, workers)
     sizes a `steps`, `samples` or `target` budget (default: the workers' real data, `steps_layout`)."""
-    from lowband.run.runconfig import method_configs as known_methods
-    from lowband.run.spec import resolve
-
-    method_configs = known_methods()
+    method_configs = runconfig.method_configs()
     suite = suite or {}
     prepare, per_method, method_defaults = suite.get("prepare"), suite.get("per_method"), suite.get("method_defaults")
     layout = layout or steps_layout
@@ -262,8 +266,8 @@ def make_plan(specs: list[str], base: dict, overrides: dict, folder: str, *, see
                                           C.from_dict(raw, method_configs)) for label, raw in configs.items()}
     if tune is not None:
         plan.tune, plan.tuned = resolve_tune(tune, configs, method_configs)
-    for raw in [run.config for run in full_runs(plan, {})] + extreme_configs(plan):
-        resolve(C.from_dict(raw, method_configs))
+    for cfg in [run.config for run in full_runs(plan, {})] + extreme_configs(plan):
+        resolve(cfg)
     return plan
 
 
@@ -278,8 +282,7 @@ def reference_label(specs: list[str], method: str) -> str:
 
 def steps_layout(cfg: C.Config) -> tuple[int, int]:
     """(optimizer steps per epoch of each worker, workers) of a config: what a budget is measured in."""
-    from lowband.run.spec import resolve
-    from lowband.run.trainer import worker_data
+    from lowband.run.trainer import worker_data  # torch and the data sets: only a budget's sizing needs them
 
     world = resolve(cfg).world
     return worker_data(cfg, world).steps, world
@@ -313,10 +316,10 @@ def trial_run(plan: Plan, label: str, number: int, values: dict, directory: str 
     epochs = plan.tune.epochs if plan.tune.epochs is not None else train_epochs(cfg)
     cfg = set_field(cfg, "train.epochs", plan.epochs(label, epochs))
     where = directory or os.path.join(TUNE_DIR, safe(label), f"trial-{number:03d}")
-    return Run(f"tune/{label}/{number}", label, "tune", seed, where, cfg, dict(values))
+    return Run(f"tune/{label}/{number}", label, "tune", seed, where, typed(cfg), dict(values))
 
 
-def extreme_configs(plan: Plan) -> list[dict]:
+def extreme_configs(plan: Plan) -> list[C.Config]:
     """Each label's trial config with one tuned field at each of its extremes (what a plan checks)."""
     if plan.tune is None:
         return []
@@ -346,15 +349,22 @@ def full_runs(plan: Plan, chosen: Mapping[str, dict | None]) -> list[Run]:
                 raw = set_field(raw, "train.epochs", plan.cap(label, train_epochs(raw)))
             suffix = f"_seed-{seed}" if len(seeds) > 1 else ""
             key = f"run/{label}" + (f"/seed={seed}" if seed is not None else "")
-            out.append(Run(key, label, "run", raw.get("train", {}).get("seed", 0), safe(label) + suffix, raw,
+            cfg = typed(raw)
+            out.append(Run(key, label, "run", cfg.train.seed, safe(label) + suffix, cfg,
                            dict(values) if values else None))
     return out
 
 
 def aim(run: Run, target: float, metric: Metric) -> Run:
     """`run` stopping at the first epoch its validation figure reaches `target` (within the metric's margin)."""
-    key = "train.target_accuracy" if metric.higher_is_better else "train.target_bpb"
-    return replace(run, config=set_field(set_field(run.config, key, target), "train.stop_at_target", True))
+    train = (replace(run.config.train, target_accuracy=target, stop_at_target=True) if metric.higher_is_better
+             else replace(run.config.train, target_bpb=target, stop_at_target=True))
+    return replace(run, config=replace(run.config, train=train))
+
+
+def typed(raw: dict) -> C.Config:
+    """A raw config (a plan's, with its tuned values set) parsed against every registered method."""
+    return C.from_dict(raw, runconfig.method_configs())
 
 
 def train_epochs(raw: dict) -> int:

@@ -133,9 +133,9 @@ def dedicated_through(records: list[EpochRecord], epoch: int, step_s: float | No
     return next((s for r, s in zip(records, total, strict=True) if r.epoch == epoch), None)
 
 
-def run_link(config: dict) -> LinkSpec:
-    """The link a run was measured on, from its config (a dict read from config.toml)."""
-    return parse_link(config.get("link", {}).get("rate", ""))
+def run_link(rate: str) -> LinkSpec:
+    """The link a run was measured on, from its config's link.rate ("" or "unlimited": none)."""
+    return parse_link(rate)
 
 
 def link_name(rate_bps: float) -> str:

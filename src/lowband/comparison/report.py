@@ -29,14 +29,16 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt
 import matplotlib.ticker
 
+from lowband import config as C
 from lowband.atomic import write_text_atomic
-from lowband.comm.links import LinkSpec
+from lowband.comm.links import LinkSpec, parse_link
 from lowband.comparison import plots, projection, table, tuning_report
 from lowband.comparison.folder import ComparisonDir
 from lowband.comparison.summary import SummaryRow
 from lowband.comparison.table import TableRow
 from lowband.data.metric import metric_for
 from lowband.errors import ConfigError, UsageError
+from lowband.run import runconfig
 from lowband.run.metrics import human_bytes, read_metrics
 from lowband.run.rundir import RunDir, warn
 
@@ -59,16 +61,15 @@ def prefixes(folders: list[str], labels: list[str] | None) -> list[str]:
 ROW_FIELDS = ("run_dir", "label", "method", "workers")
 
 
-def read_config(run_dir: str) -> dict:
-    """A run's config.toml as a dict ({} when missing; {} and a warning when damaged)."""
-    run = RunDir(run_dir)
-    if not run.is_run():
-        return {}
+def read_config(run_dir: str) -> C.Config | None:
+    """A run's typed config (None when missing; None and a warning when damaged or from another version)."""
+    if not RunDir(run_dir).is_run():
+        return None
     try:
-        return run.read_config_dict()
-    except ConfigError as e:
-        warn(f"{e}; its link is taken as unlimited")
-        return {}
+        return runconfig.read_run_config(run_dir, "config.toml")
+    except (ConfigError, UsageError) as e:
+        warn(f"{run_dir}: {e}; its link is taken as unlimited")
+        return None
 
 
 def record_problem(record: dict) -> str | None:
@@ -85,13 +86,12 @@ def load_run(row: dict, folder: str, prefix: str) -> SummaryRow:
     """One summary.csv row with its run's records, metric and link (read from the run's directory)."""
     run_dir = row["run_dir"] if os.path.isabs(row["run_dir"]) else os.path.join(folder, os.path.basename(row["run_dir"]))
     config = read_config(run_dir)
-    link = config.get("link", {}) if isinstance(config.get("link", {}), dict) else {}
-    data = config.get("data", {}) if isinstance(config.get("data", {}), dict) else {}
+    link, data = (config.link, config.data) if config else (C.LinkConfig(), C.DataConfig())
     run = SummaryRow.from_csv(row)
     run.label, run.run_dir, run.status = prefix + run.label, run_dir, run.status or "ok"
     run.step_s = run.step_s if run.step_s and run.step_s > 0 else None
-    run.metric, run.link = metric_for(str(data.get("name", "mnist1d"))), projection.run_link({"link": link})
-    run.link_mode, run.records = link.get("mode", "model"), read_metrics(run_dir, check=record_problem)
+    run.metric, run.link = metric_for(data.name), projection.run_link(link.rate)
+    run.link_mode, run.records = link.mode, read_metrics(run_dir, check=record_problem)
     return run
 
 
@@ -255,24 +255,20 @@ def machine() -> str:
 
 
 def link_of(runs: list[SummaryRow]) -> str:
-    from lowband.comm.links import parse_link
-
     seen = set()
     for run in runs:
-        link = read_config(run.run_dir).get("link")
-        if isinstance(link, dict):
-            seen.add(f"{parse_link(link.get('rate', '')).describe()} ({link.get('mode', 'model')})" + _sites_of(run, link))
+        config = read_config(run.run_dir)
+        if config is not None:
+            link = config.link
+            seen.add(f"{parse_link(link.rate).describe()} ({link.mode})" + _sites_of(run, link))
     return "; ".join(sorted(seen)) or "unknown"
 
 
-def _sites_of(run: SummaryRow, link: dict) -> str:
+def _sites_of(run: SummaryRow, link: C.LinkConfig) -> str:
     """', between 2 sites, unlimited inside' for a run with sites (lowband.comm.sites), else ''."""
-    from lowband.comm.links import parse_link
-
     if run.sites <= 1:
         return ""
-    return f" between {run.sites} sites, {parse_link(link.get('intra', '')).describe()} inside"
-
+    return f" between {run.sites} sites, {parse_link(link.intra).describe()} inside"
 
 
 def build(folders: list[str], out: str | None = None, target: float | None = None,

@@ -14,10 +14,13 @@ from dataclasses import replace
 from lowband import config as C
 from lowband.comparison import plan as P
 from lowband.comparison import table
+from lowband.comparison.calibrate import step_seconds
 from lowband.comparison.folder import ComparisonDir, write_csv_atomic
 from lowband.comparison.plan import fill, parse_spec, spec_config  # noqa: F401 (fill, parse_spec: re-exported)
 from lowband.comparison.projection import run_link
+from lowband.comparison.report import build, verdict
 from lowband.comparison.summary import SummaryRow, TuningRow, status_of
+from lowband.comparison.tuning import check_studies, tune_label
 from lowband.data.metric import ACCURACY, Metric, metric_for
 from lowband.records import EpochRecord
 from lowband.run import loggers, runconfig, session
@@ -43,8 +46,6 @@ def compare(plan: P.Plan, folder: str) -> tuple[int, str, list[SummaryRow]]:
     if not os.path.exists(folder):
         preflight(plan)
     elif plan.tune is not None:
-        from lowband.comparison.tuning import check_studies
-
         check_studies(folder, plan)
     ComparisonDir(folder).save_plan(plan)
     ComparisonDir(folder).repair_done()
@@ -54,7 +55,7 @@ def compare(plan: P.Plan, folder: str) -> tuple[int, str, list[SummaryRow]]:
         code = prepared(folder, f"prepare/{i}", command)
         if code:
             return code, folder, []
-    metric = metric_for(plan.configs[plan.labels[0]].get("data", {}).get("name", C.DataConfig().name))
+    metric = metric_for(plan.config(plan.labels[0]).data.name)
     chosen = tune(plan, folder, metric) if plan.tune is not None else {}
     if chosen is None:
         return 130, folder, []
@@ -68,12 +69,10 @@ def compare(plan: P.Plan, folder: str) -> tuple[int, str, list[SummaryRow]]:
             return 130, folder, rows
         if run.label == plan.reference:
             targets[run.seed] = final_val(run_dir, metric) if code == 0 else None
-        cfg = C.from_dict(run.config, runconfig.method_configs())
-        rows.append(replace(summarize(run.label, cfg, run_dir, code), tuned=run.tuned, step_s=dedicated_step(cfg, folder)))
+        rows.append(replace(summarize(run.label, run.config, run_dir, code), tuned=run.tuned,
+                            step_s=dedicated_step(run.config, folder)))
     add_speed(rows)
     write_csv(rows, ComparisonDir(folder).summary_path)
-    from lowband.comparison.report import build
-
     build([folder])
     return (0 if all(r.status == "ok" for r in rows) else 1), folder, rows
 
@@ -81,8 +80,6 @@ def compare(plan: P.Plan, folder: str) -> tuple[int, str, list[SummaryRow]]:
 def tune(plan: P.Plan, folder: str, metric: Metric) -> dict[str, dict] | None:
     """Each label's search (lowband.comparison.tuning), tuning.csv rewritten after each; per label the
     chosen values ({}: none finished, or it tunes nothing), or None when interrupted."""
-    from lowband.comparison.tuning import tune_label
-
     chosen: dict[str, dict] = {}
     rows: list[TuningRow] = []
     for label in plan.labels:
@@ -116,7 +113,7 @@ def describe_budget(plan: P.Plan) -> str:
     """'budget samples: single 5 epochs, allreduce 20 epochs' (empty for the default, equal epochs)."""
     if plan.budget == "epochs":
         return ""
-    epochs = [f"{run.label} {run.config['train']['epochs']}" for run in P.full_runs(plan, {})[:len(plan.labels)]]
+    epochs = [f"{run.label} {run.config.train.epochs}" for run in P.full_runs(plan, {})[:len(plan.labels)]]
     if plan.budget == "target":
         return (f"budget target: {plan.reference} runs first, its final validation figure is the target; every "
                 f"other method stops when it reaches it or at {plan.factor:g}x {plan.reference}'s samples; "
@@ -128,7 +125,7 @@ def preflight(plan: P.Plan) -> None:
     """Every spec's data, shards and model fit (session.check_plan), before the comparison's folder
     is made: bad input leaves no folder behind."""
     for label in plan.labels:
-        cfg = C.from_dict(plan.configs[label], runconfig.method_configs())
+        cfg = plan.config(label)
         session.check_plan(resolve(cfg))
         loggers.check(cfg.train.loggers)
 
@@ -143,8 +140,7 @@ def execute(folder: str, run: P.Run, position: str = "") -> tuple[int, str]:
         print(f"\n{title}: finished already", flush=True)
         return 0, run_dir
     print(f"\n{title}", flush=True)
-    cfg = C.from_dict(run.config, runconfig.method_configs())
-    code, run_dir = session.start(cfg, run_dir, resume=RunDir(run_dir).is_run())
+    code, run_dir = session.start(run.config, run_dir, resume=RunDir(run_dir).is_run())
     if code != 130:
         ComparisonDir(folder).mark(run.key, run_dir, code)
     return code, run_dir
@@ -182,8 +178,6 @@ def final_val(run_dir: str, metric: Metric = ACCURACY) -> float | None:
 
 def dedicated_step(cfg: C.Config, folder: str) -> float | None:
     """One worker's step time measured alone (lowband.comparison.calibrate), None when it cannot be measured."""
-    from lowband.comparison.calibrate import step_seconds
-
     try:
         return step_seconds(cfg, folder)
     except Exception as e:  # noqa: BLE001 - the comparison's figures stand without it
@@ -209,7 +203,7 @@ def summarize(label: str, cfg: C.Config, run_dir: str, code: int) -> SummaryRow:
     world = resolve(cfg).world
     return SummaryRow(
         label=label, method=cfg.method.name, seed=cfg.train.seed, workers=world, metric=metric_for(cfg.data.name),
-        val_bpb=end.val_bpb, final_bpb=end.test_bpb, link=run_link(C.to_dict(cfg)), corpus_sha256=last.corpus_sha256,
+        val_bpb=end.val_bpb, final_bpb=end.test_bpb, link=run_link(cfg.link.rate), corpus_sha256=last.corpus_sha256,
         val_acc=end.val_acc, val_acc_L=end.val_acc_L, final_acc=end.test_acc, final_acc_L=end.test_acc_L,
         best_val_acc=max((r.val_acc for r in done if r.val_acc is not None), default=None),
         epochs=last.epoch, samples=last.samples, bytes_sent_per_worker=last.bytes_sent_per_worker,
@@ -248,8 +242,6 @@ def print_summary(rows: list[SummaryRow], folder: str, target: float | None = No
     word = table.metric_of(rows).name
     if tuned:
         print(f"\nTuned (the best finished trial's final validation {word}, tuning.csv): " + "; ".join(tuned))
-    from lowband.comparison.report import verdict
-
     print("\n" + "\n".join(verdict([folder], target)))
     print(f"\nruns, summary.csv and report.md/report.html (plots: {word} against epoch, bytes and time; "
           f"projected time to target against link rate; {word} against bytes) in {folder}")

@@ -25,6 +25,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from lowband.comparison.projection import dedicated_through
 from lowband.comparison.summary import SummaryRow
 from lowband.data.metric import ACCURACY, Metric
 from lowband.records import EpochRecord
@@ -182,8 +183,6 @@ def status(runs: list[SummaryRow]) -> str:
 def dedicated_at(runs: list[SummaryRow], epoch: int) -> float | None:
     """Mean over seeds of the dedicated-machine seconds through `epoch` on each run's own link (None:
     a run has no calibrated step time)."""
-    from lowband.comparison.projection import dedicated_through
-
     found = [dedicated_through(r.records, epoch, r.step_s, r.link) for r in runs]
     known = [s for s in found if s is not None]
     return sum(known) / len(known) if known and len(known) == len(found) else None

@@ -37,13 +37,13 @@ import sys
 import time
 from dataclasses import dataclass
 
-from lowband import config as C
 from lowband.comparison import plan as P
 from lowband.comparison.folder import ComparisonDir
 from lowband.comparison.space import Tune, show
 from lowband.comparison.summary import TuningRow, status_of
 from lowband.data.metric import Metric
 from lowband.errors import ConfigError
+from lowband.run import runconfig
 from lowband.run.launch import die_with_parent
 from lowband.run.metrics import read_metrics
 from lowband.run.rundir import RunDir
@@ -237,16 +237,14 @@ def finish(study, trial, outcome: Outcome) -> None:
 def run_trial(folder: str, run: P.Run, trial, metric: Metric) -> Outcome | None:
     """Run one trial as a `lowband train` process, reporting each epoch's validation figure and stopping it
     when the pruner says so; None when it (or this comparison) was interrupted."""
-    from lowband.run import runconfig
-
     run_dir = ComparisonDir(folder).file(run.dir)
     if RunDir(run_dir).has_records():  # a retried trial: continue from its checkpoint
         argv = ["train", "--resume", run_dir]
     else:
-        runconfig.prepare_run_dir(C.from_dict(run.config, runconfig.method_configs()), run_dir)
+        runconfig.prepare_run_dir(run.config, run_dir)
         argv = ["train", "--config", RunDir(run_dir).config_path, "--run-dir", run_dir]
     proc = subprocess.Popen([sys.executable, "-m", "lowband", *argv], preexec_fn=die_with_parent)
-    watch = Watch(trial, metric, run.config["train"]["epochs"], run_dir)
+    watch = Watch(trial, metric, run.config.train.epochs, run_dir)
     try:
         while proc.poll() is None and not watch.pruned:
             time.sleep(POLL_S)

@@ -98,7 +98,7 @@ def teacher_table(coord: Coordinator) -> str:
 
 
 # ---- lowband distill --------------------------------------------------------------------------
-def distill_config(args, resolve) -> C.Config:
+def distill_config(args, config_from_args) -> C.Config:
     """The student's config: the teacher's data set unless told otherwise, method edl, the flags."""
     base = C.read_toml(args.config) if args.config else {}
     if args.teacher and not args.config:
@@ -111,13 +111,13 @@ def distill_config(args, resolve) -> C.Config:
     base = C.merge(base, {"method": method})
     if args.student_model:
         base = C.merge(base, {"model": {"name": args.student_model}})
-    return resolve(args, "edl", base)
+    return config_from_args(args, "edl", base)
 
 
-def run_distill(args, resolve) -> int:
+def run_distill(args, config_from_args) -> int:
     if args.mode != "ntrain" and not args.teacher:
         raise UsageError("--teacher is required (a lowband run directory or checkpoint) unless --mode ntrain")
-    cfg = distill_config(args, resolve)
+    cfg = distill_config(args, config_from_args)
     if args.mode != "ntrain":
         _check_teacher_fits(cfg)
     code, run_dir = session.start(cfg, args.run_dir, out=args.out)  # starts Redis and local teachers if asked

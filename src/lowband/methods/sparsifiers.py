@@ -93,26 +93,26 @@ class Sparsifier:
     x: torch.Tensor
     mixing: Mixing
     timers: Timers
-    values_codec: Codec
+    value_codec: Codec
 
-    def bind(self, x: torch.Tensor, mixing: Mixing, timers: Timers, values_codec: Codec | None = None) -> None:
+    def bind(self, x: torch.Tensor, mixing: Mixing, timers: Timers, value_codec: Codec | None = None) -> None:
         """Attach to a node's flat parameters, mixing row, phase timers and value codec (once, at setup)."""
         self.x, self.mixing, self.timers = x, mixing, timers
-        self.values_codec = values_codec or Codec()
+        self.value_codec = value_codec or Codec()
 
     def pack(self, values: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(what travels, what every receiver will read) for `values`."""
-        if self.values_codec.lossless:
+        if self.value_codec.lossless:
             return values, values
-        payload = self.values_codec.encode(values)
-        read = self.values_codec.decode(payload, values.numel()).to(values.device)
+        payload = self.value_codec.encode(values)
+        read = self.value_codec.decode(payload, values.numel()).to(values.device)
         return payload.to(values.device), read
 
     def unpack(self, got: Incoming, count: int) -> torch.Tensor:
         """The values a neighbour sent, decoded (`count` of them)."""
-        if self.values_codec.lossless:
+        if self.value_codec.lossless:
             return got.values
-        return self.values_codec.decode(got.values.cpu(), count).to(self.x.device)
+        return self.value_codec.decode(got.values.cpu(), count).to(self.x.device)
 
     def decoded(self, incoming: dict[int, Incoming], count: int) -> dict[int, Incoming]:
         return {j: Incoming(self.unpack(got, count), got.index) for j, got in incoming.items()}
@@ -166,7 +166,7 @@ class RandomK(Sparsifier):
 
     def __init__(self, p: float, index: str, sampler: str, seed: int):
         self.p, self.sampler, self.seed = p, sampler, seed
-        self.codec = INDEX_CODECS[index]()
+        self.index_codec = INDEX_CODECS[index]()
 
     def indices(self, step: int) -> torch.Tensor | None:
         """Step `step`'s coordinates on every node; None: all of them (p = 1)."""
@@ -178,7 +178,7 @@ class RandomK(Sparsifier):
     def message(self, step: int) -> Message:
         t0 = time.perf_counter()
         idx = self.indices(step)
-        index = self.codec.encode(idx.cpu(), self.x.numel()) if idx is not None and self.codec.sends_indices else None
+        index = self.index_codec.encode(idx.cpu(), self.x.numel()) if idx is not None and self.index_codec.sends_indices else None
         self.timers.add("index", t0)
         t0 = time.perf_counter()
         values, _ = self.pack(self.x.clone() if idx is None else self.x[idx])
@@ -196,7 +196,7 @@ class RandomK(Sparsifier):
         for j, got in incoming.items():
             if got.index is None:
                 continue
-            if not torch.equal(self.codec.decode(got.index, self.x.numel()).to(idx.device), idx):
+            if not torch.equal(self.index_codec.decode(got.index, self.x.numel()).to(idx.device), idx):
                 raise RuntimeError(f"indices from rank {j} differ from this rank's: the shared mask seed diverged")
 
 
@@ -210,9 +210,9 @@ class TopK(Sparsifier):
     gamma: float
     copies: dict[int, torch.Tensor] = field(default_factory=dict)
 
-    def bind(self, x: torch.Tensor, mixing: Mixing, timers: Timers, values_codec: Codec | None = None) -> None:
-        super().bind(x, mixing, timers, values_codec)  # equal initial models: everyone's public copies start at x
-        self.codec = INDEX_CODECS[self.index]()
+    def bind(self, x: torch.Tensor, mixing: Mixing, timers: Timers, value_codec: Codec | None = None) -> None:
+        super().bind(x, mixing, timers, value_codec)  # equal initial models: everyone's public copies start at x
+        self.index_codec = INDEX_CODECS[self.index]()
         self.copies = {j: x.detach().clone() for j in [mixing.rank, *mixing.peers]}
 
     def message(self, step: int) -> Message:
@@ -222,7 +222,7 @@ class TopK(Sparsifier):
         idx = torch.topk(delta.abs(), max(1, round(self.p * d)), sorted=False).indices.sort().values
         self.timers.add("select", t0)
         t0 = time.perf_counter()
-        (values, read), index = self.pack(delta[idx]), self.codec.encode(idx.cpu(), d)
+        (values, read), index = self.pack(delta[idx]), self.index_codec.encode(idx.cpu(), d)
         self.timers.add("extract", t0)
         me[idx] += read  # our own public copy moves as the neighbours' copies of it will
         return Message(values, index, sized=True, idx=idx)
@@ -232,7 +232,7 @@ class TopK(Sparsifier):
             me, pull = self.copies[self.mixing.rank], torch.zeros_like(self.x)
             for j, got in incoming.items():
                 assert got.index is not None  # TopK indices always travel
-                idx = self.codec.decode(got.index, self.x.numel()).to(self.x.device)
+                idx = self.index_codec.decode(got.index, self.x.numel()).to(self.x.device)
                 self.copies[j][idx] += self.unpack(got, idx.numel())
                 pull.add_(self.copies[j] - me, alpha=self.mixing.w_peer[j])
             self.x.add_(pull, alpha=self.gamma)

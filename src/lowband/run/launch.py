@@ -26,6 +26,7 @@ import time
 import uuid
 from typing import NoReturn
 
+from lowband.atomic import process_running
 from lowband.errors import Diverged, Unavailable, UsageError
 
 GRACE_S = 5.0
@@ -65,8 +66,6 @@ def spawn(entry: str, args: list[str], world: int, rendezvous_dir: str, threads:
 
 def remove_orphan_rendezvous(folder: str) -> None:
     """Remove the rendezvous files of launchers that were killed (SIGKILL leaves no time to clean up)."""
-    from lowband.atomic import process_running
-
     for name in os.listdir(folder):
         pid = name.removeprefix(".rendezvous-").split("-")[0]
         if name.startswith(".rendezvous-") and pid.isdigit() and not process_running(int(pid)):
