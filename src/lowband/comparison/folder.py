@@ -24,9 +24,11 @@ import os
 
 from lowband.atomic import write_atomic, write_text_atomic
 from lowband.comparison.plan import Plan
-from lowband.comparison.summary import TuningRow
+from lowband.comparison.summary import SummaryRow, TuningRow
 from lowband.errors import UsageError
 from lowband.run.rundir import read_jsonl, warn
+
+SUMMARY_NEEDS = ("run_dir", "label", "method", "workers")  # a summary.csv row without these cannot be reported
 
 
 class ComparisonDir:
@@ -56,6 +58,30 @@ class ComparisonDir:
     def study_path(self) -> str:
         """tuning.db: the Optuna studies (SQLite)."""
         return self.file(self.STUDY)
+
+    def write_summary(self, rows: list[SummaryRow]) -> None:
+        """summary.csv: one row per full run."""
+        write_csv_atomic(self.summary_path, SummaryRow.columns(), [r.csv_row() for r in rows])
+
+    def read_summary(self) -> list[SummaryRow]:
+        """summary.csv's usable rows; a row without its run directory, label, method or workers is skipped
+        with a warning naming its line; UsageError when the file is missing or unreadable."""
+        path = self.summary_path
+        try:
+            with open(path, encoding="utf-8", newline="") as f:
+                rows = list(csv.DictReader(f))
+        except FileNotFoundError:
+            raise UsageError(f"{path}: no such file (is this a `lowband compare` directory?)") from None
+        except (OSError, UnicodeDecodeError, csv.Error) as e:
+            raise UsageError(f"{path} is unreadable ({type(e).__name__}: {e})") from None
+        usable = []
+        for line, row in enumerate(rows, 2):
+            missing = [k for k in SUMMARY_NEEDS if not row.get(k)]
+            if missing:
+                warn(f"skipping {path} line {line}: no {', '.join(missing)}")
+            else:
+                usable.append(SummaryRow.from_csv(row))
+        return usable
 
     def write_tuning(self, rows: list[TuningRow]) -> None:
         """tuning.csv: one row per trial."""

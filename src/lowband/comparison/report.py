@@ -16,7 +16,6 @@ can be overlaid, their labels prefixed by names given with `labels` (default: di
 from __future__ import annotations
 
 import base64
-import csv
 import html
 import os
 import platform
@@ -58,9 +57,6 @@ def prefixes(folders: list[str], labels: list[str] | None) -> list[str]:
     return [f"{os.path.basename(os.path.normpath(folder))}/" for folder in folders]
 
 
-ROW_FIELDS = ("run_dir", "label", "method", "workers")
-
-
 def read_config(run_dir: str) -> C.Config | None:
     """A run's typed config (None when missing; None and a warning when damaged or from another version)."""
     if not RunDir(run_dir).is_run():
@@ -82,12 +78,11 @@ def record_problem(record: dict) -> str | None:
     return None
 
 
-def load_run(row: dict, folder: str, prefix: str) -> SummaryRow:
+def load_run(run: SummaryRow, folder: str, prefix: str) -> SummaryRow:
     """One summary.csv row with its run's records, metric and link (read from the run's directory)."""
-    run_dir = row["run_dir"] if os.path.isabs(row["run_dir"]) else os.path.join(folder, os.path.basename(row["run_dir"]))
+    run_dir = run.run_dir if os.path.isabs(run.run_dir) else os.path.join(folder, os.path.basename(run.run_dir))
     config = read_config(run_dir)
     link, data = (config.link, config.data) if config else (C.LinkConfig(), C.DataConfig())
-    run = SummaryRow.from_csv(row)
     run.label, run.run_dir, run.status = prefix + run.label, run_dir, run.status or "ok"
     run.step_s = run.step_s if run.step_s and run.step_s > 0 else None
     run.metric, run.link = metric_for(data.name), projection.run_link(link.rate)
@@ -95,30 +90,11 @@ def load_run(row: dict, folder: str, prefix: str) -> SummaryRow:
     return run
 
 
-def summary_rows(path: str) -> list[tuple[int, dict]]:
-    """(line, row) of every usable summary.csv row; each unusable one is skipped with a warning."""
-    try:
-        with open(path, encoding="utf-8", newline="") as f:
-            rows = list(csv.DictReader(f))
-    except FileNotFoundError:
-        raise UsageError(f"{path}: no such file (is this a `lowband compare` directory?)") from None
-    except (OSError, UnicodeDecodeError, csv.Error) as e:
-        raise UsageError(f"{path} is unreadable ({type(e).__name__}: {e})") from None
-    usable = []
-    for line, row in enumerate(rows, 2):
-        missing = [k for k in ROW_FIELDS if not row.get(k)]
-        if missing:
-            warn(f"skipping {path} line {line}: no {', '.join(missing)}")
-        else:
-            usable.append((line, row))
-    return usable
-
-
 def load_runs(folders: list[str], labels: list[str] | None = None) -> list[SummaryRow]:
     """Every run of the comparison directories (one summary.csv row each), with its metrics records."""
     runs = []
     for folder, prefix in zip(folders, prefixes(folders, labels), strict=True):
-        runs += [load_run(row, folder, prefix) for _, row in summary_rows(ComparisonDir(folder).summary_path)]
+        runs += [load_run(row, folder, prefix) for row in ComparisonDir(folder).read_summary()]
     return runs
 
 

@@ -15,7 +15,7 @@ from lowband import config as C
 from lowband.comparison import plan as P
 from lowband.comparison import table
 from lowband.comparison.calibrate import step_seconds
-from lowband.comparison.folder import ComparisonDir, write_csv_atomic
+from lowband.comparison.folder import ComparisonDir
 from lowband.comparison.plan import fill, parse_spec, spec_config  # noqa: F401 (fill, parse_spec: re-exported)
 from lowband.comparison.projection import run_link
 from lowband.comparison.report import build, verdict
@@ -72,7 +72,7 @@ def compare(plan: P.Plan, folder: str) -> tuple[int, str, list[SummaryRow]]:
         rows.append(replace(summarize(run.label, run.config, run_dir, code), tuned=run.tuned,
                             step_s=dedicated_step(run.config, folder)))
     add_speed(rows)
-    write_csv(rows, ComparisonDir(folder).summary_path)
+    ComparisonDir(folder).write_summary(rows)
     build([folder])
     return (0 if all(r.status == "ok" for r in rows) else 1), folder, rows
 
@@ -222,11 +222,6 @@ def add_speed(rows: list[SummaryRow], target: float | None = None) -> None:
     by_label = {r.label: r.speedup for r in table.rows(rows, target)[0]}
     for r in rows:
         r.speedup = by_label.get(r.label)
-
-
-def write_csv(rows: list[SummaryRow], path: str) -> None:
-    """summary.csv: one row per run (lowband.comparison.summary)."""
-    write_csv_atomic(path, SummaryRow.columns(), [r.csv_row() for r in rows])
 
 
 def format_table(rows: list[SummaryRow], target: float | None = None, cap: float | None = None) -> str:

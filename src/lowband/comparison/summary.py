@@ -1,8 +1,8 @@
 """The rows of a comparison's CSV files, named once: `SummaryRow` is a row of summary.csv plus what the
 table reads; `TuningRow` a row of tuning.csv, one tuning trial.
 
-The runner writes one per run (lowband.comparison.runner.summarize); the report reads them back from
-summary.csv (lowband.comparison.report.load_runs), the table and the plots pool them by label, and the
+The runner makes one per run (lowband.comparison.runner.summarize); `ComparisonDir` (folder.py) alone
+writes and reads summary.csv and tuning.csv through them; the report adds each run's records, the table and the plots pool them by label, and the
 Python API hands them on. The CSV keeps the columns below, in this order, so people and scripts read it
 as before; `metric`, `link`, `link_mode` and `records` live in memory only (they come from the run's
 directory: its config and its metrics.jsonl).
