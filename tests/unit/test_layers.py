@@ -155,3 +155,33 @@ def test_every_module_has_a_layer():
 def test_modules_import_only_their_own_layer_or_below():
     upward = upward_imports(graph(), LAYERS)
     assert not upward, "upward imports (see LAYERS):\n" + "\n".join(upward)
+
+
+SHARED_METHOD_PARTS = ("base", "outer", "elastic_outer", "rounds", "sparsifiers")  # method files: the registry
+
+
+def undocumented(package: str) -> list[str]:
+    """The modules of lowband.`package` its package docstring does not name (a method file is named by
+    its registration instead, so for methods only the shared parts count)."""
+    folder = os.path.join(SRC, package)
+    with open(os.path.join(folder, "__init__.py")) as f:
+        doc = ast.get_docstring(ast.parse(f.read())) or ""
+    names = sorted(n[:-3] for n in os.listdir(folder) if n.endswith(".py") and n != "__init__.py")
+    if package == "methods":
+        names = [n for n in names if n in SHARED_METHOD_PARTS]
+    return [n for n in names if not re.search(rf"\b{n}\b", doc)]
+
+
+def test_every_package_docstring_names_its_modules():
+    packages = sorted(n for n in os.listdir(SRC) if os.path.isfile(os.path.join(SRC, n, "__init__.py")))
+    assert {p: undocumented(p) for p in packages if undocumented(p)} == {}
+
+
+def test_the_docstring_check_finds_a_module_left_out(tmp_path, monkeypatch):
+    pkg = tmp_path / "pkg"
+    pkg.mkdir()
+    (pkg / "__init__.py").write_text('"""Holds alpha."""\n')
+    (pkg / "alpha.py").write_text("")
+    (pkg / "beta.py").write_text("")
+    monkeypatch.setitem(globals(), "SRC", str(tmp_path))
+    assert undocumented("pkg") == ["beta"]

@@ -1,6 +1,8 @@
-"""Everything that crosses a process boundary: the communicator (the one torch.distributed importer) and
-its byte ledger; codecs, compressed means, averaging, hierarchy; links, sites and topologies; the
-checkpoint store; an elastic job's membership and rendezvous in Redis. See docs/ARCHITECTURE.md."""
+"""Everything that crosses a process boundary: the communicator (communicator, the one torch.distributed
+importer) and its byte ledger (ledger); value_codecs and index_codecs, random masks (masks), compressed
+means (reduce), averaging, hierarchy; links, sites and who talks to whom (topology); the checkpoint
+store (store); an elastic job's membership and rendezvous in Redis (membership, rendezvous). See
+docs/ARCHITECTURE.md."""
 
 from lowband.comm.communicator import Communicator, launched_by_torchrun
 
