@@ -13,8 +13,8 @@ tau = 8..64 gives 420..52 outer steps. Two phases, each run once and kept (the s
   trend  Allreduce, SparseLoCo and DiLoCo at 1/4 and 1/2 of the steps: is the gap closing with length?
   lookahead  one worker, one epoch: `single` against DiLoCo with --workers 1 (M = 1), whose outer
          step is a lookahead on one trajectory: the gain that is not parallelism
-`--phase all` runs the first CORE settings, the trend, the lookahead runs, the rest of the sweep, then
-the best of each family on seeds 1 and 2.
+`--phase all` runs the first CORE settings, the trend, the lookahead runs, the inner rates, Allreduce's
+and DiLoCo's best on seeds 1 and 2, the rest of the sweep, then the other families' best on seeds 1 and 2.
 
 Prints per setting: mean ± sd of the final validation bits per byte, the gap to Allreduce's mean,
 bytes sent per worker, Allreduce's bytes over the setting's ("ratio"), outer steps, whether the mean
@@ -136,11 +136,12 @@ def train(out: str, spec: str, lr: float, seed: int, workers: int = 4, epochs: i
         keep(path)
 
 
-def seeds(out: str) -> None:
-    """The best setting of each family on seeds 1 and 2 too."""
-    for spec, lr in tuned_best(out).values():
-        for seed in SEEDS:
-            train(out, spec, lr, seed)
+def seeds(out: str, families: tuple[str, ...] | None = None) -> None:
+    """The best setting of each family (of `families`, or all) on seeds 1 and 2 too."""
+    for family, (spec, lr) in tuned_best(out).items():
+        if families is None or family in families:
+            for seed in SEEDS:
+                train(out, spec, lr, seed)
 
 
 def tuned_best(out: str) -> dict[str, tuple[str, float]]:
@@ -296,7 +297,12 @@ def main() -> None:
             for _name, spec, lr in LOOKAHEAD:
                 train(args.out, spec, lr, 0, workers=1, epochs=1)
         if args.phase in ("tune", "all"):
-            for _family, spec, lr in TUNE[CORE:]:
+            for _family, spec, lr in TUNE[CORE:CORE + 3]:  # the rates
+                train(args.out, spec, lr, 0)
+        if args.phase in ("seeds", "all"):  # is DiLoCo's gap to Allreduce more than the seeds' spread?
+            seeds(args.out, ("allreduce", "diloco"))
+        if args.phase in ("tune", "all"):
+            for _family, spec, lr in TUNE[CORE + 3:]:
                 train(args.out, spec, lr, 0)
         if args.phase in ("seeds", "all"):
             seeds(args.out)
