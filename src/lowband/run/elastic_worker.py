@@ -18,7 +18,7 @@ once (a slice whose worker dies is lost to that epoch) and an epoch's length in 
 many workers there were. Worker ids count up from 0 in the order workers register; a joiner's id is new.
 
 What is not elastic is the trainer's (run/trainer.py): the data plan of the job's `train.workers`
-launched workers (`worker_data`, `rank_batches`) gives the epoch's order, `train_step` is the inner
+launched workers (`worker_data`, `rank_batches`) gives the epoch's order, `checked_step` is the inner
 step, schedule.py's `MethodSchedule` with the method's own rules (its lr scale for the launched width,
 its warm-up, its lr factor) gives the rate, `model_scores`, `set_scores` and `model_metadata` make the
 records and the saved model; the method (its `outer_step`) says how θ_global steps. So a job whose
@@ -42,8 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
-import math
 import os
 import re
 import signal
@@ -70,10 +68,11 @@ from lowband.records import EpochRecord
 from lowband.registry import METHODS
 from lowband.run import checkpoint
 from lowband.run.launch import die_with_parent, leave_now
+from lowband.run.metrics import setup_logging
 from lowband.run.reporter import set_scores
 from lowband.run.rundir import RunDir
 from lowband.run.schedule import MethodSchedule
-from lowband.run.trainer import WorkerData, make_optimizer, model_metadata, model_scores, rank_batches, train_step, worker_data
+from lowband.run.trainer import WorkerData, checked_step, make_optimizer, model_metadata, model_scores, rank_batches, worker_data
 
 JOB_FILE = "elastic.json"
 EARLIER = "earlier"  # the ledger entry holding a resumed job's bytes from before the resume
@@ -178,7 +177,7 @@ class ElasticWorker:
         self.members.start_heartbeat(self.e.heartbeat_s)
         self.first_round, self.launched = self._coordinator(self.members.launched)
         self.run_dir = RunDir(run_dir)  # the job's files: whichever worker is the round's source writes them
-        self.log = _logger(run_dir, self.id)
+        self.log = setup_logging(run_dir, self.id, elastic=True)
         method_cls = METHODS.get(cfg.method.name)
         # the method as `lowband train` with the launched workers would run it, asked for its rules only (its
         # lr scale, warm-up and factor; its outer step): its hooks never run, the rounds below are its outer loop
@@ -504,11 +503,9 @@ class ElasticWorker:
         ids, bs = self.order.ids(q.epoch)[start:end], self.cfg.train.batch_size
         for i, first in enumerate(range(0, len(ids), bs)):
             self.schedule.apply(self.optimizer, q.epoch + self.order.done(start + first))
-            value = train_step(self.model, self.inner, self.optimizer, self.order.batch(ids[first:first + bs]),
-                               self.steps)
+            value = checked_step(self.model, self.inner, self.optimizer, self.order.batch(ids[first:first + bs]),
+                                 self.steps, q.epoch + 1, self.id)
             self.steps += 1
-            if not math.isfinite(value):
-                raise Diverged(q.epoch + 1, i + 1, self.id, value, self.optimizer.param_groups[0]["lr"])
             self.trained, self.loss_sum = self.trained + 1, self.loss_sum + value
             if i == 0:
                 self._maybe_fault(q.round + 1, "inner")
@@ -547,18 +544,3 @@ def _fault_plan(worker: int) -> tuple[int, str, str, float] | None:
     return None
 
 
-def _logger(run_dir: str, worker: int) -> logging.Logger:
-    """Every worker logs to the console (prefixed with its id) and appends to RUN_DIR/train.log."""
-    log = logging.getLogger("lowband")
-    log.handlers.clear()
-    log.propagate = False
-    log.setLevel(logging.INFO)
-    console = logging.StreamHandler(sys.stdout)
-    console.setFormatter(logging.Formatter(f"[worker {worker}] %(message)s"))
-    if os.environ.get("LOWBAND_QUIET") == "1":
-        console.setLevel(logging.WARNING)
-    log.addHandler(console)
-    fh = logging.FileHandler(RunDir(run_dir).log_path)
-    fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    log.addHandler(fh)
-    return log

@@ -5,7 +5,7 @@ it too); `Trainer` runs the epochs, evaluates, checkpoints and hands each epoch'
 epoch reporter (reporter.py), which owns the metrics records.
 
 An elastic job's worker (elastic_worker.py) shares this module's pieces rather than copying them:
-the data plan (`worker_data`, `rank_batches`), the step (`train_step`), the rate (schedule.py's
+the data plan (`worker_data`, `rank_batches`), the step (`checked_step`), the rate (schedule.py's
 `MethodSchedule`), the evaluation (`model_scores`) and the saved model's metadata (`model_metadata`).
 """
 
@@ -39,7 +39,7 @@ from lowband.run.reporter import EpochReporter, RankFigures, TrainingError, tag_
 from lowband.run.rundir import RunDir
 from lowband.run.schedule import MethodSchedule
 
-__all__ = ["Trainer", "TrainingError", "train_step", "worker_data", "rank_batches", "accuracy", "scores",
+__all__ = ["Trainer", "TrainingError", "train_step", "checked_step", "worker_data", "rank_batches", "accuracy", "scores",
            "model_scores", "model_metadata", "task_loss"]
 
 
@@ -100,6 +100,16 @@ def train_step(model: torch.nn.Module, method: Method, optimizer, batch, step: i
     optimizer.step()
     method.after_step(step)
     return loss.item()
+
+
+def checked_step(model: torch.nn.Module, method: Method, optimizer, batch, step: int, epoch: int,
+                 worker: int) -> float:
+    """`train_step`, stopping on a non-finite loss: this worker alone knows, so it raises Diverged (with
+    the 1-based `epoch` and the step's number) and the launcher stops the others."""
+    loss = train_step(model, method, optimizer, batch, step)
+    if not math.isfinite(loss):
+        raise Diverged(epoch, step + 1, worker, loss, optimizer.param_groups[0]["lr"])
+    return loss
 
 
 @torch.no_grad()
@@ -191,10 +201,8 @@ class Trainer:
         self._save_final()
 
     def train_step(self, batch) -> float:
-        loss = train_step(self.model, self.method, self.optimizer, batch, self.step)
+        loss = checked_step(self.model, self.method, self.optimizer, batch, self.step, self.epoch + 1, self.rank)
         self.step += 1
-        if not math.isfinite(loss):  # this rank alone knows: it stops, and the launcher stops the others
-            raise Diverged(self.epoch + 1, self.step, self.rank, loss, self.optimizer.param_groups[0]["lr"])
         return loss
 
     def _should_stop(self) -> bool:
