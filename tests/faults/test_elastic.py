@@ -95,17 +95,24 @@ def assert_each_sample_at_most_once(run_dir) -> None:
 
 def simulate(run_dir) -> dict[str, torch.Tensor]:
     """Local SGD replayed in one process from the job's own quorum records: each member trains its slice
-    with its own optimizer, every round averages the contributors' models (parameters and buffers)."""
-    from lowband.data import load_dataset
+    of the epoch's order with its own optimizer at the rate local SGD's rules give, every round averages
+    the contributors' models (parameters and buffers)."""
+    from lowband.comm import Communicator
+    from lowband.methods.base import Context
+    from lowband.methods.local_sgd import LocalSGD
     from lowband.models import build_for_task
     from lowband.models.flat import flat_state, load_flat
+    from lowband.run.elastic_worker import EpochOrder, round_steps
     from lowband.run.runconfig import read_run_config
-    from lowband.run.schedule import lr_at
-    from lowband.run.trainer import make_optimizer, task_loss
+    from lowband.run.schedule import MethodSchedule
+    from lowband.run.trainer import make_optimizer, task_loss, worker_data
 
     cfg = read_run_config(run_dir)
-    data = load_dataset(cfg.data)
-    n, bs = len(data.y_train), cfg.train.batch_size
+    plan = worker_data(cfg, cfg.train.workers)
+    data, bs = plan.data, cfg.train.batch_size
+    order = EpochOrder(cfg, plan, round_steps(cfg.method) * bs)
+    ctx = Context(cfg, Communicator(0, cfg.train.workers), torch.device("cpu"), None, str(run_dir), plan.steps, data)
+    schedule = MethodSchedule(cfg, LocalSGD(cfg.method, ctx))
     torch.manual_seed(cfg.train.seed)
     first = build_for_task(cfg.model, data.in_shape, data.num_classes, data.task)
     models = {w: first if w == 0 else __import__("copy").deepcopy(first) for w in range(cfg.train.workers)}
@@ -116,13 +123,11 @@ def simulate(run_dir) -> dict[str, torch.Tensor]:
             for w in rec["members"]:
                 load_flat(models[w], mean)
         epoch = rec["epoch"] - 1
-        order = torch.randperm(n, generator=torch.Generator().manual_seed(cfg.train.seed * 1_000_003 + epoch))
         for w, (a, b) in rec["slices"].items():
             model, opt = models[int(w)], opts[int(w)]
             for s in range(a, b, bs):
-                for group in opt.param_groups:
-                    group["lr"] = lr_at(epoch + s / n, cfg.optim, cfg.train.epochs, 1.0, 0.0)
-                ids = order[s:min(s + bs, b)]
+                schedule.apply(opt, epoch + order.done(s))
+                ids = order.ids(epoch)[s:min(s + bs, b)]
                 loss = task_loss(model(data.x_train[ids]), data.y_train[ids])
                 opt.zero_grad(set_to_none=True)
                 loss.backward()

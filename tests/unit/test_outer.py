@@ -11,9 +11,9 @@ import torch
 
 from lowband.comm.communicator import Communicator
 from lowband.comm.value_codecs import parse_codec
-from lowband.methods.diloco import DiLoCoConfig
+from lowband.methods.diloco import DiLoCo, DiLoCoConfig
 from lowband.methods.elastic_outer import ElasticOuter
-from lowband.methods.local_sgd import LocalSGDConfig
+from lowband.methods.local_sgd import LocalSGD, LocalSGDConfig
 from lowband.methods.outer import Fragment
 
 
@@ -70,7 +70,7 @@ def test_the_elastic_step_averages_over_the_contributors_not_the_members():
     """Three members, two contributors: local SGD's outer step (lr 1, no momentum) makes θ_global the
     mean of the two contributors' θ_local; the third member's zeros do not pull it towards θ_global."""
     model = model_at([1.0, 2.0, 3.0])
-    outer = ElasticOuter(model, LocalSGDConfig(tau=2), seed=0)
+    outer = ElasticOuter.of(model, LocalSGD, LocalSGDConfig(tau=2), seed=0)
     with torch.no_grad():
         model.weight.copy_(torch.tensor([[3.0, 2.0, 1.0]]))  # this rank trained
     other_local = torch.tensor([2.0, 6.0, 5.0])  # the other contributor's θ_local
@@ -84,7 +84,7 @@ def test_the_elastic_diloco_step_is_one_outer_step_with_the_contributors_mean():
     """Four members, two contributors with Δ 1 and 3: θ_global moves by outer_lr · 2, not outer_lr · 1."""
     model = model_at([1.0, 2.0, 3.0, 4.0])
     cfg = DiLoCoConfig(tau=2, outer_lr=0.5, outer_momentum=0.0)
-    outer = ElasticOuter(model, cfg, seed=0)
+    outer = ElasticOuter.of(model, DiLoCo, cfg, seed=0)
     with torch.no_grad():
         model.weight.sub_(1.0)  # this rank's Δ: all ones
     others = torch.full((4,), 3.0) + torch.zeros(4) + torch.zeros(4)  # one more contributor, two receivers' zeros

@@ -32,9 +32,16 @@ class Batches:
         self.seed, self.augment = seed, augment
         self.device = device or torch.device("cpu")
 
+    def _generator(self, epoch: int) -> torch.Generator:
+        return torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+
+    def order(self, epoch: int) -> torch.Tensor:
+        """The epoch's sample ids in the order `epoch` takes them (its first steps x batch_size)."""
+        return self.indices[torch.randperm(len(self.indices), generator=self._generator(epoch))]
+
     def epoch(self, epoch: int):
         """The epoch's minibatches (`Batch`es); `ids` are indices into the training set."""
-        gen = torch.Generator().manual_seed(self.seed * 1_000_003 + epoch)
+        gen = self._generator(epoch)
         order = self.indices[torch.randperm(len(self.indices), generator=gen)]
         for step in range(self.steps):
             ids = order[step * self.batch_size:(step + 1) * self.batch_size]

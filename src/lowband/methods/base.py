@@ -17,6 +17,8 @@ hooks, each of which does nothing by default:
                           peers finish with what they still use (codistillation's prediction servers)
   close()                 release what the method holds (threads, connections); always called
   services(cfg)           (classmethod) processes to run beside the workers, in the launcher
+  outer_step(cfg)         (classmethod) how θ_global takes an outer step, for an elastic job (None: no
+                          such step); the elastic worker asks this, never the method's name
 """
 
 from __future__ import annotations
@@ -32,6 +34,7 @@ from torch import nn
 from lowband.comm.communicator import Communicator
 from lowband.config import Config, MethodConfig
 from lowband.data import TensorData
+from lowband.methods.outer import OuterStep
 from lowband.run.rundir import RunDir
 
 
@@ -111,6 +114,11 @@ class Method:
     @classmethod
     def partition(cls, cfg: Any, labels: torch.Tensor, world: int, seed: int) -> list[torch.Tensor] | None:
         """Each rank's training indices, when the method decides them (None: data.partition decides)."""
+        return None
+
+    @classmethod
+    def outer_step(cls, cfg: Any) -> OuterStep | None:
+        """How the method steps θ_global at an outer step, for an elastic job (None: it has no such step)."""
         return None
 
     @classmethod

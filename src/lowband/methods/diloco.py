@@ -29,7 +29,6 @@ training goes on), as θ_local <- mix·θ_global + (1 - mix)·θ_local. The glob
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
 
 import torch
@@ -38,7 +37,7 @@ from lowband.comm.value_codecs import SPEC_HELP, parse_codec
 from lowband.config import opt
 from lowband.errors import ConfigError, require
 from lowband.methods.base import Method
-from lowband.methods.outer import Fragment, OuterConfig, TauSchedule, split_fragments
+from lowband.methods.outer import Fragment, OuterConfig, OuterStep, TauSchedule, split_fragments, with_anchors
 from lowband.methods.rounds import RoundLog
 from lowband.registry import METHODS
 
@@ -88,6 +87,11 @@ class DiLoCo(Method):
         """The replicas: each allreduces every step, so each must lie in one site."""
         g = cfg.group_size
         return [list(range(i, i + g)) for i in range(0, world, g)] if g > 1 else None
+
+    @classmethod
+    def outer_step(cls, cfg: DiLoCoConfig) -> OuterStep:
+        return OuterStep(lr=cfg.outer_lr, momentum=cfg.outer_momentum, nesterov=cfg.outer_nesterov,
+                         fragments=cfg.fragments, mix=cfg.mix)
 
     def setup(self, model):
         comm, g = self.ctx.comm, self.cfg.group_size
@@ -184,10 +188,7 @@ class DiLoCo(Method):
         return model
 
     def _with_anchors(self):
-        model = copy.deepcopy(self.local_model())
-        for frag, mine in zip(self.fragments, split_fragments(list(model.parameters()), self.cfg.fragments), strict=True):
-            torch.nn.utils.vector_to_parameters(frag.anchor.detach().clone(), mine)
-        return model
+        return with_anchors(self.local_model(), self.fragments)
 
     def state_dict(self) -> dict:
         return {"steps": self.steps, "outer_steps": self.outer_steps,

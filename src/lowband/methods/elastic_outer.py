@@ -21,33 +21,38 @@ import hashlib
 
 import torch
 from torch import nn
-from torch.nn.utils import parameters_to_vector, vector_to_parameters
+from torch.nn.utils import parameters_to_vector
 
 from lowband.comm.reduce import compressed_mean
 from lowband.comm.value_codecs import parse_codec
-from lowband.methods.outer import Fragment, split_fragments
+from lowband.methods.outer import Fragment, OuterStep, split_fragments, with_anchors
 
 
 class ElasticOuter:
-    """θ_global, the outer optimizer and the error feedback of every fragment, for one worker."""
+    """θ_global, the outer optimizer and the error feedback of every fragment, for one worker.
 
-    def __init__(self, model: nn.Module, method_cfg, seed: int):
+    The method's `outer_step` (methods/outer.py's OuterStep) says how θ_global steps; this class never
+    asks which method it serves."""
+
+    def __init__(self, model: nn.Module, rule: OuterStep, codec: str, error_feedback: bool, seed: int):
         params: list = list(model.parameters())
         buffers: list = [b for b in model.buffers() if b.is_floating_point()]
-        codec = method_cfg.codec
-        self.averaging = method_cfg.name == "local_sgd"
-        if self.averaging:  # lr 1, no momentum, buffers in the same vector
-            self.fragments = [Fragment(params + buffers, 1.0, 0.0, parse_codec(codec, seed=seed),
-                                       method_cfg.error_feedback)]
-            self.buffers: Fragment | None = None
-            self.mix = 1.0
-        else:
-            self.fragments = [Fragment(group, method_cfg.outer_lr, method_cfg.outer_momentum,
-                                       parse_codec(codec, seed=seed), method_cfg.error_feedback,
-                                       nesterov=method_cfg.outer_nesterov)
-                              for group in split_fragments(params, method_cfg.fragments)]
-            self.buffers = Fragment(buffers, 1.0, 0.0, parse_codec("fp32"), False) if buffers else None
-            self.mix = method_cfg.mix
+        groups = split_fragments(params, rule.fragments)
+        if not rule.buffers_apart:  # the buffers travel in the (last) fragment's vector, through the codec
+            groups[-1] = groups[-1] + buffers
+        self.fragments = [Fragment(group, rule.lr, rule.momentum, parse_codec(codec, seed=seed), error_feedback,
+                                   nesterov=rule.nesterov) for group in groups]
+        self.buffers: Fragment | None = (Fragment(buffers, 1.0, 0.0, parse_codec("fp32"), False)
+                                         if buffers and rule.buffers_apart else None)
+        self.mix = rule.mix
+
+    @classmethod
+    def of(cls, model: nn.Module, method_cls, method_cfg, seed: int) -> ElasticOuter:
+        """The outer state of `method_cls` (a Method class with an `outer_step`) under `method_cfg`."""
+        rule = method_cls.outer_step(method_cfg)
+        if rule is None:
+            raise ValueError(f"{method_cfg.name} has no outer step to make elastic")
+        return cls(model, rule, method_cfg.codec, method_cfg.error_feedback, seed)
 
     @property
     def parts(self) -> list[Fragment]:
@@ -128,17 +133,4 @@ class ElasticOuter:
 
     def global_model(self, model: nn.Module) -> nn.Module:
         """A copy of `model` holding θ_global."""
-        import copy
-
-        glob = copy.deepcopy(model)
-        params = list(glob.parameters())
-        buffers = [b for b in glob.buffers() if b.is_floating_point()]
-        with torch.no_grad():
-            if self.averaging:
-                vector_to_parameters(self.fragments[0].anchor.detach().clone(), params + buffers)
-                return glob
-            for frag, group in zip(self.fragments, split_fragments(params, len(self.fragments)), strict=True):
-                vector_to_parameters(frag.anchor.detach().clone(), group)
-            if self.buffers is not None:
-                vector_to_parameters(self.buffers.anchor.detach().clone(), buffers)
-        return glob
+        return with_anchors(model, self.parts)

@@ -20,7 +20,7 @@ from lowband.comm.averaging import averaged_copy
 from lowband.comm.value_codecs import SPEC_HELP, parse_codec
 from lowband.config import opt
 from lowband.methods.base import Method
-from lowband.methods.outer import SCHEDULE_HELP, Fragment, TauSchedule, parse_tau_schedule
+from lowband.methods.outer import SCHEDULE_HELP, Fragment, OuterStep, TauSchedule, parse_tau_schedule
 from lowband.methods.rounds import RoundLog, RoundsConfig
 from lowband.models.flat import state_tensors
 from lowband.registry import METHODS
@@ -45,6 +45,11 @@ class LocalSGD(Method):
     cfg: LocalSGDConfig
     averages_workers = True
     min_workers = 2
+
+    @classmethod
+    def outer_step(cls, cfg: LocalSGDConfig) -> OuterStep:
+        """The model average: outer lr 1, no momentum, buffers averaged with the parameters."""
+        return OuterStep(lr=1.0, momentum=0.0, nesterov=False, buffers_apart=False)
 
     def setup(self, model):
         self.model = model

@@ -84,6 +84,21 @@ class OuterConfig(RoundsConfig):
         parse_tau_schedule(self.tau_schedule, self.tau)
 
 
+@dataclass(frozen=True)
+class OuterStep:
+    """How a method steps θ_global with the mean pseudo-gradient: what an elastic job (methods/
+    elastic_outer.py) asks the method for instead of knowing it by name."""
+
+    lr: float
+    momentum: float
+    nesterov: bool
+    fragments: int = 1  # Streaming DiLoCo's parameter fragments, synchronised in rotation
+    mix: float = 1.0  # θ_local <- mix·θ_global + (1 - mix)·θ_local after a fragment's sync
+    #: True: floating buffers (BatchNorm) are averaged apart, in fp32, every round (DiLoCo); False: they
+    #: travel in the parameters' vector through the codec (local SGD's model average)
+    buffers_apart: bool = True
+
+
 def split_fragments(params: list[nn.Parameter], parts: int) -> list[list[nn.Parameter]]:
     """`params` in order, cut into `parts` consecutive non-empty groups of about equal size."""
     total, filled = sum(p.numel() for p in params), 0
@@ -98,6 +113,22 @@ def split_fragments(params: list[nn.Parameter], parts: int) -> list[list[nn.Para
             current = []
     groups.append(current)
     return groups
+
+
+def with_anchors(model: nn.Module, parts: Sequence[Fragment]) -> nn.Module:
+    """A copy of `model` in which every tensor a fragment of `parts` covers holds that fragment's
+    θ_global (the global model); tensors no part covers keep `model`'s values."""
+    glob = copy.deepcopy(model)
+    twin = {id(t): c for t, c in zip(_tensors(model), _tensors(glob), strict=True)}
+    with torch.no_grad():
+        for part in parts:
+            vector_to_parameters(part.anchor.detach().clone(), [twin[id(t)] for t in part.params])
+    return glob
+
+
+def _tensors(model: nn.Module) -> list[torch.Tensor]:
+    """Every parameter and buffer, in an order a deep copy repeats."""
+    return list(model.parameters()) + list(model.buffers())
 
 
 class Fragment:

@@ -12,10 +12,19 @@ The loop, per round (one outer step; comm/membership.py says how a quorum forms 
             last epoch, writes model.safetensors and marks the job finished
   train     this worker's slice of the epoch's order: tau steps (tau / fragments for Streaming DiLoCo)
 
-An epoch is one pass over one random order of the training set: every round hands each member the
-next slice of it, so while membership changes each sample of an epoch is trained at most once (a
-slice whose worker dies is lost to that epoch) and an epoch's length in rounds depends on how many
-workers there were. Worker ids count up from 0 in the order workers register; a joiner's id is new.
+An epoch is one pass over one order of the training set (`EpochOrder`): every round hands each
+member the next slice of it, so while membership changes each sample of an epoch is trained at most
+once (a slice whose worker dies is lost to that epoch) and an epoch's length in rounds depends on how
+many workers there were. Worker ids count up from 0 in the order workers register; a joiner's id is new.
+
+What is not elastic is the trainer's (run/trainer.py): the data plan of the job's `train.workers`
+launched workers (`worker_data`, `rank_batches`) gives the epoch's order, `checked_step` is the inner
+step, schedule.py's `MethodSchedule` with the method's own rules (its lr scale for the launched width,
+its warm-up, its lr factor) gives the rate, `model_scores`, `set_scores` and `model_metadata` make the
+records and the saved model; the method (its `outer_step`) says how θ_global steps. So a job whose
+launched workers all stay trains what `lowband train` of the same method trains, step for step
+(tests/faults/test_elastic_equal.py). A round in which nobody contributes (round 0, or a round of
+receivers alone) runs no collective: there is no pseudo-gradient to average.
 
 For tests, LOWBAND_ELASTIC_FAULT="ID:ROUND:WHERE:ACTION[:SECONDS]" makes worker ID, in round ROUND,
 at WHERE (inner: after its first inner step before that round; exchange: after the quorum formed, before the
@@ -33,8 +42,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import logging
-import math
 import os
 import re
 import signal
@@ -51,16 +58,21 @@ from lowband.comm.ledger import Ledger
 from lowband.comm.membership import ABORT, COMMIT, Arrival, Membership, Quorum, decide, wait_until
 from lowband.comm.rendezvous import RedisStore, check_bindable
 from lowband.config import Config
-from lowband.data import load_dataset
-from lowband.data.metric import bits_per_byte, metric_for
+from lowband.data.loader import Batch
+from lowband.data.metric import metric_for
 from lowband.errors import Diverged, Unavailable, UsageError
+from lowband.methods.base import Context, Method
 from lowband.methods.elastic_outer import ElasticOuter
 from lowband.models import build_for_task
 from lowband.records import EpochRecord
+from lowband.registry import METHODS
 from lowband.run import checkpoint
 from lowband.run.launch import die_with_parent, leave_now
+from lowband.run.metrics import setup_logging
+from lowband.run.reporter import set_scores
 from lowband.run.rundir import RunDir
-from lowband.run.schedule import lr_at
+from lowband.run.schedule import MethodSchedule
+from lowband.run.trainer import WorkerData, checked_step, make_optimizer, model_metadata, model_scores, rank_batches, worker_data
 
 JOB_FILE = "elastic.json"
 EARLIER = "earlier"  # the ledger entry holding a resumed job's bytes from before the resume
@@ -89,6 +101,44 @@ def round_steps(method_cfg) -> int:
     return method_cfg.tau // getattr(method_cfg, "fragments", 1)
 
 
+class EpochOrder:
+    """The order of an elastic epoch's samples, from the trainer's data plan for the job's launched
+    workers (train.workers = K): each rank's shuffled shard, as the trainer's `Batches` takes it that
+    epoch, is cut into runs of `per_worker` samples (one round's inner steps) and the runs are laid
+    out round by round, rank 0 to K - 1 within a round. A quorum hands out consecutive slices of
+    `per_worker` from a cursor (comm/membership.py's `decide`), so while the K launched workers all
+    stay, member j's slice of a round is exactly the trainer's rank j's next inner steps; when the
+    membership changes the slices are still disjoint pieces of the one order. An epoch has
+    K x (the trainer's steps per epoch) x batch samples (the trainer leaves the same remainder out)."""
+
+    def __init__(self, cfg: Config, plan: WorkerData, per_worker: int):
+        self.data, self.per_worker = plan.data, per_worker
+        self.sources = [rank_batches(cfg, plan, r, torch.device("cpu")) for r in range(cfg.train.workers)]
+        self.per_rank = plan.steps * cfg.train.batch_size
+        self.samples = self.per_rank * len(self.sources)
+        # each position's place in its rank's epoch: how far the trainer's rank is when it takes it
+        self.local = self._lay_out([torch.arange(self.per_rank)] * len(self.sources))
+        self._epoch, self._ids = -1, torch.empty(0, dtype=torch.int64)
+
+    def _lay_out(self, orders: list[torch.Tensor]) -> torch.Tensor:
+        runs = [order.split(self.per_worker) for order in orders]
+        return torch.cat([run for row in zip(*runs, strict=True) for run in row])
+
+    def ids(self, epoch: int) -> torch.Tensor:
+        """The sample ids of epoch `epoch` (0-based; the trainer's epoch epoch + 1) in order."""
+        if epoch != self._epoch:
+            self._epoch = epoch
+            self._ids = self._lay_out([source.order(epoch + 1)[:self.per_rank] for source in self.sources])
+        return self._ids
+
+    def done(self, at: int) -> float:
+        """The share of the epoch the trainer's rank has trained when it takes position `at`."""
+        return int(self.local[at]) / self.per_rank
+
+    def batch(self, ids: torch.Tensor) -> Batch:
+        return Batch(self.data.x_train[ids], self.data.y_train[ids], ids)
+
+
 def main(run_dir: str, resume: str = "0", joiner: str = "0") -> None:
     """Entry point of an elastic worker process (`lowband.run.launch` calls it); `joiner` "1": started by
     `lowband join`."""
@@ -112,11 +162,10 @@ class ElasticWorker:
     """One elastic worker: its model, inner optimizer, outer state and place in the job."""
 
     def __init__(self, cfg: Config, run_dir: str, job: dict, joiner: bool = False):
-        from lowband.run.trainer import make_optimizer
-
         self.cfg, self.e = cfg, cfg.elastic
         self.joiner = joiner  # started by `lowband join`: False once a round of its own has committed
-        self.data = load_dataset(cfg.data)
+        plan = worker_data(cfg, cfg.train.workers)  # the trainer's data plan for the launched workers
+        self.data = plan.data
         torch.manual_seed(cfg.train.seed)  # every worker starts from the same θ: agreeing needs no transfer
         self.model = build_for_task(cfg.model, self.data.in_shape, self.data.num_classes, self.data.task)
         self.optimizer = make_optimizer(cfg.optim, self.model.parameters())
@@ -128,11 +177,21 @@ class ElasticWorker:
         self.members.start_heartbeat(self.e.heartbeat_s)
         self.first_round, self.launched = self._coordinator(self.members.launched)
         self.run_dir = RunDir(run_dir)  # the job's files: whichever worker is the round's source writes them
-        self.log = _logger(run_dir, self.id)
-        self.outer = ElasticOuter(self.model, cfg.method, cfg.train.seed * 1000 + self.id)
+        self.log = setup_logging(run_dir, self.id, elastic=True)
+        method_cls = METHODS.get(cfg.method.name)
+        # the method as `lowband train` with the launched workers would run it, asked for its rules only (its
+        # lr scale, warm-up and factor; its outer step): its hooks never run, the rounds below are its outer loop
+        width = Communicator(0, cfg.train.workers)  # names the width; no collective ever runs on it
+        ctx = Context(cfg, width, torch.device("cpu"), self.log, self.run_dir, plan.steps, self.data)
+        self.method: Method = method_cls(cfg.method, ctx)
+        self.schedule = MethodSchedule(cfg, self.method)
+        self.inner = Method(cfg.method, ctx)  # the hooks of an inner step: none (the rounds do the syncing)
+        self.outer = ElasticOuter.of(self.model, method_cls, cfg.method, cfg.train.seed * 1000 + self.id)
         self.ledger = Ledger()  # this worker's bytes, counted by every quorum's group in turn
         self.steps_per_round = round_steps(cfg.method)
-        self.samples = len(self.data.y_train)
+        self.order = EpochOrder(cfg, plan, self.steps_per_round * cfg.train.batch_size)
+        self.samples = self.order.samples
+        self.steps = 0  # inner steps this worker has taken (the step number its hooks would see)
         self.version, self.trained, self.loss_sum = 0, 0, 0.0  # version: rounds committed into θ_global
         self.next_round = 0  # the round this worker meets next
         self.from_checkpoint = False  # a joiner holding a checkpoint's θ_global, until its first round commits
@@ -263,8 +322,9 @@ class ElasticWorker:
             self._maybe_fault(q.round, "exchange")
             contribute = self.id in q.contributors
             agree = self.id not in q.receivers
-            comm = self._group(q, "average", q.members, opened)
-            self.outer.average(comm, q.round, len(q.contributors), contribute, step=agree)
+            if q.contributors:  # no pseudo-gradient anywhere (round 0): no collective
+                comm = self._group(q, "average", q.members, opened)
+                self.outer.average(comm, q.round, len(q.contributors), contribute, step=agree)
             if q.receivers and self.id in [q.members[0]] + q.receivers:
                 self._transfer(q, opened)
         except (RuntimeError, redis.RedisError) as e:
@@ -273,6 +333,7 @@ class ElasticWorker:
         finally:
             for store in opened:
                 store.close()
+        self._publish_bytes()  # before the vote: a committed round's record counts every member's bytes of it
         outcome = self._outcome(q, ok)
         self._count_failure(q, cause if not ok else None)
         if outcome != COMMIT:
@@ -345,7 +406,6 @@ class ElasticWorker:
         self.trained, self.loss_sum = 0, 0.0
         self.epoch, self.cursor = q.epoch, q.next_cursor
         self.epoch_loss, self.epoch_steps = q.epoch_loss, q.epoch_steps
-        self._publish_bytes()
         if self.id == q.members[0]:
             self._record(q)
 
@@ -369,7 +429,7 @@ class ElasticWorker:
     def _finish_job(self) -> None:
         """The job's final model, then its status: finished."""
         glob = self.outer.global_model(self.model)
-        checkpoint.save_model(glob.state_dict(), self.run_dir.model_path(0), self._model_metadata())
+        checkpoint.save_model(glob.state_dict(), self.run_dir.model_path(0), model_metadata(self.cfg, self.data))
         self._coordinator(self.members.finish)
         self.log.info(f"worker {self.id}: last epoch done; model.safetensors written")
 
@@ -385,24 +445,20 @@ class ElasticWorker:
             self._finish_job()
 
     def _epoch_record(self, q: Quorum, elapsed: float) -> None:
-        from lowband.run.trainer import scores
-
-        glob, d, bs = self.outer.global_model(self.model), self.data, self.cfg.train.eval_batch_size
-        test_acc, test_loss = scores(glob, d.x_test, d.y_test, bs, torch.device("cpu"))
-        val_acc, val_loss = (scores(glob, d.x_val, d.y_val, bs, torch.device("cpu"))
-                             if d.x_val is not None and d.y_val is not None else (None, None))
+        """metrics.jsonl's record of epoch q.epoch_end: θ_global's scores, the epoch's loss, every worker's bytes."""
+        glob = self.outer.global_model(self.model)
+        scores = model_scores(glob, self.data, self.cfg.train.eval_batch_size, torch.device("cpu"))
         by_tag, workers = self._bytes_by_tag()
         total = sum(v for t, v in by_tag.items() if t not in BOOKKEEPING_TAGS)
         record = EpochRecord(
-            epoch=q.epoch_end, train_loss=q.ended_loss, test_acc=test_acc, val_acc=val_acc, test_loss=test_loss,
-            val_loss=val_loss, bytes_sent_per_worker=total / max(workers, 1), lr=self.optimizer.param_groups[0]["lr"],
+            epoch=q.epoch_end, train_loss=q.ended_loss, bytes_sent_per_worker=total / max(workers, 1),
+            lr=self.optimizer.param_groups[0]["lr"],
             extra={"rounds": q.round + 1, "workers": len(q.members), "workers_seen": workers,
                    "bytes_total_by_tag": by_tag, "bytes_sent_total": total, "elapsed_s": round(elapsed, 3)})
-        if metric_for(self.cfg.data.name).from_loss:
-            record.val_bpb, record.test_bpb = bits_per_byte(val_loss), bits_per_byte(test_loss)
+        set_scores(record, scores, metric_for(self.cfg.data.name))
         self.run_dir.stream("metrics").write(record.to_json(only_set=True))
         figure = (f"val bpb {record.val_bpb:.4f}" if record.val_bpb is not None
-                  else f"val acc {val_acc if val_acc is not None else test_acc:.4f}")
+                  else f"val acc {record.val_acc if record.val_acc is not None else record.test_acc:.4f}")
         self.log.info(f"epoch {q.epoch_end}/{self.cfg.train.epochs}  round {q.round}  {len(q.members)} worker(s)  "
                       f"loss {q.ended_loss:.4f}  {figure}  sent {total / 1e6:.2f} MB in all  {elapsed:.1f}s")
 
@@ -439,45 +495,21 @@ class ElasticWorker:
         self.next_round = int(state["round"])
         self.log.info(f"worker {self.id}: starts from {path} (round {state['round']})")
 
-    def _model_metadata(self) -> dict[str, str]:
-        from dataclasses import asdict
-
-        from lowband import __version__
-
-        return {"lowband_version": __version__, "method": self.cfg.method.name,
-                "model": json.dumps(asdict(self.cfg.model)), "in_shape": json.dumps(list(self.data.in_shape)),
-                "num_classes": str(self.data.num_classes)}
-
     # ---- train -----------------------------------------------------------------------------------
     def _train(self, q: Quorum) -> None:
-        """This worker's slice of epoch q.epoch's order, a batch per step."""
-        from lowband.run.trainer import task_loss
-
+        """This worker's slice of epoch q.epoch's order: the trainer's step, a batch at a time, at the rate
+        the trainer's rank would have at the same place of the epoch."""
         start, end = q.slices[str(self.id)]
-        gen = torch.Generator().manual_seed(self.cfg.train.seed * 1_000_003 + q.epoch)
-        ids = torch.randperm(self.samples, generator=gen)[start:end]
-        bs = self.cfg.train.batch_size
+        ids, bs = self.order.ids(q.epoch)[start:end], self.cfg.train.batch_size
         for i, first in enumerate(range(0, len(ids), bs)):
-            self._set_lr(q.epoch + (start + first) / self.samples)
-            batch = ids[first:first + bs]
-            outputs = self.model(self.data.x_train[batch])
-            loss = task_loss(outputs, self.data.y_train[batch])
-            self.optimizer.zero_grad(set_to_none=True)
-            loss.backward()
-            self.optimizer.step()
-            value = loss.item()
-            if not math.isfinite(value):
-                raise Diverged(q.epoch + 1, i + 1, self.id, value, self.optimizer.param_groups[0]["lr"])
+            self.schedule.apply(self.optimizer, q.epoch + self.order.done(start + first))
+            value = checked_step(self.model, self.inner, self.optimizer, self.order.batch(ids[first:first + bs]),
+                                 self.steps, q.epoch + 1, self.id)
+            self.steps += 1
             self.trained, self.loss_sum = self.trained + 1, self.loss_sum + value
             if i == 0:
                 self._maybe_fault(q.round + 1, "inner")
         self._maybe_fault(q.round + 1, "inner")  # a worker whose slice was empty meets its fault here
-
-    def _set_lr(self, epoch: float) -> None:
-        lr = lr_at(epoch, self.cfg.optim, self.cfg.train.epochs, 1.0, 0.0 if self.cfg.optim.warmup_epochs == "auto"
-                   else float(self.cfg.optim.warmup_epochs))
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
 
     # ---- faults, for tests -----------------------------------------------------------------------
     def _maybe_fault(self, round_no: int, where: str) -> None:
@@ -512,18 +544,3 @@ def _fault_plan(worker: int) -> tuple[int, str, str, float] | None:
     return None
 
 
-def _logger(run_dir: str, worker: int) -> logging.Logger:
-    """Every worker logs to the console (prefixed with its id) and appends to RUN_DIR/train.log."""
-    log = logging.getLogger("lowband")
-    log.handlers.clear()
-    log.propagate = False
-    log.setLevel(logging.INFO)
-    console = logging.StreamHandler(sys.stdout)
-    console.setFormatter(logging.Formatter(f"[worker {worker}] %(message)s"))
-    if os.environ.get("LOWBAND_QUIET") == "1":
-        console.setLevel(logging.WARNING)
-    log.addHandler(console)
-    fh = logging.FileHandler(RunDir(run_dir).log_path)
-    fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
-    log.addHandler(fh)
-    return log

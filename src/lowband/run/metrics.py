@@ -17,18 +17,22 @@ from lowband.run.rundir import RunDir, read_jsonl
 from lowband.units import si
 
 
-def setup_logging(run_dir: str, rank: int) -> logging.Logger:
-    """Rank 0 logs to the console and RUN_DIR/train.log; other ranks only warnings, with their rank."""
+def setup_logging(run_dir: str, rank: int, elastic: bool = False) -> logging.Logger:
+    """Rank 0 logs to the console and RUN_DIR/train.log; other ranks only warnings, with their rank.
+    An elastic job's workers (`elastic`, `rank` the worker id) are peers: each logs to stdout, its id
+    on every line, and appends to train.log."""
     log = logging.getLogger("lowband")
     log.handlers.clear()
     log.propagate = False
-    log.setLevel(logging.INFO if rank == 0 else logging.WARNING)
-    console = _TqdmHandler()
+    leads = rank == 0 or elastic
+    log.setLevel(logging.INFO if leads else logging.WARNING)
+    console: logging.Handler = logging.StreamHandler(sys.stdout) if elastic else _TqdmHandler()
     if quiet():
         console.setLevel(logging.WARNING)  # --quiet: train.log keeps the epoch lines
-    console.setFormatter(logging.Formatter("%(message)s" if rank == 0 else f"[rank {rank}] %(message)s"))
+    prefix = f"[worker {rank}] " if elastic else "" if rank == 0 else f"[rank {rank}] "
+    console.setFormatter(logging.Formatter(prefix + "%(message)s"))
     log.addHandler(console)
-    if rank == 0:
+    if leads:
         fh = logging.FileHandler(RunDir(run_dir).log_path)
         fh.setFormatter(logging.Formatter("%(asctime)s %(levelname)s %(message)s"))
         log.addHandler(fh)

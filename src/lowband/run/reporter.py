@@ -74,6 +74,15 @@ def _per_tag(ranks: list[RankFigures], reduce) -> dict[str, dict[str, float]]:
     return {tag: {k: reduce([r.bytes.get(tag, {}).get(k, 0.0) for r in ranks]) for k in keys} for tag in tags}
 
 
+def set_scores(record: EpochRecord, scores: Scores, metric: Metric) -> None:
+    """The record's test and validation figures from the global model's `scores` (a language model's
+    bits per byte from its losses): the one way every record (trainer, elastic job) gets them."""
+    record.test_acc, record.val_acc = scores.test_acc, scores.val_acc
+    record.test_loss, record.val_loss = scores.test_loss, scores.val_loss
+    if metric.from_loss:
+        record.val_bpb, record.test_bpb = bits_per_byte(record.val_loss), bits_per_byte(record.test_loss)
+
+
 class EpochReporter:
     """Gathers `RankFigures` over `scope` and writes the scope's records to `run`'s metrics stream."""
 
@@ -113,12 +122,9 @@ class EpochReporter:
             bytes_inter_per_worker=_mean([r.inter for r in ranks]),
             bytes=_per_tag(ranks, _mean), bytes_total=_per_tag(ranks, sum))
         if evaluated:
-            record.test_acc, record.val_acc = head.test_acc, head.val_acc
-            record.test_loss, record.val_loss = head.test_loss, head.val_loss
+            set_scores(record, head, self.metric)
             record.test_acc_L, record.val_acc_L = ranks[best].test_acc, ranks[best].val_acc
             record.test_acc_ranks, record.val_acc_ranks = [r.test_acc for r in ranks], [r.val_acc for r in ranks]
-            if self.metric.from_loss:
-                record.val_bpb, record.test_bpb = bits_per_byte(record.val_loss), bits_per_byte(record.test_loss)
         return record
 
     def write(self, record: EpochRecord) -> None:

@@ -3,15 +3,20 @@
 `train_step` is one optimizer step with the hooks in their fixed order (tests drive methods with
 it too); `Trainer` runs the epochs, evaluates, checkpoints and hands each epoch's figures to the
 epoch reporter (reporter.py), which owns the metrics records.
+
+An elastic job's worker (elastic_worker.py) shares this module's pieces rather than copying them:
+the data plan (`worker_data`, `rank_batches`), the step (`checked_step`), the rate (schedule.py's
+`MethodSchedule`), the evaluation (`model_scores`) and the saved model's metadata (`model_metadata`).
 """
 
 from __future__ import annotations
 
+import json
 import math
 import os
 import time
 import traceback
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
@@ -32,9 +37,10 @@ from lowband.run import checkpoint
 from lowband.run.metrics import setup_logging
 from lowband.run.reporter import EpochReporter, RankFigures, TrainingError, tag_bytes
 from lowband.run.rundir import RunDir
-from lowband.run.schedule import lr_at
+from lowband.run.schedule import MethodSchedule
 
-__all__ = ["Trainer", "TrainingError", "train_step", "worker_data", "accuracy", "scores", "task_loss"]
+__all__ = ["Trainer", "TrainingError", "train_step", "checked_step", "worker_data", "rank_batches", "accuracy", "scores",
+           "model_scores", "model_metadata", "task_loss"]
 
 
 @dataclass
@@ -53,6 +59,12 @@ def worker_data(cfg: Config, world: int) -> WorkerData:
     if shards is None:
         shards = partition(data.y_train, world, cfg.data.partition, cfg.train.seed, cfg.data.alpha)
     return WorkerData(data, shards, steps_per_epoch(shards, cfg.train.batch_size))
+
+
+def rank_batches(cfg: Config, plan: WorkerData, rank: int, device: torch.device) -> Batches:
+    """Rank `rank`'s minibatches: its shard, shuffled each epoch by a seed of its own."""
+    return Batches(plan.data, plan.shards[rank], cfg.train.batch_size, plan.steps, seed=cfg.train.seed * 131 + rank,
+                   augment=wants_augment(cfg, plan.data), device=device)
 
 
 def resolve_device(requested: str) -> torch.device:
@@ -90,6 +102,16 @@ def train_step(model: torch.nn.Module, method: Method, optimizer, batch, step: i
     return loss.item()
 
 
+def checked_step(model: torch.nn.Module, method: Method, optimizer, batch, step: int, epoch: int,
+                 worker: int) -> float:
+    """`train_step`, stopping on a non-finite loss: this worker alone knows, so it raises Diverged (with
+    the 1-based `epoch` and the step's number) and the launcher stops the others."""
+    loss = train_step(model, method, optimizer, batch, step)
+    if not math.isfinite(loss):
+        raise Diverged(epoch, step + 1, worker, loss, optimizer.param_groups[0]["lr"])
+    return loss
+
+
 @torch.no_grad()
 def scores(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, device) -> tuple[float, float]:
     """(accuracy, mean cross-entropy in nats) of `model` on (x, y), over every sample (a language
@@ -108,6 +130,21 @@ def scores(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int,
 
 def accuracy(model: torch.nn.Module, x: torch.Tensor, y: torch.Tensor, batch: int, device) -> float:
     return scores(model, x, y, batch, device)[0]
+
+
+def model_scores(model: torch.nn.Module, data: TensorData, batch: int, device) -> Scores:
+    """`model`'s test and validation scores (validation None without a validation split)."""
+    test_acc, test_loss = scores(model, data.x_test, data.y_test, batch, device)
+    val_acc, val_loss = (scores(model, data.x_val, data.y_val, batch, device)
+                         if data.x_val is not None and data.y_val is not None else (None, None))
+    return Scores(test_acc, val_acc, test_loss, val_loss)
+
+
+def model_metadata(cfg: Config, data: TensorData) -> dict[str, str]:
+    """What a reader needs to rebuild the model without the data set: written into model.safetensors."""
+    return {"lowband_version": __version__, "method": cfg.method.name,
+            "model": json.dumps(asdict(cfg.model)), "in_shape": json.dumps(list(data.in_shape)),
+            "num_classes": str(data.num_classes)}
 
 
 class Trainer:
@@ -129,11 +166,8 @@ class Trainer:
                       self.plan.shards[self.rank], evaluate=self._evaluate)
         self.method: Method = method_cls(cfg.method, ctx)
         self.model = self.method.setup(model)
-        self.batches = Batches(self.plan.data, self.plan.shards[self.rank], cfg.train.batch_size, self.plan.steps,
-                               seed=cfg.train.seed * 131 + self.rank, augment=wants_augment(cfg, self.plan.data),
-                               device=self.device)
-        warm = cfg.optim.warmup_epochs
-        self.warmup = self.method.default_warmup_epochs() if warm == "auto" else float(warm)
+        self.batches = rank_batches(cfg, self.plan, self.rank, self.device)
+        self.schedule = MethodSchedule(cfg, self.method)
         # ranks that train one model together report together; separate models report alone
         self.scope = comm.alone() if method_cls.independent_models else comm
         self.metric = metric_for(cfg.data.name)
@@ -167,10 +201,8 @@ class Trainer:
         self._save_final()
 
     def train_step(self, batch) -> float:
-        loss = train_step(self.model, self.method, self.optimizer, batch, self.step)
+        loss = checked_step(self.model, self.method, self.optimizer, batch, self.step, self.epoch + 1, self.rank)
         self.step += 1
-        if not math.isfinite(loss):  # this rank alone knows: it stops, and the launcher stops the others
-            raise Diverged(self.epoch + 1, self.step, self.rank, loss, self.optimizer.param_groups[0]["lr"])
         return loss
 
     def _should_stop(self) -> bool:
@@ -202,10 +234,7 @@ class Trainer:
         self._finish_epoch(epoch, loss_sum / self.plan.steps, times, t_start, extra)
 
     def _set_lr(self, epoch: float) -> None:
-        lr = lr_at(epoch, self.cfg.optim, self.cfg.train.epochs, self.method.lr_scale(), self.warmup)
-        lr *= self.method.lr_factor()
-        for group in self.optimizer.param_groups:
-            group["lr"] = lr
+        self.schedule.apply(self.optimizer, epoch)
 
     def close(self) -> None:
         try:
@@ -218,12 +247,7 @@ class Trainer:
         return self.comm.ledger.seconds(leave_out=BOOKKEEPING_TAGS)
 
     def _accuracies(self, model: torch.nn.Module) -> Scores:
-        """`model`'s scores (validation None without a validation split)."""
-        d, bs = self.plan.data, self.cfg.train.eval_batch_size
-        test_acc, test_loss = scores(model, d.x_test, d.y_test, bs, self.device)
-        val_acc, val_loss = (scores(model, d.x_val, d.y_val, bs, self.device)
-                             if d.x_val is not None and d.y_val is not None else (None, None))
-        return Scores(test_acc, val_acc, test_loss, val_loss)
+        return model_scores(model, self.plan.data, self.cfg.train.eval_batch_size, self.device)
 
     def _evaluate(self, model: torch.nn.Module) -> float:
         """Validation accuracy of a model a method asks about (rounds, ensembles); timed as evaluation."""
@@ -298,14 +322,7 @@ class Trainer:
                                   self._model_metadata())
 
     def _model_metadata(self) -> dict[str, str]:
-        """What a reader needs to rebuild the model without the data set: written into model.safetensors."""
-        import json
-        from dataclasses import asdict
-
-        data = self.plan.data
-        return {"lowband_version": __version__, "method": self.cfg.method.name,
-                "model": json.dumps(asdict(self.cfg.model)), "in_shape": json.dumps(list(data.in_shape)),
-                "num_classes": str(data.num_classes)}
+        return model_metadata(self.cfg, self.plan.data)
 
     # ---- checkpoints ---------------------------------------------------------------------------
     def _save_checkpoint(self, epoch: int) -> None:

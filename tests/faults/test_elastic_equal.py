@@ -1,0 +1,71 @@
+"""An elastic job whose membership never changes trains what `lowband train` of the same method trains.
+
+Both runs start from one seed on one config; the elastic one has min_workers = max_workers = the
+launched workers and no faults, so every round's quorum is all of them. The elastic worker takes its
+data order, step, learning rate and records from the trainer (run/elastic_worker.py), so the two give
+the same record per epoch: training loss, learning rate and evaluation of the global model to float
+tolerance (the averages sum in another order), and the same bytes sent per worker. Sizes divide
+evenly: 360 training samples (of 500: test and validation aside), 2 workers, batch 9, tau 4: 20 steps
+per epoch, 5 rounds.
+
+Two byte differences are the trainer's and stay (its figures must not move): its ranks check with an
+8-byte fingerprint each that they start alike (tag "init"; elastic workers compare theirs through the
+coordinator), and local SGD's last record counts one more model average
+(`LocalSGD.global_model(final=True)` averages the already equal models again), which the elastic job,
+holding θ_global, does not need.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.timeout(240)
+SIZES = ["--workers", "2", "--epochs", "2", "--seed", "3", "--set", "data.num_samples=500", "--batch-size", "9",
+         "--set", "method.tau=4"]
+FIXED = ["--elastic", "--set", "elastic.min_workers=2", "--set", "elastic.max_workers=2"]
+
+
+def train(run_dir, *args) -> list[dict]:
+    out = subprocess.run([sys.executable, "-m", "lowband", "train", *args, *SIZES, "--run-dir", str(run_dir)],
+                         capture_output=True, text=True, timeout=200, env={**os.environ, "LOWBAND_QUIET": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        return [json.loads(line) for line in f]
+
+
+def close(a: float, b: float, tol: float = 1e-5) -> bool:
+    return abs(a - b) <= tol * max(1.0, abs(a), abs(b))
+
+
+def assert_same_training(plain: list[dict], elastic: list[dict]) -> None:
+    """Loss, rate and the global model's scores per epoch."""
+    assert [r["epoch"] for r in plain] == [r["epoch"] for r in elastic] == [1, 2]
+    for p, e in zip(plain, elastic, strict=True):
+        for key in ("train_loss", "lr", "test_acc", "test_loss", "val_acc", "val_loss"):
+            if p.get(key) is not None or e.get(key) is not None:
+                assert close(p[key], e[key]), (key, p["epoch"], p[key], e[key])
+
+
+@pytest.mark.parametrize("method, extra", [
+    ("local_sgd", []),
+    ("diloco", ["--set", "method.outer_lr=0.7", "--set", "method.outer_momentum=0.9"]),
+])
+def test_a_fixed_membership_elastic_job_trains_as_lowband_train(tmp_path, method, extra):
+    plain = train(tmp_path / "plain", "--method", method, *extra)
+    elastic = train(tmp_path / "elastic", "--method", method, *extra, *FIXED)
+    assert_same_training(plain, elastic)
+    # the trainer's ranks first check with an 8-byte fingerprint each that they start alike (tag "init");
+    # elastic workers compare theirs through the coordinator
+    sent_plain = [r["bytes_sent_per_worker"] - r["bytes"].get("init", {}).get("sent", 0.0) for r in plain]
+    sent_elastic = [r["bytes_sent_per_worker"] for r in elastic]
+    assert sent_elastic[0] > 0 and sent_plain[0] == sent_elastic[0]  # epoch 1: its 5 rounds' averages, no more
+    if method == "diloco":
+        assert sent_plain == sent_elastic
+    else:  # the trainer's final average of already equal models: one more round's bytes in the last epoch
+        per_round = sent_elastic[0] / 5
+        assert sent_plain[1] == sent_elastic[1] + per_round, (sent_plain, sent_elastic)
