@@ -2,10 +2,10 @@
 table reads; `TuningRow` a row of tuning.csv, one tuning trial.
 
 The runner makes one per run (lowband.comparison.runner.summarize); `ComparisonDir` (folder.py) alone
-writes and reads summary.csv and tuning.csv through them; the report adds each run's records, the table and the plots pool them by label, and the
-Python API hands them on. The CSV keeps the columns below, in this order, so people and scripts read it
-as before; `metric`, `link`, `link_mode` and `records` live in memory only (they come from the run's
-directory: its config and its metrics.jsonl).
+writes and reads summary.csv and tuning.csv through them; the report adds each run's records, the
+table and the plots pool them by label, and the Python API hands them on. The CSV keeps the columns
+below, in this order, so people and scripts read it as before; `metric`, `link`, `link_mode` and
+`records` live in memory only (they come from the run's directory: its config and its metrics.jsonl).
 """
 
 from __future__ import annotations
