@@ -13,7 +13,7 @@ from lowband.run.trainer import rank_batches, worker_data
 
 
 def small(method: str = "local_sgd", **overrides):
-    return api.resolve({"train": {"workers": 2, "epochs": 2, "batch_size": 9}, "data": {"num_samples": 500}},
+    return api.build_config({"train": {"workers": 2, "epochs": 2, "batch_size": 9}, "data": {"num_samples": 500}},
                        method, {"method.tau": 4, **overrides})
 
 
