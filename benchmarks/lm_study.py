@@ -250,13 +250,19 @@ def plot(rows, ref_bpb: float, figure: str) -> None:
 
     fig, ax = plt.subplots(figsize=(9, 5.5))
     colours = {"allreduce": "black", "diloco": "tab:blue", "sparseloco": "tab:red", "local_sgd": "tab:green"}
+    placed: list[tuple[float, float]] = []  # labels already drawn: a label near one goes to the other side
+    span = max(c[-1]["val_bpb"] for *_, cs in rows for c in cs) - min(c[-1]["val_bpb"] for *_, cs in rows for c in cs)
     for family, spec, lr, curves in rows:
         bpb = [c[-1]["val_bpb"] for c in curves]
         sent = statistics.mean(c[-1]["bytes_sent_per_worker"] for c in curves)
         sd = statistics.stdev(bpb) if len(bpb) > 1 else 0.0
-        ax.errorbar(sent, statistics.mean(bpb), yerr=sd, fmt="o", color=colours.get(family, "grey"), capsize=3)
-        ax.annotate(label(spec, lr).replace("sparseloco:density=0.015625:codec=lut2", "sparseloco"),
-                    (sent, statistics.mean(bpb)), fontsize=7, xytext=(4, 3), textcoords="offset points")
+        y = statistics.mean(bpb)
+        ax.errorbar(sent, y, yerr=sd, fmt="o", color=colours.get(family, "grey"), capsize=3)
+        near = sum(1 for px, py in placed if abs(px - sent) < 0.2 * sent and abs(py - y) < 0.03 * max(span, 1e-9))
+        placed.append((sent, y))
+        ax.annotate(label(spec, lr).replace("sparseloco:density=0.015625:codec=lut2", "sparseloco"), (sent, y),
+                    fontsize=7, textcoords="offset points", va="center", xytext=(-6, -9 * (near // 2)) if near % 2
+                    else (6, -9 * (near // 2)), ha="right" if near % 2 else "left")
     ax.axhspan(ref_bpb, ref_bpb * (1 + MARGIN), color="grey", alpha=0.2, label="Allreduce's loss to +1%")
     ax.set_xscale("log")
     ax.set_xlabel("bytes sent per worker (log scale)")
