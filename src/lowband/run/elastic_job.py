@@ -30,7 +30,7 @@ from lowband.errors import ConfigError, UsageError
 from lowband.records import EpochRecord
 from lowband.run import checkpoint, launch
 from lowband.run.elastic_worker import EARLIER, JOB_FILE, read_job
-from lowband.run.metrics import read_metrics
+from lowband.run.metrics import human_bytes, read_metrics
 from lowband.run.runconfig import check_model, new_run_dir, prepare_run_dir, read_run_config, write_config
 from lowband.run.rundir import RunDir
 
@@ -247,7 +247,7 @@ def summarize(run_dir: str) -> None:
     last = epochs[-1]
     acc = "-" if last.val_acc is None else f"{last.val_acc:.4f}"
     figure = f"val bpb {last.val_bpb:.4f}" if last.val_bpb is not None else f"val acc {acc}"
-    tags = ", ".join(f"{t} {v / 1e6:.2f} MB" for t, v in sorted(last.extra["bytes_total_by_tag"].items()) if v)
+    tags = ", ".join(f"{t} {human_bytes(v)}" for t, v in sorted(last.extra["bytes_total_by_tag"].items()) if v)
     print(f"lowband: elastic job done: {len(epochs)} epoch(s) in {len(rounds)} round(s); workers per round "
           f"{min(sizes)}..{max(sizes)} (mean {sum(sizes) / len(sizes):.2f}), membership changed {changes} time(s), "
           f"{redone} round(s) redone; {figure}; sent {tags}", file=sys.stderr)

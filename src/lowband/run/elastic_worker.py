@@ -68,7 +68,7 @@ from lowband.records import EpochRecord
 from lowband.registry import METHODS
 from lowband.run import checkpoint
 from lowband.run.launch import die_with_parent, leave_now
-from lowband.run.metrics import setup_logging
+from lowband.run.metrics import human_bytes, setup_logging
 from lowband.run.reporter import set_scores
 from lowband.run.rundir import RunDir
 from lowband.run.schedule import MethodSchedule
@@ -460,7 +460,7 @@ class ElasticWorker:
         figure = (f"val bpb {record.val_bpb:.4f}" if record.val_bpb is not None
                   else f"val acc {record.val_acc if record.val_acc is not None else record.test_acc:.4f}")
         self.log.info(f"epoch {q.epoch_end}/{self.cfg.train.epochs}  round {q.round}  {len(q.members)} worker(s)  "
-                      f"loss {q.ended_loss:.4f}  {figure}  sent {total / 1e6:.2f} MB in all  {elapsed:.1f}s")
+                      f"loss {q.ended_loss:.4f}  {figure}  sent {human_bytes(total)} in all  {elapsed:.1f}s")
 
     def _bytes_by_tag(self) -> tuple[dict[str, float], int]:
         """Every worker's bytes sent, summed by tag (those of a resumed job's earlier part included), and
