@@ -8,7 +8,8 @@ import json
 
 import pytest
 
-from lowband.comparison.report import build
+from lowband.comparison.report import build, load_runs
+from lowband.data.metric import ACCURACY, BITS_PER_BYTE
 from lowband.errors import UsageError
 
 
@@ -225,3 +226,16 @@ def test_a_target_budget_reports_samples_to_target_never_within_f_and_projects_t
             "training samples)") in md
     assert "local_sgd:tau=16 0.67x; never within 2x: single." in md
     assert "Budget: to the target" in md
+
+
+def test_a_run_whose_config_cannot_be_read_keeps_its_records_metric(tmp_path, capsys):
+    folder = make_comparison(tmp_path / "cmp", runs={"allreduce": [[record(1, 0.5, 1e6, 10, 2)]]})
+    run_dir = next(p for p in folder.iterdir() if p.is_dir())
+    (run_dir / "config.toml").write_text("[nosuchtable]\nx = 1\n")  # another version's, or damaged
+    lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+    text = [json.dumps({**json.loads(line), "val_bpb": 2.5, "test_bpb": 2.6}) for line in lines]
+    (run_dir / "metrics.jsonl").write_text("\n".join(text) + "\n")
+    (run,) = load_runs([str(folder)])
+    assert run.metric is BITS_PER_BYTE and "nosuchtable" in capsys.readouterr().err
+    (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
+    assert load_runs([str(folder)])[0].metric is ACCURACY  # no bits per byte anywhere: accuracy

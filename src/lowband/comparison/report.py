@@ -35,7 +35,7 @@ from lowband.comparison import plots, projection, table, tuning_report
 from lowband.comparison.folder import ComparisonDir
 from lowband.comparison.summary import SummaryRow
 from lowband.comparison.table import TableRow
-from lowband.data.metric import metric_for
+from lowband.data.metric import ACCURACY, BITS_PER_BYTE, Metric, metric_for
 from lowband.errors import ConfigError, UsageError
 from lowband.run import runconfig
 from lowband.run.metrics import human_bytes, read_metrics
@@ -82,12 +82,18 @@ def load_run(run: SummaryRow, folder: str, prefix: str) -> SummaryRow:
     """One summary.csv row with its run's records, metric and link (read from the run's directory)."""
     run_dir = run.run_dir if os.path.isabs(run.run_dir) else os.path.join(folder, os.path.basename(run.run_dir))
     config = read_config(run_dir)
-    link, data = (config.link, config.data) if config else (C.LinkConfig(), C.DataConfig())
+    link = config.link if config else C.LinkConfig()
     run.label, run.run_dir, run.status = prefix + run.label, run_dir, run.status or "ok"
     run.step_s = run.step_s if run.step_s and run.step_s > 0 else None
-    run.metric, run.link = metric_for(data.name), projection.run_link(link.rate)
     run.link_mode, run.records = link.mode, read_metrics(run_dir, check=record_problem)
+    run.metric, run.link = metric_for(config.data.name) if config else metric_of_records(run), projection.run_link(link.rate)
     return run
+
+
+def metric_of_records(run: SummaryRow) -> Metric:
+    """The metric of a run whose config cannot be read: bits per byte when its records or row carry them."""
+    from_loss = run.val_bpb is not None or any(r.val_bpb is not None for r in run.records)
+    return BITS_PER_BYTE if from_loss else ACCURACY
 
 
 def load_runs(folders: list[str], labels: list[str] | None = None) -> list[SummaryRow]:

@@ -33,7 +33,7 @@ def with_method(base: C.Config, spec: str, defaults: dict | None = None) -> C.Co
     """`base` running `spec`; `defaults` holds a suite's options per method name (the spec's win)."""
     name = parse_spec(spec)[0]
     raw = spec_config(spec, C.to_dict(base), {}, None, defaults, inherit=base.method.name == name)
-    return C.from_dict(raw, runconfig.method_configs())
+    return P.typed(raw)
 
 
 def compare(plan: P.Plan, folder: str) -> tuple[int, str, list[SummaryRow]]:
