@@ -23,7 +23,7 @@ from lowband.comparison.summary import SummaryRow, TuningRow, status_of
 from lowband.comparison.tuning import check_studies, tune_label
 from lowband.data.metric import ACCURACY, Metric, metric_for
 from lowband.records import EpochRecord
-from lowband.run import loggers, runconfig, session
+from lowband.run import loggers, session
 from lowband.run.metrics import median, read_metrics
 from lowband.run.rundir import RunDir
 from lowband.run.spec import resolve
