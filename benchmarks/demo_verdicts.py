@@ -3,7 +3,8 @@
 1% of Allreduce's final validation bits per byte), the fastest method at 10 mbit/s on dedicated
 machines, and each method's final validation bits per byte; then whether the verdicts agree.
 
-Run: python benchmarks/demo_verdicts.py [--seeds 0,1,2]   (about 6 minutes a seed on 2 cores)
+Run: python benchmarks/demo_verdicts.py [--seeds 0,1,2] [--config SUITE.toml] [--budget target:4]
+(about 7 minutes a seed on 2 cores). `--config` tries a candidate suite instead of the built-in demo.
 """
 
 import argparse
@@ -32,14 +33,21 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--out", default=None)
+    p.add_argument("--config", default=None, help="a suite TOML to try instead of the built-in demo")
+    p.add_argument("--budget", default=None, help="passed to lowband compare (default: the suite's)")
     args = p.parse_args()
     out = args.out or tempfile.mkdtemp(prefix="demo_verdicts_")
     verdicts = []
     for seed in args.seeds.split(","):
         where = os.path.join(out, f"seed{seed}")
-        subprocess.run([sys.executable, "-m", "lowband", "compare", "--suite", "demo", "--seed", seed, "--out", where,
-                        "-q"], check=False, stdout=subprocess.DEVNULL)
-        folder = max(glob.glob(os.path.join(where, "compare-*")), key=os.path.getmtime)
+        suite = ["--config", args.config] if args.config else ["--suite", "demo"]
+        budget = ["--budget", args.budget] if args.budget else []
+        done = subprocess.run([sys.executable, "-m", "lowband", "compare", *suite, *budget, "--seed", seed, "--out",
+                               where, "-q"], check=False, stdout=subprocess.DEVNULL)
+        folders = glob.glob(os.path.join(where, "compare-*"))
+        if not folders:
+            sys.exit(f"seed {seed}: lowband compare exited {done.returncode} before making a comparison")
+        folder = max(folders, key=os.path.getmtime)
         reach, fastest, bpb = verdict(folder)
         verdicts.append((tuple(reach), fastest))
         shown = ", ".join(f"{label} {value:.4f}" for label, value in bpb.items())

@@ -13,8 +13,9 @@ tau = 8..64 gives 420..52 outer steps. Two phases, each run once and kept (the s
   trend  Allreduce, SparseLoCo and DiLoCo at 1/4 and 1/2 of the steps: is the gap closing with length?
   lookahead  one worker, one epoch: `single` against DiLoCo with --workers 1 (M = 1), whose outer
          step is a lookahead on one trajectory: the gain that is not parallelism
-`--phase all` runs the first CORE settings, the trend, the lookahead runs, the inner rates, Allreduce's
-and DiLoCo's best on seeds 1 and 2, the rest of the sweep, then the other families' best on seeds 1 and 2.
+`--phase all` runs the first CORE settings, the trend, the lookahead runs, the inner rates, Allreduce's,
+DiLoCo's and SparseLoCo's best on seeds 1 and 2, the rest of the sweep, then any family whose best
+moved (or local SGD's) on seeds 1 and 2.
 
 Prints per setting: mean ± sd of the final validation bits per byte, the gap to Allreduce's mean,
 bytes sent per worker, Allreduce's bytes over the setting's ("ratio"), outer steps, whether the mean
@@ -307,8 +308,8 @@ def main() -> None:
         if args.phase in ("tune", "all"):
             for _family, spec, lr in TUNE[CORE:CORE + 4]:  # the rates
                 train(args.out, spec, lr, 0)
-        if args.phase in ("seeds", "all"):  # is DiLoCo's gap to Allreduce more than the seeds' spread?
-            seeds(args.out, ("allreduce", "diloco"))
+        if args.phase in ("seeds", "all"):  # is each family's gap to Allreduce more than the seeds' spread?
+            seeds(args.out, ("allreduce", "diloco", "sparseloco"))
         if args.phase in ("tune", "all"):
             for _family, spec, lr in TUNE[CORE + 4:]:
                 train(args.out, spec, lr, 0)
