@@ -13,8 +13,9 @@ tau = 8..64 gives 420..52 outer steps. Two phases, each run once and kept (the s
   trend  Allreduce, SparseLoCo and DiLoCo at 1/4 and 1/2 of the steps: is the gap closing with length?
   lookahead  one worker, one epoch: `single` against DiLoCo with --workers 1 (M = 1), whose outer
          step is a lookahead on one trajectory: the gain that is not parallelism
+  long   Allreduce's and DiLoCo's best at twice the steps (8 epochs, seed 0): does the gap reach 1%?
 `--phase all` runs the first CORE settings, the trend, the lookahead runs, the inner rates, Allreduce's,
-DiLoCo's and SparseLoCo's best on seeds 1 and 2, the rest of the sweep, then any family whose best
+DiLoCo's and SparseLoCo's best on seeds 1 and 2, the long runs, the rest of the sweep, then any family whose best
 moved (or local SGD's) on seeds 1 and 2.
 
 Prints per setting: mean ± sd of the final validation bits per byte, the gap to Allreduce's mean,
@@ -36,6 +37,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import shutil
 import statistics
 import subprocess
@@ -71,6 +73,8 @@ TUNE = [  # (family, method spec, inner lr), in the order they run: the most tel
 CORE = 5  # TUNE[:CORE] run before the trend and the seeds
 TREND = [("allreduce", 0.004), (f"{SPARSE}:tau=16", 0.004), ("diloco:tau=16:outer_lr=1.0", 0.004)]
 TREND_EPOCHS = (1, 2)  # the same settings at 1/4 and 1/2 of the steps (each its own cosine schedule)
+LONG = [("allreduce", 0.016), ("diloco:tau=16:outer_lr=1.0", 0.004)]  # each family's best at seed 0, at
+LONG_EPOCHS = 8  # twice the steps (6,720 a worker, 420 DiLoCo outer steps): does the gap reach 1%?
 LOOKAHEAD = [("single", "single", 0.004), ("diloco M=1", "diloco:tau=16:outer_lr=0.7", 0.004),
              ("diloco M=1", "diloco:tau=16:outer_lr=1.0", 0.004)]  # one worker, one epoch (3,363 steps)
 SEEDS = (1, 2)
@@ -211,6 +215,7 @@ def report(out: str, figure: str) -> None:
               f"{' '.join(f'{v:.3f}' for v in tr)}; {secs:.0f} s training (4 workers sharing 2 cores with other jobs)")
     plot(rows, ref_bpb, figure)
     trend(out)
+    longer(out)
     lookahead(out)
 
 
@@ -229,6 +234,25 @@ def trend(out: str) -> None:
             cells.append(f"{recs[-1]['val_bpb']:.4f} ({100 * (recs[-1]['val_bpb'] / ref[e][-1]['val_bpb'] - 1):+.1f}%)"
                          if recs and recs[-1]["epoch"] >= e else "-")
         print(f"| {label(spec, lr)} | " + " | ".join(cells) + " |")
+
+
+def longer(out: str) -> None:
+    """Each family's best at twice the steps, against Allreduce's at the same length (seed 0)."""
+    runs = [(spec, lr, records(run_dir(out, spec, lr, 0, epochs=LONG_EPOCHS))) for spec, lr in LONG]
+    runs = [(spec, lr, recs) for spec, lr, recs in runs if recs and recs[-1]["epoch"] >= LONG_EPOCHS]
+    if not runs or runs[0][0] != "allreduce":
+        return
+    ref = runs[0][2][-1]
+    steps = 840 * LONG_EPOCHS
+    print(f"\n{LONG_EPOCHS} epochs ({steps:,} steps a worker), seed 0, against {label(*LONG[0])} at that length:\n")
+    for spec, lr, recs in runs:
+        last, four = recs[-1], recs[3]
+        sent = last["bytes_sent_per_worker"]
+        curve = " ".join(f"{r['val_bpb']:.3f}" for r in recs)
+        print(f"{label(spec, lr)}: val bpb {last['val_bpb']:.4f} ({100 * (last['val_bpb'] / ref['val_bpb'] - 1):+.2f}%), "
+              f"{sent / 1e6:.3f} MB sent/worker ({ref['bytes_sent_per_worker'] / sent:,.0f}x fewer), "
+              f"{last.get('outer_steps', '-')} outer steps; per epoch "
+              f"{curve} (at epoch 4 of this schedule: {four['val_bpb']:.4f})")
 
 
 def lookahead(out: str) -> None:
@@ -279,7 +303,7 @@ def plot(rows, ref_bpb: float, figure: str) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--phase", choices=("tune", "trend", "seeds", "lookahead", "all"), default="all")
+    p.add_argument("--phase", choices=("tune", "trend", "seeds", "lookahead", "long", "all"), default="all")
     p.add_argument("--out", default="runs/lm_study", help="where the runs go (kept; the script resumes from it)")
     p.add_argument("--figure", default="benchmarks/figures/lm_frontier.png")
     p.add_argument("--report", action="store_true", help="only report what has finished")
@@ -289,7 +313,8 @@ def main() -> None:
     if args.collect:
         for path in sorted(os.listdir(args.out)) if os.path.isdir(args.out) else []:
             full = os.path.join(args.out, path)
-            epochs = 1 if path.endswith(("_workers-1_epochs-1", "_epochs-1")) else 2 if path.endswith("_epochs-2") else 4
+            length = re.search(r"_epochs-(\d+)$", path)
+            epochs = int(length.group(1)) if length else 4
             if finished(full, epochs):
                 keep(full)
         args.report = True
@@ -310,6 +335,9 @@ def main() -> None:
                 train(args.out, spec, lr, 0)
         if args.phase in ("seeds", "all"):  # is each family's gap to Allreduce more than the seeds' spread?
             seeds(args.out, ("allreduce", "diloco", "sparseloco"))
+        if args.phase in ("long", "all"):
+            for spec, lr in LONG:
+                train(args.out, spec, lr, 0, epochs=LONG_EPOCHS)
         if args.phase in ("tune", "all"):
             for _family, spec, lr in TUNE[CORE + 4:]:
                 train(args.out, spec, lr, 0)

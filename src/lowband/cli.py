@@ -173,8 +173,9 @@ def parser() -> argparse.ArgumentParser:
                         "worse than the median of the finished trials at the same epoch; works at the few epochs a "
                         "CPU affords), halving (successive halving, keeps the best third at epochs 1, 3, 9...; "
                         "needs longer trials to act), none")
-    c.add_argument("--budget", default="epochs", metavar="epochs|steps|samples|target[:F]",
-                   help="what every method gets equally: epochs over its own worker's data (default); steps: "
+    c.add_argument("--budget", default=None, metavar="epochs|steps|samples|target[:F]",
+                   help="what every method gets equally (default: the suite's `budget`, else epochs): epochs over "
+                        "its own worker's data; steps: "
                         "optimizer steps per worker, samples: training samples over all workers, both as many as "
                         "Allreduce's in train.epochs (each method's epochs scaled, rounded); target[:F]: Allreduce "
                         "(the suite's target) runs first, every other method trains until its validation figure "
@@ -389,7 +390,7 @@ def cmd_compare(args) -> int:
         given += [flag for flag, value, default in (("--tune-sampler", args.tune_sampler, "auto"),
                                                     ("--tune-seed", args.tune_seed, 0),
                                                     ("--tune-pruner", args.tune_pruner, "median")) if value != default]
-        given += ["--budget"] if args.budget != "epochs" else []
+        given += ["--budget"] if args.budget is not None else []
         if given:
             raise UsageError(f"--resume continues a comparison with its own plan.json; drop {', '.join(given)}")
         plan, folder = ComparisonDir(args.resume).load_plan(), args.resume

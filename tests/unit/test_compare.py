@@ -71,3 +71,20 @@ def test_every_built_in_suite_plans_with_every_runs_config_checked(tmp_path, nam
     assert name in suite_names()
     plan, folder = plan_for(Request(suite=name, out=str(tmp_path)))  # a bad spec or option raises here
     assert plan.labels == load_suite(name)["methods"] and folder.startswith(str(tmp_path))
+
+
+def test_a_suites_budget_is_used_unless_the_command_line_gives_one(tmp_path):
+    from lowband.comparison.request import Request, load_suite, plan_for
+
+    suite = tmp_path / "s.toml"
+    suite.write_text('methods = ["allreduce", "local_sgd"]\nbudget = "target:2"\n[config.train]\nworkers = 2\n'
+                     '[config.data]\nname = "mnist1d"\nnum_samples = 400\n')
+    plan, _ = plan_for(Request(suite_file=str(suite), out=str(tmp_path)))
+    assert (plan.budget, plan.factor, plan.reference) == ("target", 2.0, "allreduce")
+    plan, _ = plan_for(Request(suite_file=str(suite), budget="epochs", out=str(tmp_path)))
+    assert (plan.budget, plan.reference) == ("epochs", None)
+    assert load_suite("quick")["budget"] == "epochs"  # no budget key: the default
+    for bad, allowed in (('"target:0.5"', "FACTOR must be a number >= 1"), ("3", "epochs, steps, samples or target")):
+        suite.write_text(f'methods = ["allreduce"]\nbudget = {bad}\n')
+        with pytest.raises(ConfigError, match=f"^budget=.* is invalid: .*{allowed}"):
+            load_suite(path=str(suite))

@@ -23,7 +23,8 @@ class Request:
     """A comparison as asked for. `methods` None: the suite's; `suite` a built-in name, `suite_file`
     a TOML with `methods = [...]`, `config_file` a plain config TOML used as the base settings,
     `base` those settings as a nested dict (then no suite is read: the Python API's way);
-    `overrides` the command line's settings (shortcut flags and --set), nested by section."""
+    `overrides` the command line's settings (shortcut flags and --set), nested by section; `budget`
+    None: the suite's (its `budget` key, else "epochs")."""
 
     methods: list[str] | None = None
     suite: str | None = None
@@ -33,7 +34,7 @@ class Request:
     overrides: dict = field(default_factory=dict)
     seeds: list[int] | None = None
     tune: P.Tune | None = None
-    budget: str = "epochs"
+    budget: str | None = None
     out: str = "runs"
 
 
@@ -54,7 +55,7 @@ def plan_for(request: Request) -> tuple[P.Plan, str]:
         check_per_method(suite.get("per_method") or {}, list(methods))
     folder = new_folder(request.out)
     plan = P.make_plan(list(methods), base, request.overrides, folder, seeds=request.seeds, tune=request.tune,
-                       suite={**suite, "prepare": prepare}, budget=request.budget)
+                       suite={**suite, "prepare": prepare}, budget=request.budget or suite.get("budget", "epochs"))
     return plan, folder
 
 
@@ -88,7 +89,7 @@ def suite_names() -> list[str]:
 
 
 def load_suite(name: str | None = None, path: str | None = None) -> dict:
-    """A suite: {description, methods, target, config, prepare, method_defaults, per_method};
+    """A suite: {description, methods, target, config, prepare, method_defaults, per_method, budget};
     `name` is built in, `path` a user's TOML file."""
     if name is not None:
         if name not in suite_names():
@@ -113,6 +114,15 @@ def load_suite(name: str | None = None, path: str | None = None) -> dict:
                                                     "with optim.lr = 0.2")
     return {"description": raw.get("description", ""), "methods": methods, "config": raw.get("config", {}),
             "target": raw.get("target", "allreduce"), "prepare": prepare, "method_defaults": defaults,
-            "per_method": per_method}
+            "per_method": per_method, "budget": suite_budget(raw.get("budget", "epochs"))}
+
+
+def suite_budget(budget) -> str:
+    """A suite's `budget` key, checked as --budget is (the command line's --budget overrides it)."""
+    try:
+        P.parse_budget(budget if isinstance(budget, str) else "")
+    except ConfigError as error:
+        raise ConfigError("budget", budget, error.allowed) from None
+    return budget
 
 
