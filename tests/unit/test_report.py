@@ -36,7 +36,7 @@ RUNS = {
 }
 
 
-def make_comparison(folder, runs=RUNS, link="unlimited", with_seed=True, tuning=None):
+def make_comparison(folder, runs=RUNS, link="unlimited", with_seed=True, tuning=None, workers=None):
     folder.mkdir()
     rows = []
     for label, per_seed in runs.items():
@@ -45,7 +45,8 @@ def make_comparison(folder, runs=RUNS, link="unlimited", with_seed=True, tuning=
             run_dir.mkdir()
             (run_dir / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in records))
             (run_dir / "config.toml").write_text(f'[link]\nrate = "{link}"\nmode = "model"\n')
-            rows.append({"label": label, "method": label.split(":")[0], "seed": seed, "workers": 4,
+            rows.append({"label": label, "method": label.split(":")[0], "seed": seed,
+                         "workers": (workers or {}).get(label, 4),
                          "status": "ok", "run_dir": str(run_dir)})
     fields = ["label", "method", "seed", "workers", "status", "run_dir"]
     write_csv(folder / "summary.csv", rows, fields if with_seed else [f for f in fields if f != "seed"])
@@ -98,6 +99,17 @@ def test_report_answers_per_link_class_from_two_seeds(tmp_path):
     page = (folder / "report.html").read_text()
     assert page.count("data:image/png;base64,") == 5 and "<td>0.9300 ± 0.0141</td>" in page
     assert "## Tuning" not in md
+
+
+def test_when_one_worker_is_fastest_the_answer_also_names_the_fastest_on_all_workers(tmp_path):
+    # single (1 worker): 3 s an epoch, reaches 0.91 at epoch 2 (6 s, no bytes); local SGD as above (10.2 s at 1 mbit)
+    runs = {**RUNS, "single": seeds([[0.8, 0.95, 0.96], [0.8, 0.95, 0.96]], 0.0, 3, 3)}
+    md = read(build([str(make_comparison(tmp_path / "c", runs, workers={"single": 1}))]))
+    assert ("At 1 mbit the fastest to target is single (6.0 s; allreduce 54.0 s), the fewest bytes single (0 B per "
+            "worker); on all 4 workers (when one machine cannot hold the data or the job) local_sgd:tau=16 (10.2 s).") in md
+    assert "At 10 gbit the fastest to target is single (6.0 s; allreduce 30.0 s)" in md and md.count("on all 4 workers") == 5
+    plain = read(build([str(make_comparison(tmp_path / "d"))]))  # the fastest already uses every worker: no clause
+    assert "on all 4 workers" not in plain
 
 
 def test_the_projection_takes_the_measured_links_transfer_out(tmp_path):

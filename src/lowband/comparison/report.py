@@ -186,8 +186,18 @@ def link_sentences(rows: list[TableRow], groups: dict[str, list[SummaryRow]], go
             versus += f"; {spent[best]:.2f}x {ref or 'the reference'}'s training samples"
         out.append(f"At {name} the fastest {goal} is {best} ({secs[best]:.1f} s{versus}), the fewest bytes "
                    f"{by_bytes.label if by_bytes else '-'} "
-                   f"({human_bytes(_bytes_at_goal(by_bytes, groups, goals))} per worker).")
+                   f"({human_bytes(_bytes_at_goal(by_bytes, groups, goals))} per worker){_team(reach, best, secs)}.")
     return out
+
+
+def _team(reach: list[TableRow], best: str, secs: dict[str, float | None]) -> str:
+    """When the fastest is one worker: the fastest of the methods that use all the workers, for a user
+    whose data or job cannot sit on one machine ('' when the fastest already uses them, or none reaches)."""
+    widest = max((r.workers for r in reach), default=1)
+    if next(r.workers for r in reach if r.label == best) == widest:
+        return ""
+    team = min((r.label for r in reach if r.workers == widest), key=lambda label: secs[label] or 0.0)
+    return f"; on all {widest} workers (when one machine cannot hold the data or the job) {team} ({secs[team]:.1f} s)"
 
 
 def _bytes_at_goal(row: TableRow | None, groups: dict[str, list[SummaryRow]], goals: dict[str, int | None]) -> float:
