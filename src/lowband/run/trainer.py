@@ -195,7 +195,7 @@ class Trainer:
         for epoch in range(self.epoch + 1, self.cfg.train.epochs + 1):
             self._run_epoch(epoch)
             if self._should_stop():
-                self.log.info(f"stopping at epoch {epoch}: validation {self.metric.name} reached {self._target()}")
+                self.log.info(f"stopping at epoch {epoch}: validation {self.metric.name} reached {self._target():.4f}")
                 break
         self.method.end_training()
         self._save_final()
