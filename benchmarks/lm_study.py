@@ -14,6 +14,10 @@ tau = 8..64 gives 420..52 outer steps. Two phases, each run once and kept (the s
   lookahead  one worker, one epoch: `single` against DiLoCo with --workers 1 (M = 1), whose outer
          step is a lookahead on one trajectory: the gain that is not parallelism
   long   Allreduce's and DiLoCo's best at twice the steps (8 epochs, seed 0): does the gap reach 1%?
+  ending SparseLoCo's end of run (issue 40): its best setting with the error buffer's decay moved to 1
+         as the run ends, a dense flush of the buffers at the end, both, and no decay at all, on seed 0;
+         the best of them on seeds 1 and 2, and at 8 epochs. Prints per epoch the gap to Allreduce and
+         where the buffers' mass went (sent, decayed, kept, against the pseudo-gradient).
 `--phase all` runs the first CORE settings, the trend, the lookahead runs, the inner rates, Allreduce's,
 DiLoCo's and SparseLoCo's best on seeds 1 and 2, the long runs, the rest of the sweep, then any family whose best
 moved (or local SGD's) on seeds 1 and 2.
@@ -25,7 +29,9 @@ its mean curve first came within 1%; "-" if never), and per-epoch curves that sa
 short. Writes the frontier (validation bits per byte against bytes per worker, every setting) to
 `--figure`.
 
-Run: python benchmarks/lm_study.py [--phase tune|seeds|lookahead|all] [--out runs/lm_study] [--report|--collect]
+Run: python benchmarks/lm_study.py [--phase tune|seeds|lookahead|ending|all] [--out runs/lm_study] [--report|--collect]
+On a GPU machine: --device cuda --parallel 4 --results benchmarks/results/lm_study_gpu (4 runs at once, each
+4 workers sharing the GPU through gloo; its records kept apart from the CPU's).
 About 4 minutes a run alone on 2 cores (15 while other jobs share them); `--phase all` is about 20
 runs. Safe to stop and start again: an unfinished run resumes from its checkpoint, and each finished
 run's records are copied to benchmarks/results/lm_study/ (committed), so a later session, or anyone,
@@ -79,6 +85,18 @@ LOOKAHEAD = [("single", "single", 0.004), ("diloco M=1", "diloco:tau=16:outer_lr
              ("diloco M=1", "diloco:tau=16:outer_lr=1.0", 0.004)]  # one worker, one epoch (3,363 steps)
 SEEDS = (1, 2)
 MARGIN = 0.01
+REFERENCE = ("allreduce", 0.016)  # Allreduce at its best rate (bracketed on seed 0, 3 seeds)
+ENDING_LR = 0.008  # SparseLoCo's best inner rate (tau 8, 1/64, lut2; 3 seeds)
+ENDING = [  # issue 40: what SparseLoCo loses at the end of the run, one change at a time, then together
+    f"{SPARSE}:tau=8",  # today's best
+    f"{SPARSE}:tau=8:ef_decay_end=1.0",  # the buffer stops forgetting as the inner rate falls
+    f"{SPARSE}:tau=8:flush=int8",  # what the buffers hold at the end, sent once, dense
+    f"{SPARSE}:tau=8:ef_decay_end=1.0:flush=int8",
+    f"{SPARSE}:tau=8:ef_decay=1.0",  # never forget (plain error feedback)
+    f"{SPARSE}:tau=8:ef_decay=1.0:flush=int8",
+]
+ENDING_LONG = 8  # the best ending at twice the steps, against Allreduce's at that length
+DEVICE: list[str] = []  # --set options that put the runs on a device (main's --device)
 
 
 def label(spec: str, lr: float) -> str:
@@ -132,7 +150,7 @@ def train(out: str, spec: str, lr: float, seed: int, workers: int = 4, epochs: i
     name, *opts = spec.split(":")
     args = ["--resume", path] if os.path.exists(os.path.join(path, "config.toml")) else [
         "--method", name, *BASE, "--workers", str(workers), "--epochs", str(epochs),
-        "--set", f"optim.lr={lr}", "--seed", str(seed), "--run-dir", path,
+        "--set", f"optim.lr={lr}", "--seed", str(seed), "--run-dir", path, *DEVICE,
         *[a for o in opts for a in ("--set", "method." + o)],
         *(["--set", "method.round_evals=0"] if name not in ("allreduce", "single") else [])]
     t0 = time.time()
@@ -141,6 +159,95 @@ def train(out: str, spec: str, lr: float, seed: int, workers: int = 4, epochs: i
     print(f"  exit {code} after {time.time() - t0:.0f} s", flush=True)
     if finished(path, epochs):
         keep(path)
+
+
+def train_all(jobs: list[tuple], parallel: int) -> None:
+    """train(*job) for every job, `parallel` at a time (each is its own group of worker processes)."""
+    if parallel <= 1:
+        for job in jobs:
+            train(*job)
+        return
+    from concurrent.futures import ThreadPoolExecutor
+
+    with ThreadPoolExecutor(parallel) as pool:
+        list(pool.map(lambda job: train(*job), jobs))
+
+
+def best_ending(out: str) -> str | None:
+    """The ENDING setting with the lowest final validation bits per byte on seed 0 (None: none finished)."""
+    done = [(records(run_dir(out, spec, ENDING_LR, 0)), spec) for spec in ENDING]
+    done = [(r[-1]["val_bpb"], spec) for r, spec in done if r and r[-1]["epoch"] >= 4]
+    return min(done)[1] if done else None
+
+
+def ending(out: str, parallel: int) -> None:
+    """Issue 40's ablation on seed 0 beside Allreduce's reference, then the best on seeds 1, 2 and at 8 epochs."""
+    out_ref = [(out, REFERENCE[0], REFERENCE[1], seed) for seed in (0, *SEEDS)]
+    train_all([out_ref[0]] + [(out, spec, ENDING_LR, 0) for spec in ENDING], parallel)
+    best = best_ending(out)
+    assert best is not None, "no ending setting finished"
+    later = out_ref[1:] + [(out, best, ENDING_LR, seed) for seed in SEEDS]
+    later += [(out, *REFERENCE, 0, 4, ENDING_LONG), (out, best, ENDING_LR, 0, 4, ENDING_LONG)]
+    train_all(later, parallel)
+
+
+def ending_report(out: str) -> None:
+    """Per ENDING setting: the final gap to Allreduce (mean over finished seeds), bytes, and per epoch the
+    gap and the error buffers' flows (mean per sync, rank 0: sent, decayed and kept over ‖Δ‖)."""
+    ref = [records(run_dir(out, *REFERENCE, s)) for s in (0, *SEEDS)]
+    ref = [r for r in ref if r and r[-1]["epoch"] >= 4]
+    if not ref:
+        return
+    ref_bpb = statistics.mean(r[-1]["val_bpb"] for r in ref)
+    ref_bytes = statistics.mean(r[-1]["bytes_sent_per_worker"] for r in ref)
+    print(f"\nSparseLoCo's end of run (issue 40), lr {ENDING_LR:g}, against {label(*REFERENCE)} "
+          f"({len(ref)} seeds, {ref_bpb:.4f}):\n")
+    print("| setting | seeds | val bpb (mean ± sd) | vs allreduce | MB sent/worker | ratio | within 1% |")
+    print("|---|---|---|---|---|---|---|")
+    for spec in ENDING:
+        curves = [records(run_dir(out, spec, ENDING_LR, s)) for s in (0, *SEEDS)]
+        curves = [c for c in curves if c and c[-1]["epoch"] >= 4]
+        if not curves:
+            continue
+        bpb = [c[-1]["val_bpb"] for c in curves]
+        sent = statistics.mean(c[-1]["bytes_sent_per_worker"] for c in curves)
+        gap = 100 * (statistics.mean(bpb) / ref_bpb - 1)
+        print(f"| {short(spec)} | {len(curves)} | {mean_sd(bpb)} | {gap:+.2f}% | {sent / 1e6:.3f} | "
+              f"{ref_bytes / sent:,.0f} | {'yes' if gap <= 100 * MARGIN else 'no'} |")
+    ref0 = ref[0]
+    print("\nSeed 0 per epoch: gap to Allreduce (same epoch, same seed); the buffers' flows per sync "
+          "as shares of ‖Δ‖ (sent / decayed / kept)\n")
+    for spec in ENDING:
+        recs = records(run_dir(out, spec, ENDING_LR, 0))
+        if not recs:
+            continue
+        gaps = " ".join(f"{100 * (r['val_bpb'] / q['val_bpb'] - 1):+.1f}%" for r, q in zip(recs, ref0, strict=False))
+        flows = " ".join(_flow(r) for r in recs)
+        print(f"{short(spec)}: {gaps}; flows {flows}")
+    ending_long(out)
+
+
+def ending_long(out: str) -> None:
+    """The best ending at ENDING_LONG epochs against Allreduce's at that length (seed 0)."""
+    best = best_ending(out)
+    ref, run = (records(run_dir(out, spec, lr, 0, epochs=ENDING_LONG)) for spec, lr in (REFERENCE, (best, ENDING_LR)))
+    if best and ref and run and run[-1]["epoch"] >= ENDING_LONG:
+        gaps = " ".join(f"{100 * (r['val_bpb'] / q['val_bpb'] - 1):+.1f}%" for r, q in zip(run, ref, strict=False))
+        ratio = ref[-1]["bytes_sent_per_worker"] / run[-1]["bytes_sent_per_worker"]
+        print(f"\n{short(best)} at {ENDING_LONG} epochs (seed 0): {run[-1]['val_bpb']:.4f} against "
+              f"{ref[-1]['val_bpb']:.4f}; per epoch {gaps}; {ratio:,.0f}x fewer bytes")
+
+
+def _flow(record: dict) -> str:
+    ef = record.get("extra", {}).get("ef") or record.get("ef")
+    if not ef or not ef.get("delta"):
+        return "-"
+    d = ef["delta"]
+    return f"{ef['sent'] / d:.2f}/{ef['decayed'] / d:.2f}/{ef['kept'] / d:.1f}"
+
+
+def short(spec: str) -> str:
+    return spec.replace(f"{SPARSE}:", "sparseloco:")
 
 
 def seeds(out: str, families: tuple[str, ...] | None = None) -> None:
@@ -302,14 +409,23 @@ def plot(rows, ref_bpb: float, figure: str) -> None:
 
 
 def main() -> None:
+    global RESULTS
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--phase", choices=("tune", "trend", "seeds", "lookahead", "long", "all"), default="all")
+    p.add_argument("--phase", choices=("tune", "trend", "seeds", "lookahead", "long", "ending", "all"), default="all")
+    p.add_argument("--device", choices=("cpu", "cuda"), default=None,
+                   help="put every new run on this device (cuda: the workers share it through gloo)")
+    p.add_argument("--parallel", type=int, default=1, help="runs at once in the ending phase (a machine with cores to spare)")
+    p.add_argument("--results", default=RESULTS, help="where finished runs' records are kept (committed)")
     p.add_argument("--out", default="runs/lm_study", help="where the runs go (kept; the script resumes from it)")
     p.add_argument("--figure", default="benchmarks/figures/lm_frontier.png")
     p.add_argument("--report", action="store_true", help="only report what has finished")
     p.add_argument("--collect", action="store_true", help="copy every finished run's records into "
                    "benchmarks/results/lm_study (done after each run anyway), then report")
     args = p.parse_args()
+    RESULTS = args.results
+    if args.device:
+        DEVICE.extend(["--set", f"train.device={args.device}"] + (["--set", "train.backend=gloo"]
+                                                                  if args.device == "cuda" else []))
     if args.collect:
         for path in sorted(os.listdir(args.out)) if os.path.isdir(args.out) else []:
             full = os.path.join(args.out, path)
@@ -343,8 +459,14 @@ def main() -> None:
                 train(args.out, spec, lr, 0)
         if args.phase in ("seeds", "all"):
             seeds(args.out)
+        if args.phase in ("ending", "all"):
+            ending(args.out, args.parallel)
         print(f"\nstudy wall time this call: {(time.time() - t0) / 60:.1f} min")
-    report(args.out, args.figure)
+    if args.phase == "ending":
+        ending_report(args.out)
+    else:
+        report(args.out, args.figure)
+        ending_report(args.out)
 
 
 if __name__ == "__main__":

@@ -170,10 +170,12 @@ def bn_mlp(in_shape, num_classes):
     return BatchNormMLP(in_shape, num_classes)
 
 
-def run_tapped(cls, mcfg, comm: Communicator, out_dir: str, steps: int):
+def run_tapped(cls, mcfg, comm: Communicator, out_dir: str, steps: int, epochs: int | None = None):
     """`cls(mcfg)` on `comm` from the shared initial model, `steps` fixed batches of 8 per rank with plain
-    SGD (lr 0.1), its hooks tapped: (the method, the model it returned, the tap's record)."""
-    ctx = Context(Config(method=mcfg), comm, torch.device("cpu"), logging.getLogger("t"), out_dir, steps)
+    SGD (lr 0.1), its hooks tapped: (the method, the model it returned, the tap's record). The context's
+    run is `epochs` epochs of `steps` steps (TrainConfig's default count when None)."""
+    train = TrainConfig() if epochs is None else TrainConfig(epochs=epochs)
+    ctx = Context(Config(method=mcfg, train=train), comm, torch.device("cpu"), logging.getLogger("t"), out_dir, steps)
     method = cls(mcfg, ctx)
     model = method.setup(initial_model())
     opt = torch.optim.SGD(model.parameters(), lr=0.1)
@@ -300,8 +302,9 @@ def diloco_trace(out_dir: str, steps: str, options: str) -> None:
     torch.set_num_threads(1)
     steps, opts = int(steps), json.loads(options)
     cls = METHODS.get(opts.pop("method", "diloco"))  # diloco or sparseloco
+    epochs = int(opts.pop("epochs", TrainConfig().epochs))  # the run's length: `steps` per epoch
     comm = Communicator.from_env(torch.device("cpu"), "gloo", timeout_s=60)
-    method, _, rec = run_tapped(cls, cls.Config(round_evals=0, **opts), comm, out_dir, steps)
+    method, _, rec = run_tapped(cls, cls.Config(round_evals=0, **opts), comm, out_dir, steps, epochs)
     before_final = comm.ledger.snapshot()
     final = parameters_to_vector(method.global_model(final=True).parameters()).detach()
     torch.save({"pre": torch.stack(rec["pre"]), "post": torch.stack(rec["after"]), "final": final,

@@ -44,22 +44,31 @@ def np_message(e: np.ndarray, density: float, chunk: int) -> np.ndarray:
     return out[:len(e)]
 
 
-def reference(ranks, steps, tau, lr, momentum, decay, density, chunk) -> dict[int, np.ndarray]:
-    """θ_global after each sync from every rank's parameters before it: e <- decay·e + Δ, send the
+def reference(ranks, steps, tau, lr, momentum, decay, density, chunk, decay_end=None, total=None,
+              flush=False) -> dict[int, np.ndarray]:
+    """θ_global after each sync from every rank's parameters before it: e <- β·e + Δ, send the
     message, e <- e - message, mean over ranks, Nesterov SGD (torch's form: the first step's buffer is
-    the gradient)."""
+    the gradient). β is `decay`, or with `decay_end` moves linearly to it over `total` steps (β at the
+    sync after step s + 1 of `total`). With `flush`, the key "flush" holds θ_global after one more
+    outer step on the mean of the buffers, sent dense in fp32."""
     anchor, buf, out = initial_model_vector(), None, {}
     errors = [np.zeros_like(anchor) for _ in ranks]
+
+    def outer(anchor, grad, buf):
+        buf = grad if buf is None else momentum * buf + grad
+        return anchor - lr * (grad + momentum * buf if momentum else grad), buf
+
     for s in range(tau - 1, steps, tau):
+        beta = decay if decay_end is None else decay + (decay_end - decay) * (s + 1) / total
         sent = []
         for r, rank in enumerate(ranks):
-            errors[r] = decay * errors[r] + (anchor - rank["pre"][s].double().numpy())
+            errors[r] = beta * errors[r] + (anchor - rank["pre"][s].double().numpy())
             sent.append(np_message(errors[r], density, chunk))
             errors[r] -= sent[-1]
-        grad = np.mean(sent, axis=0)
-        buf = grad if buf is None else momentum * buf + grad
-        anchor = anchor - lr * (grad + momentum * buf if momentum else grad)
+        anchor, buf = outer(anchor, np.mean(sent, axis=0), buf)
         out[s] = anchor
+    if flush:
+        out["flush"] = outer(anchor, np.mean(errors, axis=0), buf)[0]
     return out
 
 
@@ -74,6 +83,43 @@ def test_outer_step_matches_a_numpy_reference(tmp_path, momentum):
         for r in ranks:
             np.testing.assert_allclose(r["post"][s].double().numpy(), anchor, rtol=1e-4, atol=1e-5)
     assert all(torch.equal(r["final"], ranks[0]["final"]) for r in ranks)  # one θ_global everywhere
+
+
+def test_a_decay_schedule_and_a_dense_flush_match_the_numpy_reference(tmp_path):
+    """ef_decay 1 -> ef_decay_end 0.1 over a one-epoch run of 9 steps (β 0.7, 0.4, 0.1 at the syncs),
+    then the final model's fp32 flush of every buffer; and the flows each epoch's record reports."""
+    world, steps, tau, density, chunk = 3, 9, 3, 0.05, 1000
+    ranks = trace(tmp_path, world, steps, tau=tau, density=density, chunk=chunk, ef_decay=1.0, ef_decay_end=0.1,
+                  flush="fp32", outer_lr=0.8, epochs=1)
+    expected = reference(ranks, steps, tau, 0.8, 0.0, 1.0, density, chunk, decay_end=0.1, total=steps, flush=True)
+    for s in (2, 5, 8):
+        for r in ranks:
+            np.testing.assert_allclose(r["post"][s].double().numpy(), expected[s], rtol=1e-4, atol=1e-5)
+    constant = reference(ranks, steps, tau, 0.8, 0.0, 1.0, density, chunk)
+    assert np.abs(constant[8] - expected[8]).max() > 1e-3  # the schedule changed what was sent
+    for r in ranks:
+        np.testing.assert_allclose(r["final"].double().numpy(), expected["flush"], rtol=1e-4, atol=1e-5)
+        assert r["state"]["fragments"][0]["feedback"]["residual"].abs().sum() > 0  # the flush was on the side
+    assert np.abs(expected["flush"] - expected[8]).max() > 1e-3  # the flush moved θ_global
+    sent = ranks[0]["stats_final"]["params"]["sent"] - ranks[0]["stats"]["params"]["sent"]
+    assert sent == pytest.approx(2 * (world - 1) / world * P * 4)  # one fp32 ring allreduce
+
+
+def test_an_int8_flush_costs_the_dense_exchange_of_int8_segments(tmp_path):
+    """The flush through int8: each rank sends every other its int8 segment and the mean of its own."""
+    from lowband.comm.value_codecs import parse_codec
+
+    world, steps = 3, 8
+    ranks = trace(tmp_path, world, steps, tau=4, density=0.02, chunk=512, flush="int8")
+    int8 = parse_codec("int8")
+    segs = [(P * i // world, P * (i + 1) // world) for i in range(world)]
+    for rank, r in enumerate(ranks):
+        mine = segs[rank][1] - segs[rank][0]
+        expected = sum(int8.payload_bytes(b - a) for j, (a, b) in enumerate(segs) if j != rank)
+        expected += (world - 1) * int8.payload_bytes(mine)
+        assert r["stats_final"]["params"]["sent"] - r["stats"]["params"]["sent"] == expected
+    assert int8.payload_bytes(1024) < 1024 * 1.1  # about a byte a value
+    assert all(torch.equal(r["final"], ranks[0]["final"]) for r in ranks)
 
 
 def test_bytes_are_the_all_gather_of_the_sparse_messages(tmp_path):

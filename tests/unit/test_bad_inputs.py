@@ -85,6 +85,12 @@ CASES = {
                              "--workers", "2"], "method.server_host='not-an-ip'"),
     "server-host-elsewhere": (["--method", "codistill", *SET("exchange=server", "server_host='192.0.2.1'"),
                                "--workers", "2"], "method.server_host='192.0.2.1'"),
+    "ef-decay-end-above-1": (["--method", "sparseloco", *SET("ef_decay_end=1.5"), "--workers", "2"],
+                             "method.ef_decay_end=1.5 is invalid: must be in [0, 1], or -1"),
+    "ef-decay-end-negative": (["--method", "sparseloco", *SET("ef_decay_end=-0.5"), "--workers", "2"],
+                              "method.ef_decay_end=-0.5"),
+    "flush-sparse": (["--method", "sparseloco", *SET("flush='topk:0.1'"), "--workers", "2"], "method.flush='topk:0.1'"),
+    "flush-unknown": (["--method", "sparseloco", *SET("flush=int3"), "--workers", "2"], "method.flush='int3'"),
     "model-beyond-memory": (["--model", "gpt", "--dataset", "text", "--set", "model.n_embd=1000000000000",
                              "--set", "model.n_head=1"], "does not fit in this machine's memory"),
 }

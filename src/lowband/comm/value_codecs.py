@@ -273,17 +273,35 @@ class ErrorFeedback:
     """Adds back what the codec dropped last time: send codec(x + decay·residual), keep the remainder.
 
     With decay 1 nothing is forgotten; SparseLoCo's decay below 1 makes the residual an exponential
-    accumulator of past pseudo-gradients, which takes the place of the outer momentum."""
+    accumulator of past pseudo-gradients, which takes the place of the outer momentum. `decay` may be
+    changed between calls (SparseLoCo's decay schedule). `flow` adds up, per call, where the buffer's
+    mass went (L2 norms): the new input, what was sent, what the decay threw away, what stays."""
+
+    FLOW = ("delta", "sent", "decayed", "kept")
 
     def __init__(self, codec: Codec, decay: float = 1.0):
         self.codec, self.decay = codec, decay
         self.residual: torch.Tensor | None = None
+        self.flow = dict.fromkeys(("calls", *self.FLOW), 0.0)
+        self._last: tuple[float, float] = (0.0, 0.0)  # (‖x‖, ‖decayed‖) of the call in progress
 
     def compensate(self, x: torch.Tensor) -> torch.Tensor:
+        old = 0.0 if self.residual is None else float(self.residual.norm())
+        self._last = (float(x.norm()), (1 - self.decay) * old)
         return x if self.residual is None else x + self.decay * self.residual.to(x.device)
 
     def remember(self, compensated: torch.Tensor, sent: torch.Tensor) -> None:
         self.residual = (compensated - sent.to(compensated.device)).detach().cpu()
+        delta, decayed = self._last
+        for key, value in (("calls", 1.0), ("delta", delta), ("sent", float(sent.norm())),
+                           ("decayed", decayed), ("kept", float(self.residual.norm()))):
+            self.flow[key] += value
+
+    def take_flow(self) -> dict[str, float]:
+        """The mean per call of each flow since the last take (empty when no call), and reset."""
+        calls, flow = self.flow["calls"], self.flow
+        self.flow = dict.fromkeys(flow, 0.0)
+        return {k: flow[k] / calls for k in self.FLOW} if calls else {}
 
     def state_dict(self) -> dict:
         return {} if self.residual is None else {"residual": self.residual}

@@ -178,14 +178,18 @@ class DiLoCo(Method):
         if not final:
             return self._with_anchors()
         saved = [frag.state_dict() for frag in self.fragments]
-        for frag in self.fragments:
-            if frag.sent_at < self.steps:
-                self._outer_step(frag, 0)
+        self._last_outer_steps()
         self._average_buffers()
         model = self._with_anchors()
         for frag, state in zip(self.fragments, saved, strict=True):
             frag.load_state_dict(state)
         return model
+
+    def _last_outer_steps(self) -> None:
+        """The final model's outer steps: each fragment with steps since its last sync syncs once more."""
+        for frag in self.fragments:
+            if frag.sent_at < self.steps:
+                self._outer_step(frag, 0)
 
     def _with_anchors(self):
         return with_anchors(self.local_model(), self.fragments)

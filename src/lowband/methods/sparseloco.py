@@ -17,12 +17,22 @@ Per sync a worker sends ~density·(bits of a position + bits of a value) per par
 defaults (1/64 of each 4,096-value chunk, 12 + 2 bits, plus 16 bytes of levels per 1,024 values
 kept) about 0.22 bit per parameter, against 32 for fp32. Streaming fragments, replicas and the tau
 schedule are DiLoCo's (methods/diloco.py).
+
+For the end of a run (issue 40's study, BENCHMARKS.md): `ef_decay_end` moves the decay linearly
+from `ef_decay` at the first step to `ef_decay_end` at the last (1 late in the run: the buffer stops
+forgetting what it could not send while the inner rate is small); `flush` sends, once, when the final
+model is made, what every error buffer still holds through a dense value codec (its bytes counted
+like any sync), so the final θ_global misses nothing the workers learnt. Every epoch's record says
+where the buffer's mass went (`ef`: the mean per sync of ‖Δ‖, ‖sent‖, ‖decayed‖ and ‖kept‖).
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+import torch
+
+from lowband.comm.reduce import compressed_mean
 from lowband.comm.value_codecs import VALUE_SPECS, Codec, TopKCodec, parse_codec
 from lowband.config import opt
 from lowband.errors import ConfigError, require
@@ -41,6 +51,10 @@ class SparseLoCoConfig(DiLoCoConfig):
     codec: str = opt("lut2", f"how the kept values travel: {VALUE_SPECS}")
     outer_lr: float = opt(1.0, "outer SGD learning rate on the averaged sparse pseudo-gradients")
     outer_momentum: float = opt(0.0, "outer momentum in [0, 1) (0: the error buffer is the momentum)")
+    ef_decay_end: float = opt(-1.0, "the decay at the run's last step, reached linearly from ef_decay, in [0, 1] "
+                                    "(-1: ef_decay throughout)")
+    flush: str = opt("", "at the end, send what the error buffers hold once through this dense codec "
+                         f"({VALUE_SPECS}; its bytes counted); '': no flush")
 
     def __post_init__(self):
         require(isinstance(self.codec, str) and not self.codec.strip().startswith("topk"), "method.codec",
@@ -49,6 +63,12 @@ class SparseLoCoConfig(DiLoCoConfig):
         require(0 < self.density <= 1, "method.density", self.density, "must be in (0, 1]")
         require(self.chunk >= 1, "method.chunk", self.chunk, "must be an integer >= 1")
         require(0 <= self.ef_decay <= 1, "method.ef_decay", self.ef_decay, "must be in [0, 1]")
+        require(self.ef_decay_end == -1 or 0 <= self.ef_decay_end <= 1, "method.ef_decay_end", self.ef_decay_end,
+                "must be in [0, 1], or -1 for ef_decay throughout")
+        require(isinstance(self.flush, str) and not self.flush.strip().startswith("topk"), "method.flush",
+                self.flush, f"must be '' (no flush) or a dense codec: {VALUE_SPECS}")
+        if self.flush.strip():
+            parse_codec(self.flush, "method.flush")
         require(self.error_feedback, "method.error_feedback", self.error_feedback,
                 "must be true: SparseLoCo's error buffer is the method (use diloco with codec=topk:F to go without)")
 
@@ -75,3 +95,43 @@ class SparseLoCo(DiLoCo):
         c = self.cfg
         return Fragment(params, c.outer_lr, c.outer_momentum, sparse_codec(c, seed), True,
                         nesterov=c.outer_nesterov, decay=c.ef_decay)
+
+    def decay_at(self, done: float) -> float:
+        """The error buffer's decay once `done` (0..1) of the run's steps are behind."""
+        c = self.cfg
+        return c.ef_decay if c.ef_decay_end == -1 else c.ef_decay + (c.ef_decay_end - c.ef_decay) * min(done, 1.0)
+
+    def _outer_step(self, frag: Fragment, delay: int) -> None:
+        if frag.feedback:
+            frag.feedback.decay = self.decay_at(self.steps / max(self.ctx.total_steps, 1))
+        super()._outer_step(frag, delay)
+
+    def end_epoch(self, epoch: int) -> dict:
+        """DiLoCo's figures and where the error buffers' mass went this epoch (this rank's, summed over
+        fragments): mean per sync of ‖Δ‖ (the pseudo-gradient), ‖sent‖, ‖decayed‖ and ‖kept‖."""
+        flows = [f.feedback.take_flow() for f in self.fragments if f.feedback]
+        flows = [f for f in flows if f]
+        extra = super().end_epoch(epoch)
+        if flows:
+            extra["ef"] = {k: sum(f[k] for f in flows) for k in flows[0]}
+        return extra
+
+    def _last_outer_steps(self) -> None:
+        """DiLoCo's last outer steps, then the flush: every fragment's residual, sent once through the
+        dense codec `flush` (no error feedback: nothing is left), averaged, one more outer step."""
+        super()._last_outer_steps()
+        if not self.cfg.flush.strip():
+            return
+        codec = parse_codec(self.cfg.flush, "method.flush", seed=self.ctx.cfg.train.seed * 1000 + self.ctx.comm.rank)
+        for frag in self.fragments:
+            if self.group.rank == 0:
+                assert frag.feedback is not None
+                held = frag.feedback.residual
+                held = torch.zeros(frag.numel) if held is None else held
+                with torch.no_grad():
+                    frag.anchor.grad = compressed_mean(self.across, held.to(frag.anchor.device), codec, "params")
+                    frag.outer.step()
+                    frag.outer.zero_grad(set_to_none=True)
+                    frag.feedback.residual = torch.zeros_like(held)
+            if self.group.world > 1:
+                self.group.broadcast(frag.anchor.data, src=0, tag="params-group")

@@ -1,0 +1,220 @@
+"""lowband on a GPU machine, as users run it: one worker, K workers sharing one GPU, CPU against CUDA,
+every method of the lm suite, and the lm study's trio at length; samples per second for each.
+
+Checks, in order (each a real `lowband` process; a failure is printed and the script goes on):
+  one      allreduce, 1 worker, device auto: the GPU alone (1 MB of the KJV, 1 epoch)
+  shared   the same with --workers K and no backend option: K workers on one GPU (the backend lowband picks)
+  mps      the same with CUDA MPS started first, when nvidia-cuda-mps-control exists (kernels of the K
+           processes then share the GPU instead of taking turns)
+  agree    a short run (2 workers, gloo, 200 kB, 1 epoch) on the CPU and on CUDA: the validation bits
+           per byte of the two, and their difference
+  suite    `lowband compare --suite lm --epochs 1` on 300 kB: every method of the lm suite runs on the GPU
+  trio     Allreduce (lr 0.016), DiLoCo (tau 16, outer lr 1.0, lr 0.004) and SparseLoCo (tau 8, 1/64,
+           lut2, lr 0.008) on the whole KJV for --trio-epochs epochs, side by side (--trio; the lm study's
+           workload: GPT tiny, context 64, batch 16, 4 workers)
+
+Prints one line per check and a summary; writes every figure to --json. About 2 minutes without the
+trio on an H200; the trio at 16 epochs takes about 5 more.
+
+Run: python benchmarks/gpu_check.py [--checks one,shared,mps,agree,suite] [--trio] [--json gpu_check.json]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
+
+from common import commit
+
+LM = ["--dataset", "text", "--model", "gpt", "--set", "model.size='tiny'", "--set", "data.context=64",
+      "--batch-size", "16", "--set", "optim.name='adamw'", "--set", "optim.weight_decay=0.1",
+      "--set", "optim.warmup_epochs=0.25", "--set", "optim.lr_scaling='none'"]
+TRIO = [("allreduce", "allreduce", 0.016), ("diloco", "diloco:tau=16:outer_lr=1.0", 0.004),
+        ("sparseloco", "sparseloco:density=0.015625:codec=lut2:tau=8", 0.008)]
+CHECKS = ("one", "shared", "mps", "agree", "suite")
+
+
+def lowband(args: list[str], timeout: float = 600) -> tuple[int, float, str]:
+    """Run `python -m lowband ARGS`: (exit code, seconds, the last lines of its output)."""
+    t0 = time.time()
+    try:
+        p = subprocess.run([sys.executable, "-m", "lowband", *args], capture_output=True, text=True, timeout=timeout,
+                           check=False)
+        code, out = p.returncode, (p.stdout + p.stderr)
+    except subprocess.TimeoutExpired as e:
+        code, out = 124, f"timed out after {timeout:.0f} s: {e}"
+    return code, time.time() - t0, "\n".join(out.strip().splitlines()[-3:])
+
+
+def last_record(run: str) -> dict:
+    try:
+        with open(os.path.join(run, "metrics.jsonl")) as f:
+            lines = [json.loads(line) for line in f if line.strip()]
+    except OSError:
+        return {}
+    return lines[-1] if lines else {}
+
+
+def banner(run: str) -> str:
+    """The run's own line saying its workers, backend and device (from its log)."""
+    for name in ("train.log", "log.txt"):
+        try:
+            with open(os.path.join(run, name)) as f:
+                for line in f:
+                    if "backend" in line:
+                        return line.strip()[:200]
+        except OSError:
+            continue
+    return ""
+
+
+def train(work: str, name: str, workers: int, extra: list[str], max_bytes: int = 1_000_000,
+          epochs: int = 1) -> dict:
+    """One `lowband train` of allreduce on the first `max_bytes` of the KJV; its figures."""
+    run = os.path.join(work, name)
+    code, secs, tail = lowband(["train", "-q", "--method", "allreduce", *LM, "--workers", str(workers),
+                                "--epochs", str(epochs), "--set", f"data.max_bytes={max_bytes}",
+                                "--set", "optim.lr=0.008", "--run-dir", run, *extra])
+    rec = last_record(run)
+    out = {"check": name, "exit": code, "wall_s": round(secs, 1), "workers": workers,
+           "samples_per_s": rec.get("samples_per_s"), "val_bpb": rec.get("val_bpb"), "banner": banner(run)}
+    if code:
+        out["error"] = tail
+    return out
+
+
+def mps_start() -> bool:
+    """Start the CUDA MPS daemon when its control program exists; True when it started."""
+    ctl = shutil.which("nvidia-cuda-mps-control")
+    if not ctl:
+        return False
+    return subprocess.run([ctl, "-d"], capture_output=True, check=False).returncode == 0
+
+
+def mps_stop() -> None:
+    ctl = shutil.which("nvidia-cuda-mps-control")
+    if ctl:
+        subprocess.run([ctl], input=b"quit\n", capture_output=True, check=False)
+
+
+def check_one(work: str, k: int) -> list[dict]:
+    return [train(work, "one", 1, [])]
+
+
+def check_shared(work: str, k: int) -> list[dict]:
+    return [train(work, f"shared-{k}", k, []), train(work, f"shared-{k}-gloo", k, ["--set", "train.backend=gloo"])]
+
+
+def check_mps(work: str, k: int) -> list[dict]:
+    if not mps_start():
+        return [{"check": "mps", "exit": None, "note": "no nvidia-cuda-mps-control, or it did not start"}]
+    try:
+        return [train(work, "mps-1", 1, []), train(work, f"mps-{k}", k, ["--set", "train.backend=gloo"])]
+    finally:
+        mps_stop()
+
+
+def check_agree(work: str, k: int) -> list[dict]:
+    runs = [train(work, f"agree-{d}", 2, ["--set", f"train.device={d}", "--set", "train.backend=gloo"],
+                  max_bytes=200_000) for d in ("cpu", "cuda")]
+    a, b = (r.get("val_bpb") for r in runs)
+    runs.append({"check": "agree", "exit": 0 if a and b else 1, "cpu_bpb": a, "cuda_bpb": b,
+                 "difference": None if not (a and b) else round(abs(a - b), 6)})
+    return runs
+
+
+def check_suite(work: str, k: int) -> list[dict]:
+    out = os.path.join(work, "suite")
+    code, secs, tail = lowband(["compare", "--suite", "lm", "--epochs", "1", "--set", "data.max_bytes=300000",
+                                "--out", out])
+    rows = []
+    for folder in sorted(os.listdir(out)) if os.path.isdir(out) else []:
+        summary = os.path.join(out, folder, "summary.csv")
+        if os.path.exists(summary):
+            import csv
+
+            with open(summary) as f:
+                rows = list(csv.DictReader(f))
+    methods = [{"method": r.get("label"), "status": r.get("status"), "val_bpb": r.get("val_bpb"),
+                "samples_per_s": r.get("samples_per_s")} for r in rows]
+    return [{"check": "suite", "exit": code, "wall_s": round(secs, 1), "methods": methods,
+             **({"error": tail} if code else {})}]
+
+
+def check_trio(work: str, epochs: int) -> list[dict]:
+    """The lm study's trio on the whole KJV, side by side, each 4 workers through gloo on the GPU."""
+    procs = []
+    for name, spec, lr in TRIO:
+        method, *opts = spec.split(":")
+        run = os.path.join(work, f"trio-{name}")
+        args = [sys.executable, "-m", "lowband", "train", "-q", "--method", method, *LM, "--workers", "4",
+                "--epochs", str(epochs), "--set", "data.max_bytes=0", "--set", f"optim.lr={lr}",
+                "--set", "train.backend=gloo", "--run-dir", run, *[a for o in opts for a in ("--set", "method." + o)]]
+        procs.append((name, run, subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
+    t0, out = time.time(), []
+    for name, run, p in procs:
+        p.wait()
+        rec = last_record(run)
+        out.append({"check": f"trio-{name}", "exit": p.returncode, "epochs": epochs, "val_bpb": rec.get("val_bpb"),
+                    "bytes_sent_per_worker": rec.get("bytes_sent_per_worker"), "samples_per_s": rec.get("samples_per_s")})
+    ref = out[0].get("val_bpb")
+    for r in out:
+        if ref and r.get("val_bpb"):
+            r["vs_allreduce"] = f"{100 * (r['val_bpb'] / ref - 1):+.2f}%"
+    out.append({"check": "trio", "wall_s": round(time.time() - t0, 1)})
+    return out
+
+
+def gpu_name() -> str:
+    import torch
+
+    return torch.cuda.get_device_name(0) if torch.cuda.is_available() else "no CUDA device"
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--checks", default=",".join(CHECKS), help=f"which of {','.join(CHECKS)} to run")
+    p.add_argument("--workers", type=int, default=4, help="K, the workers that share the GPU")
+    p.add_argument("--trio", action="store_true", help="also the lm study's trio on the whole KJV")
+    p.add_argument("--trio-epochs", type=int, default=16)
+    p.add_argument("--json", default="gpu_check.json", help="where every figure is written")
+    p.add_argument("--work", default=None, help="where the runs go (default: a temporary folder)")
+    args = p.parse_args()
+    import torch
+
+    head = {"gpu": gpu_name(), "torch": torch.__version__, "gpus": torch.cuda.device_count(),
+            "cpus": os.cpu_count(), "commit": commit()}
+    print(json.dumps(head), flush=True)
+    work = args.work or tempfile.mkdtemp(prefix="gpu_check-")
+    results: list[dict] = []
+    steps = {"one": check_one, "shared": check_shared, "mps": check_mps, "agree": check_agree, "suite": check_suite}
+    for name in [c for c in args.checks.split(",") if c]:
+        for r in steps[name](work, args.workers):
+            print(json.dumps(r), flush=True)
+            results.append(r)
+    if args.trio:
+        for r in check_trio(work, args.trio_epochs):
+            print(json.dumps(r), flush=True)
+            results.append(r)
+    summarize(results)
+    with open(args.json, "w") as f:
+        json.dump({**head, "results": results}, f, indent=1)
+
+
+def summarize(results: list[dict]) -> None:
+    """The ratio of K workers' samples/s to one worker's, with and without MPS."""
+    rate = {r["check"]: r.get("samples_per_s") for r in results if r.get("samples_per_s")}
+    one = rate.get("one")
+    for name, value in rate.items():
+        if one and name != "one" and not name.startswith(("agree", "trio")):
+            print(f"{name}: {value:,.0f} samples/s, {value / one:.2f}x one worker's {one:,.0f}")
+
+
+if __name__ == "__main__":
+    main()
