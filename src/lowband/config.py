@@ -57,8 +57,10 @@ class TrainConfig:
     eval_batch_size: int = opt(1000, "batch size for evaluation")
     checkpoint_every: int = opt(1, "write a resumable checkpoint every this many epochs")
     max_restarts: int = opt(0, "when a worker dies, restart all from the latest checkpoint, at most this many times")
-    device: Literal["auto", "cpu", "cuda"] = opt("auto", "auto: cuda when available, else cpu")
-    backend: Literal["auto", "gloo", "nccl"] = opt("auto", "auto: nccl on cuda, gloo on cpu")
+    device: Literal["auto", "cpu", "cuda"] = opt("auto", "auto: cuda when available, else cpu; local worker r "
+                                                         "trains on GPU r % the GPUs")
+    backend: Literal["auto", "gloo", "nccl"] = opt("auto", "auto: nccl when every worker on a machine has a GPU of "
+                                                           "its own, else gloo (workers sharing a GPU, or the CPU)")
     timeout_s: float = opt(300.0, "process-group timeout: a collective waiting longer fails")
     threads: int = opt(1, "torch threads per worker process")
     target_accuracy: float = opt(0.0, "report the first epoch whose validation accuracy reaches this (0: none)")

@@ -7,7 +7,7 @@ import re
 
 import torch
 
-from lowband.comm import Communicator
+from lowband.comm import Communicator, placement
 from lowband.comm.communicator import pick_backend
 
 SRC = pathlib.Path(__file__).resolve().parents[2] / "src" / "lowband"
@@ -20,10 +20,14 @@ def test_only_the_communicator_imports_torch_distributed():
     assert offenders == ["comm/communicator.py"]
 
 
-def test_backend_follows_the_device():
+def test_backend_auto_is_the_placements_choice_for_the_ranks_on_this_machine(monkeypatch):
     assert pick_backend("auto", torch.device("cpu")) == "gloo"
-    assert pick_backend("auto", torch.device("cuda", 0)) == "nccl"
     assert pick_backend("gloo", torch.device("cuda", 0)) == "gloo"
+    monkeypatch.setattr(placement, "visible_gpus", lambda: 1)
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "1")
+    assert pick_backend("auto", torch.device("cuda", 0)) == "nccl"
+    monkeypatch.setenv("LOCAL_WORLD_SIZE", "4")  # four ranks share the one GPU: NCCL would refuse them
+    assert pick_backend("auto", torch.device("cuda", 0)) == "gloo"
 
 
 def test_one_process_moves_and_counts_nothing():

@@ -1,8 +1,8 @@
 """Everything that crosses a process boundary: the communicator (communicator, the one torch.distributed
 importer) and its byte ledger (ledger); value_codecs and index_codecs, random masks (masks), compressed
 means (reduce), averaging, hierarchy; links, sites and who talks to whom (topology); the checkpoint
-store (store); an elastic job's membership and rendezvous in Redis (membership, rendezvous). See
-docs/ARCHITECTURE.md."""
+store (store); each local rank's device and the backend (placement); an elastic job's membership and
+rendezvous in Redis (membership, rendezvous). See docs/ARCHITECTURE.md."""
 
 from lowband.comm.communicator import Communicator, launched_by_torchrun
 

@@ -20,6 +20,7 @@ import torch.distributed as dist
 
 from lowband.comm.ledger import Ledger, Traffic, all_gather_traffic, allreduce_traffic, broadcast_traffic, reduce_traffic
 from lowband.comm.links import UNLIMITED, LinkModel, LinkSpec
+from lowband.comm.placement import here, local_world
 
 
 def launched_by_torchrun() -> bool:
@@ -28,9 +29,11 @@ def launched_by_torchrun() -> bool:
 
 
 def pick_backend(requested: str, device: torch.device) -> str:
+    """train.backend `requested` for a rank on `device`: `auto` as comm/placement.py decides for the ranks
+    on this machine (nccl only when each has a GPU of its own)."""
     if requested != "auto":
         return requested
-    return "nccl" if device.type == "cuda" else "gloo"
+    return here(device.type, requested, local_world()).backend
 
 
 class Communicator:

@@ -60,7 +60,7 @@ class SeedIndex(IndexCodec):
 
 def _gaps(indices: torch.Tensor) -> np.ndarray:
     """First gap index[0] + 1, then index[i] - index[i-1]: all >= 1 for sorted distinct indices."""
-    return np.diff(indices.numpy().astype(np.int64), prepend=-1).astype(np.uint64)
+    return np.diff(indices.cpu().numpy().astype(np.int64), prepend=-1).astype(np.uint64)
 
 
 class GapsIndex(IndexCodec):
@@ -88,7 +88,7 @@ class GapsIndex(IndexCodec):
         return torch.frombuffer(bytearray(b"".join(parts)), dtype=torch.uint8)
 
     def decode(self, payload, numel):
-        raw = payload.numpy().tobytes()
+        raw = payload.cpu().numpy().tobytes()
         width, count = raw[0], int(np.frombuffer(raw[1:HEADER], np.uint64)[0])
         dtype = {1: np.uint8, 2: np.uint16, 4: np.uint32}[width]
         body = raw[HEADER:]
@@ -117,11 +117,11 @@ class BitmaskIndex(IndexCodec):
 
     def encode(self, indices, numel):
         bits = np.zeros(numel, dtype=bool)
-        bits[indices.numpy()] = True
+        bits[indices.cpu().numpy()] = True
         return torch.from_numpy(np.packbits(bits))
 
     def decode(self, payload, numel):
-        return torch.from_numpy(np.unpackbits(payload.numpy(), count=numel).nonzero()[0].astype(np.int64))
+        return torch.from_numpy(np.unpackbits(payload.cpu().numpy(), count=numel).nonzero()[0].astype(np.int64))
 
     def payload_bytes(self, indices, numel):
         return math.ceil(numel / 8)
@@ -146,7 +146,7 @@ class ChunkIndex(IndexCodec):
         return _packed_bytes(self.count(numel), self.bits)
 
     def encode(self, indices, numel):
-        return torch.from_numpy(_pack_positions((indices % self.chunk).numpy(), self.bits))
+        return torch.from_numpy(_pack_positions((indices % self.chunk).cpu().numpy(), self.bits))
 
     def decode(self, payload, numel):
         positions = _unpack_positions(payload.cpu().numpy(), self.count(numel), self.bits)

@@ -39,6 +39,7 @@ from collections.abc import Mapping
 from dataclasses import asdict, dataclass, replace
 
 from lowband import config as C
+from lowband.comm.placement import here
 from lowband.comparison.space import Tune, show
 from lowband.data.metric import Metric
 from lowband.errors import ConfigError, require
@@ -239,7 +240,8 @@ class Plan:
 def make_plan(specs: list[str], base: dict, overrides: dict, folder: str, *, seeds: list[int] | None = None,
               tune: Tune | None = None, suite: dict | None = None, budget: str = "epochs", layout=None) -> Plan:
     """Resolve and check every run before any starts: each spec's config, each seed, each tuned field at
-    its extremes, each run's shape (lowband.run.spec.resolve); a bad value raises ConfigError/UsageError.
+    its extremes, each run's shape (lowband.run.spec.resolve) and its device and backend on this machine
+    (lowband.comm.placement); a bad value raises ConfigError/UsageError.
 
     `suite`: a suite's `prepare` commands, `per_method` settings, `method_defaults` and `target` (the
     reference of a target budget); `layout(config)` -> (optimizer steps per epoch per worker, workers)
@@ -267,7 +269,7 @@ def make_plan(specs: list[str], base: dict, overrides: dict, folder: str, *, see
     if tune is not None:
         plan.tune, plan.tuned = resolve_tune(tune, configs, method_configs)
     for cfg in [run.config for run in full_runs(plan, {})] + extreme_configs(plan):
-        resolve(cfg)
+        here(cfg.train.device, cfg.train.backend, resolve(cfg).world)  # e.g. train.device=cuda without CUDA
     return plan
 
 

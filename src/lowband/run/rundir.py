@@ -1,6 +1,7 @@
 """A run directory and every file in it, with one owner: `RunDir`.
 
     config.toml                 the resolved configuration
+    placement.json              each local rank's device, the backend and why (comm/placement.py)
     train.log                   what the console showed
     tensorboard/, wandb/        experiment loggers' files (tensorboard/rank{R}/ for ranks R > 0)
     checkpoints/                rank{R}-epoch{E}.pt, resumable state (see checkpoint.py)
@@ -31,6 +32,7 @@ from lowband.atomic import write_text_atomic
 from lowband.config import read_toml
 
 CONFIG = "config.toml"
+PLACEMENT = "placement.json"
 
 
 class Stream:
@@ -103,6 +105,18 @@ class RunDir:
     def record_pruned(self, text: str) -> None:
         """pruned.txt: a comparison's pruner stopped this tuning trial early, and why (lowband.comparison.tuning)."""
         self.write_text("pruned.txt", text)
+
+    def record_placement(self, placement: dict) -> None:
+        """placement.json: where the launcher put the workers and why (lowband.comm.placement's to_dict)."""
+        self.write_text(PLACEMENT, json.dumps(placement, indent=2) + "\n")
+
+    def placement(self) -> dict | None:
+        """placement.json's record, or None: written by no launcher (an elastic job, an older run)."""
+        path = self.file(PLACEMENT)
+        if not os.path.isfile(path):
+            return None
+        with open(path) as f:
+            return json.load(f)
 
     def pruned(self) -> str | None:
         """pruned.txt's text, or None: the run was not pruned."""

@@ -18,6 +18,7 @@ from lowband import config as C
 from lowband.atomic import copy_atomic
 from lowband.comm import Communicator, launched_by_torchrun
 from lowband.comm.links import check_netns_possible
+from lowband.comm.placement import Placement, here, local_rank, local_world
 from lowband.errors import Diverged, UsageError
 from lowband.registry import METHODS
 from lowband.run import checkpoint, launch, loggers
@@ -27,7 +28,7 @@ from lowband.run.reshard import reshard
 from lowband.run.runconfig import check_model, new_run_dir, prepare_run_dir, read_run_config, write_config
 from lowband.run.rundir import RunDir
 from lowband.run.spec import RunSpec, resolve
-from lowband.run.trainer import Trainer, resolve_device, worker_data
+from lowband.run.trainer import Trainer, worker_data
 
 
 def check_resume_world(run_dir: str, world: int, allow_change: bool = False) -> int:
@@ -80,6 +81,7 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
     run_dir = run_dir or new_run_dir(out, cfg.method.name)
     loggers.check(cfg.train.loggers)
     spec = resolve(cfg)
+    where = here(cfg.train.device, cfg.train.backend, spec.world)  # every worker runs on this machine
     old_world = check_resume_world(run_dir, spec.world, allow_world_change) if resume else None
     if not resume or old_world != spec.world:
         check_plan(spec)
@@ -94,6 +96,7 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
             prepare_run_dir(cfg, run_dir)
         else:
             _settle_resume(spec, run_dir, old_world, note)
+        announce(where, run_dir)
         code = launch.run("lowband.run.session:train_worker", [run_dir, "1" if resume else "0"], spec.world,
                           run_dir, cfg.train.threads, keep_going=method.independent_models,
                           netns=netns, max_restarts=cfg.train.max_restarts, restart_args=[run_dir, "1"],
@@ -122,6 +125,14 @@ def _elastic(cfg: C.Config, run_dir: str | None, out: str, resume: bool, allow_w
     if code == Diverged.exit_code:
         print(f"lowband: error: {first_divergence(run_dir)}", file=sys.stderr)
     return code, run_dir
+
+
+def announce(where: Placement, run_dir: str) -> None:
+    """Record the placement in the run directory and, when the workers train on GPUs, say once why
+    this backend (e.g. "4 workers share 1 GPU: gloo")."""
+    RunDir(run_dir).record_placement(where.to_dict())
+    if where.device == "cuda":
+        print(f"lowband: {where.reason}", file=sys.stderr)
 
 
 def first_divergence(run_dir: str) -> str:
@@ -186,9 +197,11 @@ def train_worker(run_dir: str, resume: str = "0") -> None:
 
 
 def _join(cfg: C.Config) -> Communicator:
+    """Join the run's process group on this rank's device, with the backend placed for this machine."""
     torch.set_num_threads(cfg.train.threads)
     model = cfg.link.mode == "model"  # netns: the network itself is slow
-    return Communicator.from_env(resolve_device(cfg.train.device), cfg.train.backend, cfg.train.timeout_s,
+    where = here(cfg.train.device, cfg.train.backend, local_world())
+    return Communicator.from_env(where.device_of(local_rank()), where.backend, cfg.train.timeout_s,
                                  cfg.link.spec if model else None, sites=cfg.link.site_map,
                                  intra=cfg.link.intra_spec if model else None)
 
@@ -237,6 +250,7 @@ def _as_torchrun_worker(cfg: C.Config, run_dir: str | None, out: str, resume: bo
             prepare_run_dir(cfg, chosen)
         elif old_world is not None:
             _settle_resume(spec, chosen, old_world, note)
+        announce(here(cfg.train.device, cfg.train.backend, local_world()), chosen)  # rank 0's machine
     run_dir = comm.broadcast_bytes(chosen.encode() if chosen else None, src=0).decode()
     _run(cfg, run_dir, resume, comm)
     return 0, run_dir

@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 import traceback
 from dataclasses import asdict, dataclass
@@ -23,11 +22,12 @@ import torch.nn.functional as F
 
 from lowband import __version__
 from lowband.comm import BOOKKEEPING_TAGS, Communicator
+from lowband.comm.placement import here, local_rank, local_world
 from lowband.comm.sites import configured, describe
 from lowband.config import Config, to_dict
 from lowband.data import Batches, TensorData, load_dataset, partition, steps_per_epoch
 from lowband.data.metric import metric_for
-from lowband.errors import ConfigError, Diverged
+from lowband.errors import Diverged
 from lowband.methods.base import Context, Method
 from lowband.models import build_for_task
 from lowband.records import EpochRecord, Scores
@@ -68,11 +68,9 @@ def rank_batches(cfg: Config, plan: WorkerData, rank: int, device: torch.device)
 
 
 def resolve_device(requested: str) -> torch.device:
-    if requested == "cuda" or (requested == "auto" and torch.cuda.is_available()):
-        if not torch.cuda.is_available():
-            raise ConfigError("train.device", requested, "CUDA is not available here; use 'cpu' or 'auto'")
-        return torch.device("cuda", int(os.environ.get("LOCAL_RANK", 0)) % torch.cuda.device_count())
-    return torch.device("cpu")
+    """The device this process trains on for train.device=`requested` (lowband.comm.placement's rule:
+    local rank r on GPU r % the GPUs); ConfigError when it asks for CUDA and there is none."""
+    return here(requested, "auto", local_world()).device_of(local_rank())
 
 
 def make_optimizer(cfg, params):
