@@ -108,14 +108,14 @@ def check_one(work: str, k: int) -> list[dict]:
 
 
 def check_shared(work: str, k: int) -> list[dict]:
-    return [train(work, f"shared-{k}", k, []), train(work, f"shared-{k}-gloo", k, ["--set", "train.backend=gloo"])]
+    return [train(work, f"shared-{k}", k, [])]
 
 
 def check_mps(work: str, k: int) -> list[dict]:
     if not mps_start():
         return [{"check": "mps", "exit": None, "note": "no nvidia-cuda-mps-control, or it did not start"}]
     try:
-        return [train(work, "mps-1", 1, []), train(work, f"mps-{k}", k, ["--set", "train.backend=gloo"])]
+        return [train(work, "mps-1", 1, []), train(work, f"mps-{k}", k, [])]
     finally:
         mps_stop()
 

@@ -187,8 +187,8 @@ def ending(out: str, parallel: int) -> None:
     best = best_ending(out)
     assert best is not None, "no ending setting finished"
     later = out_ref[1:] + [(out, best, ENDING_LR, seed) for seed in SEEDS]
-    later += [(out, *REFERENCE, 0, 4, ENDING_LONG), (out, best, ENDING_LR, 0, 4, ENDING_LONG)]
     train_all(later, parallel)
+    train_all([(out, *REFERENCE, 0, 4, ENDING_LONG), (out, best, ENDING_LR, 0, 4, ENDING_LONG)], parallel)
 
 
 def ending_report(out: str) -> None:
@@ -424,8 +424,7 @@ def main() -> None:
     args = p.parse_args()
     RESULTS = args.results
     if args.device:
-        DEVICE.extend(["--set", f"train.device={args.device}"] + (["--set", "train.backend=gloo"]
-                                                                  if args.device == "cuda" else []))
+        DEVICE.extend(["--set", f"train.device={args.device}"])  # ranks sharing a GPU: the auto backend is gloo
     if args.collect:
         for path in sorted(os.listdir(args.out)) if os.path.isdir(args.out) else []:
             full = os.path.join(args.out, path)

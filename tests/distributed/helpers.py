@@ -399,3 +399,28 @@ def codistill_finish_trace(out_dir: str, steps: str, late_s: str, says_done: str
     codistill.close()
     torch.save({"terms": terms, "ended_s": ended_s, "down": down}, os.path.join(out_dir, f"rank{comm.rank}.pt"))
     comm.close()
+
+
+def gloo_cuda_calls(out_dir: str) -> None:
+    """Every call of a gloo communicator on CUDA tensors (ranks sharing one GPU): all-reduce, broadcast,
+    reduce, all-gather, send/recv and an exchange; each rank saves what it got, on the CPU."""
+    torch.set_num_threads(1)
+    comm = Communicator.from_env(torch.device("cuda", 0), "gloo", timeout_s=60)
+    r, w, dev = comm.rank, comm.world, torch.device("cuda", 0)
+    got = {"allreduce": comm.allreduce(torch.full((3,), float(r + 1), device=dev), tag="t"),
+           "broadcast": comm.broadcast(torch.full((3,), float(r + 5), device=dev), src=1, tag="t"),
+           "reduce": comm.reduce(torch.full((3,), float(r + 1), device=dev), dst=0, tag="t"),
+           "gather": torch.stack(comm.all_gather(torch.full((2,), float(r), device=dev), tag="t"))}
+    box = torch.zeros(4, device=dev)
+    if r == 0:
+        comm.send(torch.arange(4.0, device=dev), 1, tag="t")
+    elif r == 1:
+        comm.recv(box, 0, tag="t")
+    got["sendrecv"] = box
+    peers = [p for p in range(w) if p != r]
+    into = {p: torch.zeros(2, device=dev) for p in peers}
+    comm.exchange({p: torch.full((2,), float(10 * r + p), device=dev) for p in peers}, into, tag="t")
+    got["exchange"] = torch.stack([into[p] for p in peers])
+    assert all(t.is_cuda for t in got.values()), "a call returned a tensor off the GPU"
+    torch.save({k: v.cpu() for k, v in got.items()}, os.path.join(out_dir, f"rank{r}.pt"))
+    close(comm)

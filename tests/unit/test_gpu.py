@@ -87,3 +87,20 @@ def test_a_lone_worker_trains_on_the_gpu():
     where = here("auto", "auto", 1)
     assert where.device == "cuda" and where.device_of(0) == torch.device("cuda", 0)
     assert here("auto", "auto", where.gpus + 1).backend == "gloo"  # more workers than GPUs share them
+
+
+def test_a_gloo_communicator_takes_cuda_tensors_in_every_call(tmp_path):
+    """Ranks sharing one GPU talk through gloo, which does point-to-point, reduce and all-gather on host
+    tensors only: the communicator stages them, so every call gives what the CPU would."""
+    from tests.distributed.helpers import run_workers
+
+    world = 3
+    assert run_workers("tests.distributed.helpers:gloo_cuda_calls", [str(tmp_path)], world, str(tmp_path)) == 0
+    ranks = [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(world)]
+    for r, got in enumerate(ranks):
+        assert got["allreduce"].tolist() == [6.0] * 3
+        assert got["broadcast"].tolist() == [6.0] * 3
+        assert got["gather"].tolist() == [[0.0] * 2, [1.0] * 2, [2.0] * 2]
+        assert got["exchange"].tolist() == [[float(10 * p + r)] * 2 for p in range(world) if p != r]
+    assert ranks[0]["reduce"].tolist() == [6.0] * 3
+    assert ranks[1]["sendrecv"].tolist() == [0.0, 1.0, 2.0, 3.0]

@@ -168,6 +168,12 @@ class Communicator:
         another site fetch it across), held for its transfer time by a modelled link (ledger.outside)."""
         self.ledger.outside(tag, Traffic(nbytes), crosses=self.spans_sites())
 
+    def _host(self, tensor: torch.Tensor) -> torch.Tensor:
+        """`tensor` itself, or a host copy of it where gloo cannot take a CUDA tensor (point-to-point,
+        reduce, all-gather: workers sharing a GPU talk through gloo, which stages through host memory
+        anyway); `_back` copies a received host copy into the tensor."""
+        return tensor.cpu() if tensor.is_cuda and self.backend == "gloo" else tensor
+
     def _sync(self) -> None:
         if self.device.type == "cuda":
             torch.cuda.synchronize(self.device)
@@ -201,17 +207,20 @@ class Communicator:
         """Sum `tensor` across ranks into rank `dst`'s copy (other ranks' copies are left undefined)."""
         if self.world > 1:
             moved = reduce_traffic(_nbytes(tensor), self.world, self.rank == dst)
-            self._timed(tag, moved, lambda: dist.reduce(tensor, dst=self._peer(dst), group=self.group), to=dst)
+            host = self._host(tensor)
+            self._timed(tag, moved, lambda: dist.reduce(host, dst=self._peer(dst), group=self.group), to=dst)
+            _back(host, tensor)
         return tensor
 
     def all_gather(self, tensor: torch.Tensor, tag: str) -> list[torch.Tensor]:
         """Every rank's `tensor` (same shape on all ranks), in rank order."""
         if self.world == 1:
             return [tensor.clone()]
-        parts = [torch.empty_like(tensor) for _ in range(self.world)]
+        host = self._host(tensor.contiguous())
+        parts = [torch.empty_like(host) for _ in range(self.world)]
         self._timed(tag, all_gather_traffic(_nbytes(tensor), self.world),
-                    lambda: dist.all_gather(parts, tensor.contiguous(), group=self.group))
-        return parts
+                    lambda: dist.all_gather(parts, host, group=self.group))
+        return [p.to(tensor.device) for p in parts]
 
     def barrier(self, tag: str = "barrier") -> float:
         """Wait for every rank; returns the seconds waited (counted as waiting, not bytes)."""
@@ -225,11 +234,13 @@ class Communicator:
 
     # ---- point to point ---------------------------------------------------------------------
     def send(self, tensor: torch.Tensor, dst: int, tag: str) -> None:
-        self._timed(tag, Traffic(_nbytes(tensor), 0), lambda: dist.send(tensor.contiguous(), self._peer(dst), group=self.group),
-                    to=dst)
+        host = self._host(tensor.contiguous())
+        self._timed(tag, Traffic(_nbytes(tensor), 0), lambda: dist.send(host, self._peer(dst), group=self.group), to=dst)
 
     def recv(self, tensor: torch.Tensor, src: int, tag: str) -> torch.Tensor:
-        self._timed(tag, Traffic(0, _nbytes(tensor)), lambda: dist.recv(tensor, self._peer(src), group=self.group), to=src)
+        host = self._host(tensor)
+        self._timed(tag, Traffic(0, _nbytes(tensor)), lambda: dist.recv(host, self._peer(src), group=self.group), to=src)
+        _back(host, tensor)
         return tensor
 
     def exchange(self, sends: dict[int, torch.Tensor], recvs: dict[int, torch.Tensor], tag: str) -> None:
@@ -241,13 +252,15 @@ class Communicator:
 
         Bytes are counted when posted; the seconds counted are those spent blocked in `wait()`.
         """
-        ops = [dist.P2POp(dist.isend, t.contiguous(), self._peer(p), self.group) for p, t in sends.items()]
-        ops += [dist.P2POp(dist.irecv, t, self._peer(p), self.group) for p, t in recvs.items()]
+        hosts = {p: self._host(t) for p, t in recvs.items()}
+        ops = [dist.P2POp(dist.isend, self._host(t.contiguous()), self._peer(p), self.group) for p, t in sends.items()]
+        ops += [dist.P2POp(dist.irecv, hosts[p], self._peer(p), self.group) for p in recvs]
         ready = self.ledger.count(tag, sum(_nbytes(t) for t in sends.values()), sum(_nbytes(t) for t in recvs.values()),
                                   wire=max((_nbytes(t) for t in sends.values()), default=0),  # one link per peer, in parallel
                                   inter=sum(_nbytes(t) for p, t in sends.items() if self.crosses(p)),
                                   links=[(p, _nbytes(t), self.crosses(p)) for p, t in sends.items()])
-        return Pending(self, tag, dist.batch_isend_irecv(ops) if ops else [], ready)
+        staged = [(hosts[p], t) for p, t in recvs.items() if hosts[p] is not t]
+        return Pending(self, tag, dist.batch_isend_irecv(ops) if ops else [], ready, staged)
 
     def exchange_sized_async(self, peers: list[int], parts: list[tuple[str, torch.Tensor]],
                              tag: str) -> tuple[dict[int, list[torch.Tensor]], list[Pending]]:
@@ -379,17 +392,29 @@ class _Store(dist.Store):
 class Pending:
     """Point-to-point operations in flight."""
 
-    def __init__(self, comm: Communicator, tag: str, works: list, ready_at: float = 0.0):
+    def __init__(self, comm: Communicator, tag: str, works: list, ready_at: float = 0.0,
+                 staged: list[tuple[torch.Tensor, torch.Tensor]] | None = None):
+        """`staged`: (host copy, the caller's CUDA tensor) pairs of receives staged through the host."""
         self.comm, self.tag, self.works, self.ready_at = comm, tag, works, ready_at
+        self.staged = staged or []
 
     def wait(self) -> None:
         t0 = time.perf_counter()
         for work in self.works:
             work.wait()
+        for host, tensor in self.staged:
+            tensor.copy_(host)
+        self.staged = []
         self.comm._sync()
         LinkModel.wait_until(self.ready_at)  # a modelled link: the bytes are still on the wire
         self.comm.ledger.add_time(self.tag, time.perf_counter() - t0)
         self.works = []
+
+
+def _back(host: torch.Tensor, tensor: torch.Tensor) -> None:
+    """Copy a received host copy back into `tensor` (nothing when no copy was made)."""
+    if host is not tensor:
+        tensor.copy_(host)
 
 
 def _nbytes(tensor: torch.Tensor) -> int:
