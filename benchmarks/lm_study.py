@@ -94,6 +94,10 @@ ENDING = [  # issue 40: what SparseLoCo loses at the end of the run, one change 
     f"{SPARSE}:tau=8:ef_decay_end=1.0:flush=int8",
     f"{SPARSE}:tau=8:ef_decay=1.0",  # never forget (plain error feedback)
     f"{SPARSE}:tau=8:ef_decay=1.0:flush=int8",
+    # forgetting faster as the run ends (the other direction: is stale mass in the buffer the harm?)
+    f"{SPARSE}:tau=8:ef_decay_end=0.5",
+    f"{SPARSE}:tau=8:ef_decay_end=0.0",
+    f"{SPARSE}:tau=8:ef_decay=0.8",
 ]
 ENDING_LONG = 8  # the best ending at twice the steps, against Allreduce's at that length
 DEVICE: list[str] = []  # --set options that put the runs on a device (main's --device)
