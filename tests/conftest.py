@@ -107,6 +107,21 @@ def children(pid: int) -> list[int]:
     return out
 
 
+def worker_rank(pid: int) -> int | None:
+    """The rank of a lowband worker process (its name, /proc/PID/comm, is `lowband-rN`), else None."""
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            name = f.read().strip()
+    except FileNotFoundError:
+        return None
+    return int(name.removeprefix("lowband-r")) if name.startswith("lowband-r") else None
+
+
+def workers_of(pid: int) -> list[int]:
+    """The lowband workers among `pid`'s children (forked or started as new processes)."""
+    return [c for c in children(pid) if worker_rank(c) is not None]
+
+
 def alive(pid: int) -> bool:
     try:
         with open(f"/proc/{pid}/stat") as f:

@@ -8,14 +8,13 @@ import os
 import signal
 import subprocess
 import sys
-from pathlib import Path
 
 import torch
 from safetensors.torch import load_file
 
 from lowband.run import checkpoint
 from lowband.run.metrics import read_metrics
-from tests.conftest import ROOT, alive, children, cli, small
+from tests.conftest import ROOT, alive, cli, small, workers_of
 from tests.faults.test_processes import default_sigint, rank_of, wait_for
 
 EPOCHS = 6
@@ -37,7 +36,7 @@ def test_killed_worker_restarts_from_the_checkpoint_and_ends_as_if_never_killed(
     wait_for(lambda: all(checkpoint.epochs_saved(run, r) for r in range(2)) or proc.poll() is not None, 120,
              "every rank's first checkpoint")
     assert proc.poll() is None, "the run ended before a worker could be killed; make it longer"
-    workers = [p for p in children(proc.pid) if b"lowband.run.launch" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    workers = workers_of(proc.pid)
     os.kill(next(p for p in workers if rank_of(p) == 1), signal.SIGKILL)
     out, err = proc.communicate(timeout=180)
     assert proc.returncode == 0, err

@@ -22,7 +22,7 @@ from lowband.run import checkpoint
 from lowband.run.metrics import read_metrics
 from lowband.run.runconfig import read_run_config
 from lowband.run.trainer import worker_data
-from tests.conftest import ROOT, alive, children, cli, small
+from tests.conftest import ROOT, alive, children, cli, small, workers_of
 from tests.faults.test_processes import rank_of, wait_for
 
 
@@ -118,7 +118,7 @@ def test_killed_student_rank_restarts_all_from_the_checkpoint(tmp_path, teacher)
     wait_for(lambda: all(checkpoint.epochs_saved(run, r) for r in range(2)) or proc.poll() is not None, 120,
              "every rank's first checkpoint")
     assert proc.poll() is None, proc.communicate()
-    workers = [p for p in children(proc.pid) if b"lowband.run.launch" in Path(f"/proc/{p}/cmdline").read_bytes()]
+    workers = workers_of(proc.pid)
     saved = checkpoint.latest_common_epoch(run, 2)
     os.kill(next(p for p in workers if rank_of(p) == 1), signal.SIGKILL)
     out, err = proc.communicate(timeout=180)

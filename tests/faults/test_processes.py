@@ -12,7 +12,7 @@ import time
 import pytest
 
 from lowband.run import checkpoint
-from tests.conftest import ROOT, alive, children, small
+from tests.conftest import ROOT, alive, children, small, worker_rank
 
 
 def start_run(tmp_path, world: int, timeout_s: float = 60) -> tuple[subprocess.Popen, str]:
@@ -47,9 +47,9 @@ def wait_training(proc, run: str, world: int) -> list[int]:
 
 
 def rank_of(pid: int) -> int:
-    with open(f"/proc/{pid}/environ", "rb") as f:
-        env = dict(kv.split(b"=", 1) for kv in f.read().split(b"\0") if b"=" in kv)
-    return int(env[b"RANK"])
+    rank = worker_rank(pid)
+    assert rank is not None, f"process {pid} is not a lowband worker"
+    return rank
 
 
 def test_killed_worker_stops_the_run_quickly_and_leaves_no_process(tmp_path):

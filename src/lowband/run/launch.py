@@ -6,6 +6,14 @@ signal, so no worker outlives its launcher. When one worker fails the others are
 once (SIGTERM, then SIGKILL after a grace period) and the launcher returns the failure's code;
 Ctrl-C stops every worker the same way.
 
+How a worker starts: where it is safe, the launcher forks it (`fork_worker`): the child inherits the
+imported torch and lowband and the entry's module, so a worker starts in milliseconds instead of the
+seconds a fresh interpreter takes to import torch (on a 2-core machine, most of a short run). That is
+safe on a CPU-only torch build with no network namespace; a CUDA build (a forked child cannot use a
+CUDA driver its parent touched) or a shaped namespace (`ip netns exec`) starts each worker as a new
+process, as torchrun does. LOWBAND_START=exec or fork chooses by hand. Either way a worker has the same
+environment (RANK, ...), its name `lowband-rN` (/proc/PID/comm, `ps -o comm`) and the same exit codes.
+
 A worker's own crash (any exception lowband did not raise on purpose, e.g. a gloo error after a peer
 died or stopped answering) is written to RENDEZVOUS_DIR/crash.rank{R}.txt (the run directory: its
 first line says what happened, the traceback follows), never to the console: the launcher reports
@@ -24,6 +32,7 @@ import subprocess
 import sys
 import time
 import uuid
+from collections.abc import Sequence
 from typing import NoReturn
 
 from lowband.atomic import process_running
@@ -44,6 +53,100 @@ def die_with_parent() -> None:  # a preexec_fn: runs in the child between fork a
         ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
+def name_process(name: str) -> None:
+    """Set this process's name (/proc/PID/comm, at most 15 bytes): how `ps` and the tests tell workers apart."""
+    with contextlib.suppress(OSError, AttributeError):
+        ctypes.CDLL("libc.so.6", use_errno=True).prctl(15, name.encode()[:15], 0, 0, 0)  # PR_SET_NAME
+
+
+def can_fork(net=None) -> bool:
+    """Whether workers may be forked from this process (the module doc): LOWBAND_START says so, else
+    a CPU-only torch build and no shaped namespace."""
+    how = os.environ.get("LOWBAND_START", "")
+    if how in ("exec", "fork"):
+        return how == "fork" and net is None
+    if net is not None or not hasattr(os, "fork"):
+        return False
+    import torch  # what the forked worker inherits; the launcher needs it for nothing else
+
+    return torch.version.cuda is None and getattr(torch.version, "hip", None) is None
+
+
+class ForkedWorker:
+    """A worker forked from the launcher, with the part of subprocess.Popen's interface supervise uses."""
+
+    def __init__(self, pid: int):
+        self.pid = pid
+        self.returncode: int | None = None
+
+    def poll(self) -> int | None:
+        if self.returncode is None:
+            with contextlib.suppress(ChildProcessError):
+                pid, status = os.waitpid(self.pid, os.WNOHANG)
+                if pid:
+                    self.returncode = os.waitstatus_to_exitcode(status)
+        return self.returncode
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while self.poll() is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout or 0)
+            time.sleep(0.005)
+        return self.returncode  # type: ignore[return-value]
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)
+
+
+Worker = subprocess.Popen | ForkedWorker
+
+
+def _flush_everything() -> None:
+    """Flush every buffered stream a forked child would otherwise write a second time."""
+    for handler in list(logging.root.handlers) + [h for lg in logging.root.manager.loggerDict.values()
+                                                  for h in getattr(lg, "handlers", [])]:
+        with contextlib.suppress(Exception):
+            handler.flush()
+    sys.stdout.flush()
+    sys.stderr.flush()
+
+
+def fork_worker(entry: str, args: list[str], env: dict) -> ForkedWorker:
+    """Fork a worker that runs worker_main([entry, *args]) in environment `env`, and exits with its code.
+    Signals are as a new process would have them: SIGINT raises KeyboardInterrupt unless ignored."""
+    _flush_everything()
+    pid = os.fork()
+    if pid:
+        return ForkedWorker(pid)
+    code = 1
+    try:  # the child: never returns into the launcher's code
+        die_with_parent()
+        if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
+            signal.signal(signal.SIGINT, signal.default_int_handler)
+        os.environ.clear()
+        os.environ.update(env)
+        code = worker_main([entry, *args])
+    except SystemExit as e:
+        code = e.code if isinstance(e.code, int) else 1
+    except BaseException:  # noqa: BLE001 - worker_main reports its own failures; this is the last guard
+        code = 1
+    finally:
+        logging.shutdown()
+        with contextlib.suppress(Exception):
+            sys.stdout.flush()
+            sys.stderr.flush()
+        os._exit(code)
+
+
 def worker_env(rank: int, world: int, init_file: str, threads: int = 1) -> dict:
     return {**os.environ, "RANK": str(rank), "WORLD_SIZE": str(world), "LOCAL_RANK": str(rank),
             "LOCAL_WORLD_SIZE": str(world), "LOWBAND_WORKER": "1", "LOWBAND_INIT_FILE": init_file,
@@ -51,13 +154,16 @@ def worker_env(rank: int, world: int, init_file: str, threads: int = 1) -> dict:
 
 
 def spawn(entry: str, args: list[str], world: int, rendezvous_dir: str, threads: int = 1,
-          net=None) -> list[subprocess.Popen]:
+          net=None) -> list[Worker]:
     """Start the workers; `net` (a NetnsLinks) runs each in its own shaped network namespace."""
     os.makedirs(rendezvous_dir, exist_ok=True)
     remove_orphan_rendezvous(rendezvous_dir)
     init_file = os.path.join(os.path.abspath(rendezvous_dir), f".rendezvous-{os.getpid()}-{uuid.uuid4().hex}")
+    if can_fork(net):
+        importlib.import_module(entry.partition(":")[0])  # once here, inherited by every worker
+        return [fork_worker(entry, args, worker_env(r, world, init_file, threads)) for r in range(world)]
     cmd = [sys.executable, "-m", "lowband.run.launch", entry, *args]
-    procs = []
+    procs: list[Worker] = []
     for r in range(world):
         env = {**worker_env(r, world, init_file, threads), **(net.env(r) if net else {})}
         procs.append(subprocess.Popen((net.prefix(r) if net else []) + cmd, env=env, preexec_fn=die_with_parent))
@@ -125,7 +231,7 @@ def raise_interrupt(*_):  # a signal handler: SIGTERM then cleans up like Ctrl-C
     raise KeyboardInterrupt
 
 
-def supervise(procs: list[subprocess.Popen], poll_s: float = 0.05, keep_going: bool = False,
+def supervise(procs: list[Worker], poll_s: float = 0.05, keep_going: bool = False,
               crash_dir: str | None = None) -> int:
     """Wait for the workers; the first failure stops the others (unless `keep_going`) and is reported in one
     line, with what the crash files in `crash_dir` say (see the module doc)."""
@@ -196,7 +302,7 @@ def record_crash(error: BaseException) -> None:
         f.write(f"{peer or said}\n\n{text}")
 
 
-def _failures(procs: list[subprocess.Popen]) -> list[tuple[int, int]]:
+def _failures(procs: list[Worker]) -> list[tuple[int, int]]:
     """(rank, exit status) of each worker that has ended in failure."""
     return [(r, c) for r, c in enumerate(p.poll() for p in procs) if c is not None and c != 0]
 
@@ -204,7 +310,7 @@ def _failures(procs: list[subprocess.Popen]) -> list[tuple[int, int]]:
 KILLED = -signal.SIGKILL  # a Popen return code
 
 
-def _cause(procs: list[subprocess.Popen], poll_s: float, settle_s: float = 0.5) -> tuple[int, int]:
+def _cause(procs: list[Worker], poll_s: float, settle_s: float = 0.5) -> tuple[int, int]:
     """The failure that explains the others: a worker's usage error (2) or divergence (4) before a
     peer's crash, which often follows from it (a collective cut short by the leaver). The peers get
     `settle_s` to show their codes, since the crash may be seen before the cause. Without one, the
@@ -221,7 +327,7 @@ def _cause(procs: list[subprocess.Popen], poll_s: float, settle_s: float = 0.5) 
     return min(explained, key=lambda f: (f[1] != 2, f[0])) if explained else (killed or first)[0]
 
 
-def stop(procs: list[subprocess.Popen], grace_s: float = GRACE_S) -> None:
+def stop(procs: Sequence[Worker], grace_s: float = GRACE_S) -> None:
     """Terminate, then kill, every process still running; reap all of them."""
     for p in procs:
         if p.poll() is None:
@@ -264,6 +370,7 @@ def leave_now(code: int) -> NoReturn:
 def worker_main(argv: list[str]) -> int:
     """Body of a worker process: call MODULE:FUNCTION(*ARGS), mapping failures to exit codes."""
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    name_process(f"lowband-r{os.environ.get('RANK', '0')}")
     module, _, func = argv[0].partition(":")
     try:
         getattr(importlib.import_module(module), func)(*argv[1:])

@@ -1,0 +1,99 @@
+"""Does the suite still catch real bugs? Plant each bug of a fixed list in a copy of the code, run the
+tests that should notice it, and print which failed.
+
+Each plant replaces one exact piece of source text with a wrong one (a bug a tired hand could write): the
+sparse top-k, the error buffer's decay, the tau schedule, the tuning's trial choice, the target budget's
+stop, the done.jsonl repair, the ring's byte count, the placement rule, a forked worker's exit code, the
+decay schedule. A plant whose text is not in the tree (older code) is reported as absent, not as caught.
+A plant is caught when at least one of its tests fails; the tests named are those a developer would run
+for that code (the whole suite catches at least as much).
+
+Run: python benchmarks/planted_bugs.py [--tree DIR] [--only NAME,...]
+     (--tree: a clone at another commit, to compare before and after a change to the tests)
+About a minute a plant on 2 cores.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import subprocess
+import sys
+import time
+
+# (name, file, exact old text, new text, test paths)
+PLANTS = [
+    ("sparse top-k by value, not magnitude", "src/lowband/comm/value_codecs.py",
+     "pos = chunks.abs().topk(", "pos = chunks.topk(",
+     ["tests/unit/test_value_codecs.py", "tests/distributed/test_sparseloco.py"]),
+    ("error buffer never decays", "src/lowband/comm/value_codecs.py",
+     "x + self.decay * self.residual.to(x.device)", "x + self.residual.to(x.device)",
+     ["tests/unit/test_value_codecs.py", "tests/distributed/test_sparseloco.py"]),
+    ("tau schedule takes its first phase", "src/lowband/methods/outer.py",
+     "for t, f in reversed(self.phases) if done >= f", "for t, f in self.phases if done >= f",
+     ["tests/unit/test_outer.py", "tests/distributed/test_sparseloco.py"]),
+    ("tuning chooses the worst trial", "src/lowband/comparison/tuning.py",
+     "key=lambda r: (-(r.val or 0.0) if metric.higher_is_better else r.val or 0.0)",
+     "key=lambda r: ((r.val or 0.0) if metric.higher_is_better else -(r.val or 0.0))",
+     ["tests/unit/test_compare.py", "tests/distributed/test_tuning.py"]),
+    ("a target is reached one margin early", "src/lowband/data/metric.py",
+     "return value <= target * (1.0 + self.margin)", "return value <= target * (1.0 + 2 * self.margin)",
+     ["tests/unit/test_metric.py", "tests/distributed/test_language_model.py"]),
+    ("done.jsonl repair keeps the cut line", "src/lowband/comparison/folder.py",
+     "keep = data[:data.rfind(b\"\\n\") + 1]", "keep = data",
+     ["tests/unit/test_damaged_runs.py", "tests/unit/test_compare.py"]),
+    ("the ring allreduce counts half its bytes", "src/lowband/comm/ledger.py",
+     "size = 2 * (world - 1) / world * nbytes", "size = (world - 1) / world * nbytes",
+     ["tests/unit/test_ledger.py", "tests/distributed/test_allreduce.py"]),
+    ("auto picks NCCL for workers sharing a GPU", "src/lowband/comm/placement.py",
+     "    if gpus >= local_world:\n", "    if gpus >= 1:\n", ["tests/unit/test_placement.py"]),
+    ("a forked worker always exits 0", "src/lowband/run/launch.py",
+     "        code = worker_main([entry, *args])\n", "        worker_main([entry, *args])\n        code = 0\n",
+     ["tests/faults/test_processes.py"]),
+    ("the decay schedule runs backwards", "src/lowband/methods/sparseloco.py",
+     "(c.ef_decay_end - c.ef_decay) * min(done, 1.0)", "(c.ef_decay_end - c.ef_decay) * (1.0 - min(done, 1.0))",
+     ["tests/distributed/test_sparseloco.py"]),
+]
+
+
+def plant(tree: str, name: str, path: str, old: str, new: str, tests: list[str]) -> str:
+    """Apply one plant, run its tests, restore the file; 'caught by ...', 'NOT CAUGHT' or 'absent'."""
+    full = os.path.join(tree, path)
+    with open(full) as f:
+        original = f.read()
+    if old not in original:
+        return "absent (its code is not in this tree)"
+    planted = original.replace(old, new, 1)
+    try:
+        with open(full, "w") as f:
+            f.write(planted)
+        t0 = time.time()
+        out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-o", "addopts=",
+                              *tests], cwd=tree, capture_output=True, text=True, check=False)
+        failed = re.findall(r"^FAILED (\S+)", out.stdout, re.M) or re.findall(r"^ERROR (\S+)", out.stdout, re.M)
+        took = f"{time.time() - t0:.0f} s"
+        return f"caught by {failed[0]} ({took})" if out.returncode else f"NOT CAUGHT ({took})"
+    finally:
+        with open(full, "w") as f:
+            f.write(original)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--tree", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+    p.add_argument("--only", default="", help="comma-separated plant numbers (1-based)")
+    args = p.parse_args()
+    only = {int(i) for i in args.only.split(",") if i}
+    commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=args.tree, capture_output=True, text=True,
+                            check=False).stdout.strip()
+    print(f"tree {args.tree} at {commit or 'unknown'}\n")
+    print("| # | planted bug | where | result |\n|---|---|---|---|")
+    for i, (name, path, old, new, tests) in enumerate(PLANTS, 1):
+        if only and i not in only:
+            continue
+        print(f"| {i} | {name} | `{path}` | {plant(args.tree, name, path, old, new, tests)} |", flush=True)
+
+
+if __name__ == "__main__":
+    main()
