@@ -159,16 +159,20 @@ def resolve_tune(tune: Tune, configs: dict[str, dict], method_configs: dict[str,
     return replace(tune, params=tuple(params)), tuned
 
 
+MAX_FACTOR = 100.0  # a target budget's cap: at most this many times the reference's samples
+
+
 def parse_budget(text: str) -> tuple[str, float]:
     """'samples' -> ('samples', 1.0); 'target' -> ('target', 4.0); 'target:2' -> ('target', 2.0)."""
     name, _, factor = text.partition(":")
-    allowed = "epochs, steps, samples or target[:FACTOR] (FACTOR >= 1, default 4)"
+    allowed = f"epochs, steps, samples or target[:FACTOR] (1 <= FACTOR <= {MAX_FACTOR:g}, default 4)"
     require(name in BUDGETS and (not factor or name == "target"), "--budget", text, allowed)
     try:
         value = float(factor) if factor else (DEFAULT_FACTOR if name == "target" else 1.0)
     except ValueError:
         value = math.nan
-    require(math.isfinite(value) and value >= 1, "--budget", text, f"FACTOR must be a number >= 1; {allowed}")
+    require(math.isfinite(value) and 1 <= value <= MAX_FACTOR, "--budget", text, f"FACTOR must be a number in "
+            f"[1, {MAX_FACTOR:g}]; {allowed}")
     return name, value
 
 

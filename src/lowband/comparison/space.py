@@ -24,6 +24,7 @@ from lowband.errors import require
 SAMPLERS = ("auto", "grid", "tpe", "random")
 PRUNERS = ("median", "halving", "none")
 DEFAULT_TRIALS = 12  # per method, when the sampler is not a grid (a grid defaults to all its combinations)
+MAX_POINTS = 1000  # values of one log:LO:HI:N axis, and trials per method: each trial is a whole training run
 TUNE_SYNTAX = ("expected SECTION.KEY=V1,V2,..., SECTION.KEY=LO:HI, SECTION.KEY=log:LO:HI or SECTION.KEY=log:LO:HI:N, "
                "e.g. optim.lr=log:1e-3:1e-2")
 
@@ -127,7 +128,8 @@ def parse_tune(texts: list[str] | str, epochs: int | None = None, trials: int | 
     fields = [p.field for p in params]
     require(len(set(fields)) == len(fields), "--tune", " ".join(texts), "each field at most once")
     require(epochs is None or epochs >= 1, "--tune-epochs", epochs, "must be >= 1")
-    require(trials is None or trials >= 1, "--tune-trials", trials, "must be >= 1 (trials per method)")
+    require(trials is None or 1 <= trials <= MAX_POINTS, "--tune-trials", trials,
+            f"must be in [1, {MAX_POINTS}] (trials per method, each a training run)")
     require(sampler in SAMPLERS, "--tune-sampler", sampler, "one of " + ", ".join(SAMPLERS))
     require(sampler != "grid" or all(p.is_list for p in params), "--tune-sampler", sampler,
             "a grid needs every --tune field as a list (V1,V2,... or log:LO:HI:N)")
@@ -175,7 +177,8 @@ def number(text: str, item: str) -> float:
 def log_values(text: str, parts: list[str]) -> list[float]:
     """[LO, HI, N] -> N values from LO to HI evenly spaced on a log scale (4 significant digits)."""
     lo, hi = number(text, parts[0]), number(text, parts[1])
-    require(parts[2].strip().isdigit() and int(parts[2]) >= 2, "--tune", text, "log:LO:HI:N needs an integer N >= 2")
+    require(parts[2].strip().isdigit() and 2 <= int(parts[2]) <= MAX_POINTS, "--tune", text,
+            f"log:LO:HI:N needs an integer N in [2, {MAX_POINTS}] (each value is a training run)")
     require(0 < lo < hi, "--tune", text, "log:LO:HI:N needs 0 < LO < HI")
     n = int(parts[2])
     return [float(f"{lo * (hi / lo) ** (i / (n - 1)):.4g}") for i in range(n)]
