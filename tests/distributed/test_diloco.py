@@ -25,8 +25,9 @@ def trace(tmp_path, world: int, steps: int, **options) -> list[dict]:
     return [torch.load(tmp_path / f"rank{r}.pt", weights_only=True) for r in range(world)]
 
 
-def reference_outer(ranks, steps, tau, lr, momentum) -> np.ndarray:
-    """θ_global after each sync, recomputed in NumPy from every rank's parameters before the sync."""
+def reference_outer(ranks, steps, tau, lr, momentum, nesterov=True) -> np.ndarray:
+    """θ_global after each sync, recomputed in NumPy from every rank's parameters before the sync
+    (Nesterov's momentum, or heavy ball: θ <- θ - lr·buf)."""
     anchor = initial_model_vector()
     buf, out = np.zeros_like(anchor), {}
     for s in range(steps):
@@ -34,7 +35,8 @@ def reference_outer(ranks, steps, tau, lr, momentum) -> np.ndarray:
             continue
         delta = anchor - np.mean([r["pre"][s].double().numpy() for r in ranks], axis=0)
         buf = momentum * buf + delta if s + 1 > tau or momentum == 0 else delta  # torch's first step: buf = grad
-        anchor = anchor - lr * (delta + momentum * buf if momentum else delta)
+        step = (delta + momentum * buf if nesterov else buf) if momentum else delta
+        anchor = anchor - lr * step
         out[s] = anchor
     return out
 
@@ -57,11 +59,16 @@ def test_outer_lr_one_without_momentum_is_local_sgd(tmp_path):
             assert torch.equal(post, pre)
 
 
-@pytest.mark.parametrize("momentum", [0.0, 0.9])
-def test_outer_nesterov_step_matches_a_numpy_reference(tmp_path, momentum):
+@pytest.mark.parametrize("momentum, nesterov", [(0.0, True), (0.9, True), (0.9, False)])
+def test_outer_nesterov_step_matches_a_numpy_reference(tmp_path, momentum, nesterov):
+    """Nesterov's outer momentum, and heavy ball with outer_nesterov=false (which must differ)."""
     world, steps, tau, lr = 2, 9, 3, 0.7
-    ranks = trace(tmp_path, world, steps, tau=tau, outer_lr=lr, outer_momentum=momentum)
-    for s, anchor in reference_outer(ranks, steps, tau, lr, momentum).items():
+    ranks = trace(tmp_path, world, steps, tau=tau, outer_lr=lr, outer_momentum=momentum, outer_nesterov=nesterov)
+    expected = reference_outer(ranks, steps, tau, lr, momentum, nesterov)
+    if momentum:
+        other = reference_outer(ranks, steps, tau, lr, momentum, not nesterov)
+        assert np.abs(other[steps - 1] - expected[steps - 1]).max() > 1e-4  # the flag changes the step
+    for s, anchor in expected.items():
         for r in ranks:
             np.testing.assert_allclose(r["post"][s].double().numpy(), anchor, rtol=1e-4, atol=1e-5)
     # the global model is θ_global: no steps after the last sync (9 = 3 * 3), so no extra sync

@@ -38,8 +38,8 @@ def test_tune_lists_log_spacing_and_ranges():
 @pytest.mark.parametrize("bad, message", [
     ("optim.lr", "expected"), ("optim.lr=", "expected"), ("lr=0.1", "expected"), ("optim.lr=a,0.1", "not a number"),
     ("optim.lr=0.1,nan", "not a number"), ("optim.lr=log:0:1:3", "0 < LO"), ("optim.lr=log:-1:1:3", "0 < LO"),
-    ("optim.lr=log:0.2:0.1:3", "0 < LO < HI"), ("optim.lr=log:0.1:1:1", "N in [2, 1000]"), ("optim.lr=log:0.1:1:x", "N in [2, 1000]"),
-    ("optim.lr=log:1e-3:1e-2:1000000000", "N in [2, 1000]"),
+    ("optim.lr=log:0.2:0.1:3", "0 < LO < HI"), ("optim.lr=log:0.1:1:1", "N in [2, 1000]"),
+    ("optim.lr=log:0.1:1:x", "N in [2, 1000]"), ("optim.lr=log:1e-3:1e-2:1000000000", "N in [2, 1000]"),
     ("optim.lr=0.2:0.1", "0.2 is not below 0.1"), ("optim.lr=0.1:0.1", "LO < HI"),
     ("optim.lr=log:0:0.1", "0 is not above 0"), ("optim.lr=log:-1:0.1", "not above 0"), ("optim.lr=1:2:3:4", "expected")])
 def test_bad_tune_specs(bad, message):

@@ -44,3 +44,21 @@ def test_a_tau_schedule_grows_tau_at_its_fractions_and_refuses_what_does_not():
     for bad in ("16", "4@0.1", "16@0.5/8@0.6", "16@0.5/32@0.4", "16@1", "16@0", "x@0.1", "16@0.1/"):
         with pytest.raises(ConfigError, match="method.tau_schedule"):
             TauSchedule(bad, 4)
+
+
+def test_the_inner_lr_factor_scales_every_rate_of_the_schedule():
+    """DiLoCo's method.inner_lr_factor multiplies the rate at every point of the schedule (warm-up included)."""
+    from lowband.config import Config, OptimConfig, TrainConfig
+    from lowband.methods.diloco import DiLoCo, DiLoCoConfig
+    from lowband.run.schedule import MethodSchedule
+
+    def schedule(factor: float) -> MethodSchedule:
+        cfg = Config(method=DiLoCoConfig(inner_lr_factor=factor), train=TrainConfig(epochs=4),
+                     optim=OptimConfig(lr=0.1, warmup_epochs=0.5, schedule="cosine"))
+        method = DiLoCo.__new__(DiLoCo)
+        method.cfg = cfg.method
+        return MethodSchedule(cfg, method)
+
+    full, half = schedule(1.0), schedule(0.5)
+    for epoch in (0.1, 0.5, 1.0, 2.5, 3.9):
+        assert half.at(epoch) == pytest.approx(0.5 * full.at(epoch)) and full.at(epoch) > 0
