@@ -70,7 +70,8 @@ def plant(tree: str, name: str, path: str, old: str, new: str, tests: list[str])
             f.write(planted)
         t0 = time.time()
         out = subprocess.run([sys.executable, "-m", "pytest", "-q", "-x", "-p", "no:cacheprovider", "-o", "addopts=",
-                              *tests], cwd=tree, capture_output=True, text=True, check=False)
+                              *tests], cwd=tree, capture_output=True, text=True, check=False,
+                             env={**os.environ, "PYTHONPATH": os.pathsep.join([os.path.join(tree, "src"), tree])})
         failed = re.findall(r"^FAILED (\S+)", out.stdout, re.M) or re.findall(r"^ERROR (\S+)", out.stdout, re.M)
         took = f"{time.time() - t0:.0f} s"
         return f"caught by {failed[0]} ({took})" if out.returncode else f"NOT CAUGHT ({took})"

@@ -218,6 +218,7 @@ class ElasticWorker:
                     self._see_finished(q)
                 self.log.info(f"worker {self.id}: finished with θ_global {self.outer.fingerprint()} "
                               f"(version {self.version})")
+                self._wait_for_joiner()
                 return
             self._train(q)
 
@@ -530,9 +531,16 @@ class ElasticWorker:
 
     def _join_now(self, timeout_s: float) -> None:
         before = self.members.live()
-        subprocess.Popen([sys.executable, "-m", "lowband", "join", self.run_dir.path], preexec_fn=die_with_parent,
-                         stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.fault_joiner = subprocess.Popen([sys.executable, "-m", "lowband", "join", self.run_dir.path],
+                                       preexec_fn=die_with_parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_until(lambda: True if self.members.live() - before else None, timeout_s, poll_s=0.1)
+
+    def _wait_for_joiner(self, timeout_s: float = 30.0) -> None:
+        """A joiner this worker started (a fault) dies with it: let it finish the job it joined first."""
+        joiner = getattr(self, "fault_joiner", None)
+        if joiner is not None:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                joiner.wait(timeout=timeout_s)
 
 
 def _fault_plan(worker: int) -> tuple[int, str, str, float] | None:
