@@ -16,15 +16,16 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/lowband compare --suite demo
 
+# the suite on both cores (pytest-xdist; a file's tests stay on one worker): ~13 min on the 2-core machine
 test: $(STAMP) lint
-	$(BIN)/python -m pytest tests --durations=15
+	$(BIN)/python -m pytest tests -n 2 --dist loadfile --durations=15
 
 # ruff (lint + import order) and mypy (types, src/), both configured in pyproject.toml, gate `make test`
 lint: $(STAMP)
 	$(BIN)/python -m ruff check src tests benchmarks
 	$(BIN)/python -m mypy
 
-# the inner loop: the unit layer without its slow tests (about 25 s)
+# the inner loop: the unit layer without its slow tests (about 30 s)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest tests/unit -m "not slow"
 

@@ -61,6 +61,17 @@ def pytest_sessionfinish(session, exitstatus):
         session.exitstatus = 1
 
 
+@pytest.fixture(autouse=True)
+def _environment_restored():
+    """Each test starts from the same environment: what one in-process command sets (LOWBAND_QUIET by
+    `--quiet`, ...) must not reach the next test's processes, whichever order the tests run in."""
+    saved = dict(os.environ)
+    yield
+    if os.environ != saved:
+        os.environ.clear()
+        os.environ.update(saved)
+
+
 @pytest.fixture(autouse=True, scope="session")
 def _env(tmp_path_factory):
     # workers must import the tests package, and every test shares one data cache (session-wide, so

@@ -103,7 +103,7 @@ def test_the_plot_uses_the_field_that_ranks_the_finished_trials_best():
     (["--tune", "optim.lr=log:0:0.1"], "a log range needs 0 < LO"),
     (["--tune", "optim.lr=0.1,0.2", "--tune-trials", "0"], "--tune-trials=0"),
     (["--tune-trials", "3"], "--tune-trials shapes --tune's search"),
-    (["--budget", "target:0.5"], "FACTOR must be a number >= 1"),
+    (["--budget", "target:0.5"], "FACTOR must be a number in [1, 100]"),
     (["--budget", "target", "--methods", "single,local_sgd"], "needs the reference method allreduce")])
 def test_bad_tuning_and_budget_input_is_one_line_exit_2_and_no_folder(tmp_path, capsys, args, message):
     out = tmp_path / "comparisons"
