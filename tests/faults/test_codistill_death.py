@@ -21,7 +21,8 @@ def kill_codistill_rank(tmp_path, rank: int, epochs: int, exchange: str = "store
     run = str(tmp_path / "run")
     args = ["train", "--method", "codistill", "--workers", "3", "--epochs", str(epochs), "--run-dir", run,
             *small(tmp_path), "--samples", "2000", "--batch-size", "8", "--set", "method.interval=20",
-            "--set", f"method.exchange={exchange}"]
+            "--set", f"method.exchange={exchange}",
+            *(["--set", "method.server_timeout_s=3"] if exchange == "server" else [])]  # a dead peer is noticed in 3 s
     proc = subprocess.Popen([sys.executable, "-m", "lowband", *args], cwd=ROOT, stdout=subprocess.PIPE,
                             stderr=subprocess.PIPE, text=True, start_new_session=True)
     wait_for(lambda: checkpoint.epochs_saved(run, rank) or proc.poll() is not None, 120, f"rank {rank}'s first checkpoint")
@@ -71,9 +72,12 @@ def test_bad_peer_files_in_the_store_are_skipped_once_each_and_the_run_finishes(
         assert said.count(f"skipping another architecture's checkpoint {bad} (") in (1, 2)  # console and train.log
         assert f"skipping impossible checkpoint {future} (step 9999999999 is past the run's last step {last}" in said
         assert f"checkpoint {bad}" not in said.replace(f"skipping another architecture's checkpoint {bad}", "")
+    taught = []
     for rank in (0, 1):
         records = read_metrics(run, f"metrics.rank{rank}.jsonl" if rank else "metrics.jsonl")
         assert [r.epoch for r in records] == [1, 2]
-        taught = [int(s) for r in records for s in r.extra["teacher_steps"].values()]
-        assert taught and all(0 < s < last and s % 5 == 0 for s in taught)
+        taught += [int(s) for r in records for s in r.extra["teacher_steps"].values()]
+    # the models run unsynchronised (wait_s 0) and an epoch takes ~0.05 s: one may finish before the other
+    # publishes its first checkpoint, so only the slower one is sure to be taught; every teacher is a real one
+    assert taught and all(0 < s < last and s % 5 == 0 for s in taught)
     assert os.path.exists(os.path.join(run, "model.safetensors"))
