@@ -32,7 +32,7 @@ PLANTS = [
      ["tests/unit/test_value_codecs.py", "tests/distributed/test_sparseloco.py"]),
     ("tau schedule takes its first phase", "src/lowband/methods/outer.py",
      "for t, f in reversed(self.phases) if done >= f", "for t, f in self.phases if done >= f",
-     ["tests/unit/test_outer.py", "tests/distributed/test_sparseloco.py"]),
+     ["tests/unit/test_schedule.py", "tests/unit/test_outer.py", "tests/distributed/test_sparseloco.py"]),
     ("tuning chooses the worst trial", "src/lowband/comparison/tuning.py",
      "key=lambda r: (-(r.val or 0.0) if metric.higher_is_better else r.val or 0.0)",
      "key=lambda r: ((r.val or 0.0) if metric.higher_is_better else -(r.val or 0.0))",
@@ -50,7 +50,7 @@ PLANTS = [
      "    if gpus >= local_world:\n", "    if gpus >= 1:\n", ["tests/unit/test_placement.py"]),
     ("a forked worker always exits 0", "src/lowband/run/launch.py",
      "        code = worker_main([entry, *args])\n", "        worker_main([entry, *args])\n        code = 0\n",
-     ["tests/faults/test_processes.py"]),
+     ["tests/unit/test_launch.py", "tests/faults/test_processes.py"]),
     ("the decay schedule runs backwards", "src/lowband/methods/sparseloco.py",
      "(c.ef_decay_end - c.ef_decay) * min(done, 1.0)", "(c.ef_decay_end - c.ef_decay) * (1.0 - min(done, 1.0))",
      ["tests/distributed/test_sparseloco.py"]),
@@ -60,6 +60,8 @@ PLANTS = [
 def plant(tree: str, name: str, path: str, old: str, new: str, tests: list[str]) -> str:
     """Apply one plant, run its tests, restore the file; 'caught by ...', 'NOT CAUGHT' or 'absent'."""
     full = os.path.join(tree, path)
+    if not os.path.isfile(full):
+        return "absent (its file is not in this tree)"
     with open(full) as f:
         original = f.read()
     if old not in original:

@@ -424,3 +424,23 @@ def gloo_cuda_calls(out_dir: str) -> None:
     assert all(t.is_cuda for t in got.values()), "a call returned a tensor off the GPU"
     torch.save({k: v.cpu() for k, v in got.items()}, os.path.join(out_dir, f"rank{r}.pt"))
     close(comm)
+
+
+def ends_with(what: str) -> None:
+    """A worker entry that ends as `what` says: 'ok', 'usage' (a UsageError, exit 2), 'unavailable' (exit 3),
+    'interrupt' (Ctrl-C, 130) or 'crash' (an exception, exit 1 and a crash file)."""
+    from lowband.errors import Unavailable, UsageError
+
+    if what == "usage":
+        raise UsageError("a rank-specific usage error")
+    if what == "unavailable":
+        raise Unavailable("a service went away")
+    if what == "interrupt":
+        raise KeyboardInterrupt
+    if what == "crash":
+        raise RuntimeError("boom")
+
+
+def sleep_for(seconds: str) -> None:
+    """A worker entry that only waits (to be stopped)."""
+    time.sleep(float(seconds))
