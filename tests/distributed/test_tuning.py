@@ -44,6 +44,8 @@ def test_tuning_two_fields_prunes_losing_trials_and_keeps_the_best_finished_one(
         else:
             assert epochs == [1, 2, 3] and not (run_dir / "pruned.txt").exists()
             assert float(r["val"]) == read_metrics(str(run_dir))[-1].val_acc
+    pruned = sum(r["status"] == "pruned" for r in rows)  # a pruned trial is normal operation: one line, ours
+    assert p.stdout.count(" pruned after epoch ") == pruned and "interrupted" not in p.stdout + p.stderr
     for label in ("allreduce", "local_sgd:tau=4"):
         mine = [r for r in rows if r["label"] == label]
         finished = [r for r in mine if r["status"] == "ok"]

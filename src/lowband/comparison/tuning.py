@@ -44,7 +44,7 @@ from lowband.comparison.summary import TuningRow, status_of
 from lowband.data.metric import Metric
 from lowband.errors import ConfigError
 from lowband.run import runconfig
-from lowband.run.launch import die_with_parent
+from lowband.run.launch import STOPPED_QUIETLY, die_with_parent
 from lowband.run.metrics import read_metrics
 from lowband.run.rundir import RunDir
 
@@ -243,7 +243,8 @@ def run_trial(folder: str, run: P.Run, trial, metric: Metric) -> Outcome | None:
     else:
         runconfig.prepare_run_dir(run.config, run_dir)
         argv = ["train", "--config", RunDir(run_dir).config_path, "--run-dir", run_dir]
-    proc = subprocess.Popen([sys.executable, "-m", "lowband", *argv], preexec_fn=die_with_parent)
+    proc = subprocess.Popen([sys.executable, "-m", "lowband", *argv], preexec_fn=die_with_parent,
+                            env={**os.environ, STOPPED_QUIETLY: "1"})  # a pruned trial is normal: one line, ours
     watch = Watch(trial, metric, run.config.train.epochs, run_dir)
     try:
         while proc.poll() is None and not watch.pruned:

@@ -39,6 +39,7 @@ from lowband.atomic import process_running
 from lowband.errors import Diverged, Unavailable, UsageError
 
 GRACE_S = 5.0
+STOPPED_QUIETLY = "LOWBAND_STOPPED_QUIETLY"  # set by a caller that stops us on purpose (a pruned tuning trial)
 CRASH_FILE = "crash.rank{rank}.txt"
 # what a backend's error says when the cause is a peer: (words in its message, what lowband says)
 PEER_FAILURES = (("timed out", "a collective with its peers timed out (a peer stopped answering, or is far "
@@ -217,7 +218,8 @@ def _run(entry, args, world, rendezvous_dir, threads, keep_going, net) -> int:
         return supervise(procs, keep_going=keep_going, crash_dir=rendezvous_dir)
     except KeyboardInterrupt:
         stop(procs)
-        print("lowband: interrupted; stopped every worker", file=sys.stderr)
+        if os.environ.get(STOPPED_QUIETLY) != "1":
+            print("lowband: interrupted; stopped every worker", file=sys.stderr)
         return 130
     finally:
         stop(procs)
