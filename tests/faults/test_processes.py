@@ -123,7 +123,9 @@ def test_a_crash_file_names_the_cause_once_and_the_errors_it_caused(tmp_path, ca
     crash = ("import os, sys; os.environ['LOWBAND_INIT_FILE'] = sys.argv[1] + '/.rendezvous-x'; "
              "os.environ['RANK'] = sys.argv[2]; from lowband.run.launch import worker_main; "
              "sys.exit(worker_main([sys.argv[3]]))")
-    procs = [subprocess.Popen([sys.executable, "-c", "import time; time.sleep(0.3); " + crash, str(tmp_path), "0",
+    after_rank_1 = ("import os, sys, time\nwhile not os.path.exists(os.path.join(sys.argv[1], 'crash.rank1.txt')): "
+                    "time.sleep(0.01)\n")  # an event, not a head start: worker 0 fails once worker 1 has crashed
+    procs = [subprocess.Popen([sys.executable, "-c", after_rank_1 + crash, str(tmp_path), "0",
                                "tests.faults.test_processes:peer_gone"]),
              subprocess.Popen([sys.executable, "-c", crash, str(tmp_path), "1", "tests.faults.test_processes:no_such"])]
     assert supervise(procs, crash_dir=str(tmp_path)) == 1
