@@ -71,14 +71,15 @@ def final_fingerprints(run_dir) -> dict[int, str]:
     return {int(w): fp for w, fp in found}
 
 
-def assert_one_model(run_dir, survivors: set[int]) -> None:
-    """Every survivor ends with the same θ_global, and a member that stayed never needed it sent again."""
+def assert_one_model(run_dir, survivors: set[int], resent_rounds: int = 0) -> None:
+    """Every survivor ends with the same θ_global, and a member that stayed needed it sent again in at most
+    `resent_rounds` rounds (0: never)."""
     prints = final_fingerprints(run_dir)
     assert set(prints) == survivors and len(set(prints.values())) == 1, prints
     recs = rounds(run_dir)
-    for before, now in pairwise(recs):
-        stayed = set(before["members"]) & set(now["members"])
-        assert not stayed & set(now["receivers"]), (before, now)
+    resent = [(before, now) for before, now in pairwise(recs)
+              if set(before["members"]) & set(now["members"]) & set(now["receivers"])]
+    assert len(resent) <= resent_rounds, resent
 
 
 def assert_each_sample_at_most_once(run_dir) -> None:
@@ -244,9 +245,10 @@ def test_the_job_survives_a_coordinator_restart(tmp_path):
         finally:
             job.kill()
         assert code == 0, job.stdout.read()[-3000:]
-    assert_one_model(run, {0, 1, 2})
-    # not assert_each_sample_at_most_once: a restart in the middle of a round's vote lets members that read
-    # "commit" before it and members that find no vote after it part ways for a round (README, Elastic jobs)
+    # a restart in the middle of a round's vote lets members that read "commit" before it and members that
+    # find no vote after it part ways for a round (README, Elastic jobs): the ones that parted are sent
+    # θ_global again once, and no sample check (assert_each_sample_at_most_once) applies to that round
+    assert_one_model(run, {0, 1, 2}, resent_rounds=1)
 
 
 def _restart(url: str, server) -> None:
