@@ -78,9 +78,7 @@ class ElasticOuter:
             delta = frag.anchor.detach() - local if contribute else torch.zeros_like(local)
             mean = compressed_mean(comm, delta, frag.codec, "params", frag.feedback if contribute else None)
             if step and contributors:
-                frag.anchor.grad = mean * (comm.world / contributors)
-                frag.outer.step()
-                frag.outer.zero_grad(set_to_none=True)
+                frag.step(mean * (comm.world / contributors))
 
     # ---- state that travels to a receiver ---------------------------------------------------------
     def state_vector(self) -> torch.Tensor:

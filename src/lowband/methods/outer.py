@@ -153,10 +153,15 @@ class Fragment:
     def sync(self, comm, tag: str, step: int, delay: int) -> None:
         """Average the pseudo-gradient over `comm`'s ranks and take one outer step; merge at step + delay."""
         delta = self.anchor.detach() - parameters_to_vector(self.params)
-        self.anchor.grad = compressed_mean(comm, delta, self.codec, tag, self.feedback)
+        self.step(compressed_mean(comm, delta, self.codec, tag, self.feedback))
+        self.schedule(step, delay)
+
+    @torch.no_grad()
+    def step(self, mean: torch.Tensor) -> None:
+        """One outer step of θ_global with `mean` (the averaged pseudo-gradient) as its gradient."""
+        self.anchor.grad = mean
         self.outer.step()
         self.outer.zero_grad(set_to_none=True)
-        self.schedule(step, delay)
 
     def schedule(self, step: int, delay: int) -> None:
         """Record a sync at `step` whose θ_global is merged at step + delay."""

@@ -128,10 +128,7 @@ class SparseLoCo(DiLoCo):
                 assert frag.feedback is not None
                 held = frag.feedback.residual
                 held = torch.zeros(frag.numel) if held is None else held
-                with torch.no_grad():
-                    frag.anchor.grad = compressed_mean(self.across, held.to(frag.anchor.device), codec, "params")
-                    frag.outer.step()
-                    frag.outer.zero_grad(set_to_none=True)
-                    frag.feedback.residual = torch.zeros_like(held)
+                frag.step(compressed_mean(self.across, held.to(frag.anchor.device), codec, "params"))
+                frag.feedback.residual = torch.zeros_like(held)
             if self.group.world > 1:
                 self.group.broadcast(frag.anchor.data, src=0, tag="params-group")
