@@ -54,6 +54,8 @@ def assert_same_training(plain: list[dict], elastic: list[dict]) -> None:
 @pytest.mark.parametrize("method, extra", [
     ("local_sgd", []),
     ("diloco", ["--set", "method.outer_lr=0.7", "--set", "method.outer_momentum=0.9"]),
+    ("diloco", ["--set", "method.outer_lr=0.7", "--set", "method.outer_momentum=0.9", "--set", "method.fragments=2"]),
+    ("diloco", ["--set", "method.outer_lr=0.7", "--set", "method.outer_momentum=0.9", "--set", "method.fragments=4"]),
 ])
 def test_a_fixed_membership_elastic_job_trains_as_lowband_train(tmp_path, method, extra):
     plain = train(tmp_path / "plain", "--method", method, *extra)

@@ -11,7 +11,7 @@ the quorum's members only. Algorithm, per round of a quorum of K members of whom
   Nesterov SGD; local SGD: lr 1, no momentum, so θ_global becomes the contributors' mean);
   the receivers get θ_global and the outer optimizer's momentum from the source (tag "join").
 
-Fragments (Streaming DiLoCo): round r synchronises fragment r mod P; floating buffers (BatchNorm)
+Fragments (Streaming DiLoCo): round r synchronises fragment (r - 1) mod P, as `lowband train` does; floating buffers (BatchNorm)
 are averaged every round. A contributor's Δ of fragment p covers the steps since p was last merged.
 """
 
@@ -59,8 +59,9 @@ class ElasticOuter:
         return self.fragments + ([self.buffers] if self.buffers else [])
 
     def due(self, round_no: int) -> list[Fragment]:
-        """The fragments round `round_no` synchronises."""
-        return [self.fragments[round_no % len(self.fragments)]] + ([self.buffers] if self.buffers else [])
+        """The fragments round `round_no` synchronises: round r ends inner step r·tau/P, where `lowband train`'s
+        Streaming DiLoCo synchronises fragment (r - 1) mod P (methods/diloco.py's offsets)."""
+        return [self.fragments[(round_no - 1) % len(self.fragments)]] + ([self.buffers] if self.buffers else [])
 
     def fingerprint(self) -> str:
         """16 hex digits of θ_global: members of one version compare them to know they agree."""
@@ -73,12 +74,30 @@ class ElasticOuter:
     def average(self, comm, round_no: int, contributors: int, contribute: bool, step: bool) -> None:
         """The round's collective over the quorum `comm`: every member sends its Δ (zeros unless it
         `contribute`s); with `step`, θ_global takes one outer step with the contributors' mean."""
-        for frag in self.due(round_no):
+        self._average(comm, self.due(round_no), contributors, contribute, step)
+
+    @torch.no_grad()
+    def _average(self, comm, parts: list[Fragment], contributors: int, contribute: bool, step: bool) -> None:
+        for frag in parts:
             local = parameters_to_vector(frag.params)
             delta = frag.anchor.detach() - local if contribute else torch.zeros_like(local)
             mean = compressed_mean(comm, delta, frag.codec, "params", frag.feedback if contribute else None)
             if step and contributors:
                 frag.step(mean * (comm.world / contributors))
+
+    @torch.no_grad()
+    def final_model(self, comm, round_no: int, contributors: int, contribute: bool, model: nn.Module) -> nn.Module:
+        """The job's final model after its last round `round_no`, as `lowband train`'s Streaming DiLoCo makes
+        it (DiLoCo.global_model(final=True)): every other fragment has inner steps since it last synchronised,
+        so it takes one more outer step over the quorum, on the side (θ_global, momentum and residuals stay
+        as they were, as a checkpoint holds them for an extended job)."""
+        pending = [f for f in self.fragments if f not in self.due(round_no)]
+        saved = [f.state_dict() for f in pending]
+        self._average(comm, pending, contributors, contribute, step=True)
+        final = self.global_model(model)
+        for frag, state in zip(pending, saved, strict=True):
+            frag.load_state_dict(state)
+        return final
 
     # ---- state that travels to a receiver ---------------------------------------------------------
     def state_vector(self) -> torch.Tensor:

@@ -52,6 +52,7 @@ import time
 
 import redis
 import torch
+from torch import nn
 
 from lowband.comm import BOOKKEEPING_TAGS, Communicator
 from lowband.comm.ledger import Ledger
@@ -194,6 +195,7 @@ class ElasticWorker:
         self.steps = 0  # inner steps this worker has taken (the step number its hooks would see)
         self.version, self.trained, self.loss_sum = 0, 0, 0.0  # version: rounds committed into θ_global
         self.next_round = 0  # the round this worker meets next
+        self.final: nn.Module | None = None  # Streaming DiLoCo's final model, made in the last round
         self.from_checkpoint = False  # a joiner holding a checkpoint's θ_global, until its first round commits
         self.epoch, self.cursor, self.epoch_loss, self.epoch_steps = 0, 0, 0.0, 0
         self.attempts: dict[int, int] = {}
@@ -318,7 +320,7 @@ class ElasticWorker:
     def _exchange(self, q: Quorum) -> str:
         """The round's collective, outer step and state transfer, then the vote; undone unless it commits."""
         saved, opened = self.outer.state_dict(), list[RedisStore]()
-        ok, cause = True, ""
+        ok, cause, self.final = True, "", None
         try:
             self._maybe_fault(q.round, "exchange")
             contribute = self.id in q.contributors
@@ -326,6 +328,9 @@ class ElasticWorker:
             if q.contributors:  # no pseudo-gradient anywhere (round 0): no collective
                 comm = self._group(q, "average", q.members, opened)
                 self.outer.average(comm, q.round, len(q.contributors), contribute, step=agree)
+                if q.finished and len(self.outer.fragments) > 1:
+                    final = self.outer.final_model(comm, q.round, len(q.contributors), contribute, self.model)
+                    self.final = final if agree else None  # a receiver's θ_global arrives after it
             if q.receivers and self.id in [q.members[0]] + q.receivers:
                 self._transfer(q, opened)
         except (RuntimeError, redis.RedisError) as e:
@@ -427,9 +432,14 @@ class ElasticWorker:
         if q.finished:
             self._finish_job()
 
+    def global_model(self) -> nn.Module:
+        """θ_global; after the last round of Streaming DiLoCo, with the other fragments' last outer steps
+        (ElasticOuter.final_model)."""
+        return self.final if self.final is not None else self.outer.global_model(self.model)
+
     def _finish_job(self) -> None:
         """The job's final model, then its status: finished."""
-        glob = self.outer.global_model(self.model)
+        glob = self.global_model()
         checkpoint.save_model(glob.state_dict(), self.run_dir.model_path(0), model_metadata(self.cfg, self.data))
         self._coordinator(self.members.finish)
         self.log.info(f"worker {self.id}: last epoch done; model.safetensors written")
@@ -447,7 +457,7 @@ class ElasticWorker:
 
     def _epoch_record(self, q: Quorum, elapsed: float) -> None:
         """metrics.jsonl's record of epoch q.epoch_end: θ_global's scores, the epoch's loss, every worker's bytes."""
-        glob = self.outer.global_model(self.model)
+        glob = self.global_model()
         scores = model_scores(glob, self.data, self.cfg.train.eval_batch_size, torch.device("cpu"))
         by_tag, workers = self._bytes_by_tag()
         total = sum(v for t, v in by_tag.items() if t not in BOOKKEEPING_TAGS)
