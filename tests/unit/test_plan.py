@@ -31,7 +31,8 @@ def test_tune_lists_log_spacing_and_ranges():
                            Param("method.tau", (8.0, 16.0, 32.0)))
     assert tune.sampler_name() == "tpe" and tune.trial_count(tune.fields) == 6
     grid = parse_tune(["optim.lr=0.1,0.2,0.3", "method.tau=8,16"])
-    assert grid.sampler_name() == "grid" and grid.trial_count(grid.fields) == 6  # every combination
+    assert grid.sampler_name() == "axis" and grid.trial_count(grid.fields) == 6  # at most every combination
+    assert parse_tune(["optim.lr=0.1,0.2"], sampler="grid").sampler_name() == "grid"
     assert grid.trial_count(["optim.lr"]) == 3 and parse_tune(["optim.lr=1,2"], trials=9).trial_count(["optim.lr"]) == 2
 
 
@@ -51,7 +52,7 @@ def test_bad_tune_specs(bad, message):
 @pytest.mark.parametrize("option, kwargs, message", [
     ("--tune-epochs", {"epochs": 0}, "must be >= 1"), ("--tune-trials", {"trials": 0}, "must be in [1, 1000]"),
     ("--tune-trials", {"trials": 1_000_000_000}, "must be in [1, 1000]"),
-    ("--tune-sampler", {"sampler": "bayes"}, "one of auto, grid"), ("--tune-pruner", {"pruner": "hyper"}, "median"),
+    ("--tune-sampler", {"sampler": "bayes"}, "one of auto, axis, grid"), ("--tune-pruner", {"pruner": "hyper"}, "median"),
     ("--tune-seed", {"seed": -1}, ">= 0"), ("--tune", {"texts": ["optim.lr=0.1", "optim.lr=0.2"]}, "at most once")])
 def test_bad_tune_options(option, kwargs, message):
     texts = kwargs.pop("texts", ["optim.lr=0.1,0.2"])
@@ -237,6 +238,6 @@ def test_a_target_budget_needs_its_reference_in_the_comparison():
 
 def test_a_method_whose_fields_are_all_lists_never_repeats_a_combination():
     tune = parse_tune(["optim.lr=0.002,0.004", "method.outer_lr=0.5:0.9"], trials=5)
-    assert tune.sampler_name(["optim.lr"]) == "grid" and tune.trial_count(["optim.lr"]) == 2  # Allreduce: lr only
+    assert tune.sampler_name(["optim.lr"]) == "axis" and tune.trial_count(["optim.lr"]) == 2  # Allreduce: lr only
     assert tune.sampler_name(tune.fields) == "tpe" and tune.trial_count(tune.fields) == 5
     assert parse_tune(["optim.lr=1,2"], sampler="tpe", trials=9).trial_count(["optim.lr"]) == 2

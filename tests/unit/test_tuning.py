@@ -131,6 +131,7 @@ def test_resuming_with_another_comparisons_study_file_exits_2_and_writes_nothing
 
 def test_a_grid_runs_every_combination_once_then_stops_without_optunas_optimize_loop(tmp_path):
     p = plan(tmp_path, specs=("local_sgd",), tune=("optim.lr=0.1,0.2", "method.tau=2,8"))
+    p.tune = replace(p.tune, sampler="grid")
     assert p.tune.is_grid() and p.tune.trial_count(p.tuned["local_sgd"]) == 3  # --tune-trials 3 of 4 cells
     study = T.open_study(str(tmp_path), p, "local_sgd", ACCURACY)
     seen = []

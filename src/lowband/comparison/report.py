@@ -31,7 +31,7 @@ import matplotlib.ticker
 from lowband import config as C
 from lowband.atomic import write_text_atomic
 from lowband.comm.links import LinkSpec, parse_link
-from lowband.comparison import plots, projection, table, tuning_report
+from lowband.comparison import coverage, plots, projection, table, tuning_report
 from lowband.comparison.folder import ComparisonDir
 from lowband.comparison.summary import SummaryRow
 from lowband.comparison.table import TableRow
@@ -279,7 +279,8 @@ def build(folders: list[str], out: str | None = None, target: float | None = Non
            f"marked test; `to target` = first epoch at which the mean validation {metric.name} reaches the target; "
            "`seconds to target` as measured here, `dedicated s to target` for dedicated machines."), ""]
     md += table.markdown(rows) + [""]
-    tuning = tuning_report.section(tuning_report.load_tuning(folders, prefixes(folders, labels)), out)
+    names = prefixes(folders, labels)
+    tuning = tuning_report.section(tuning_report.load_tuning(folders, names), out, coverage.spaces(folders, names))
     md += ["## Tuning", "", *tuning, ""] if tuning else []
     md += ["## Plots", "", *plot_sections(runs, rows, groups, target, out)]
     folder = ComparisonDir(out)

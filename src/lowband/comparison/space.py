@@ -9,8 +9,10 @@ A field is SECTION.KEY (`optim.lr`, `method.tau`) with one of
 
 A `method.*` field applies to the methods that have it (lowband.comparison.plan resolves which, and
 whether the field takes integers: then ranges sample integers and list values must be whole). The
-sampler of a method is a grid when every field it tunes is a list (every combination, or `trials` of
-them at random), TPE otherwise; the pruner stops trials whose validation figure falls behind (lowband.comparison.tuning).
+sampler of a method (`--tune-sampler auto`) is the axis search when every field it tunes is a list
+(one field at a time: lowband.comparison.axis), TPE otherwise; `grid` runs every combination (or
+`trials` of them at random). The pruner stops trials whose validation figure falls behind
+(lowband.comparison.tuning).
 Nothing here imports Optuna: parsing is checked before any folder exists.
 """
 
@@ -21,7 +23,7 @@ from dataclasses import asdict, dataclass, replace
 
 from lowband.errors import require
 
-SAMPLERS = ("auto", "grid", "tpe", "random")
+SAMPLERS = ("auto", "axis", "grid", "tpe", "random")
 PRUNERS = ("median", "halving", "none")
 DEFAULT_TRIALS = 12  # per method, when the sampler is not a grid (a grid defaults to all its combinations)
 MAX_POINTS = 1000  # values of one log:LO:HI:N axis, and trials per method: each trial is a whole training run
@@ -88,19 +90,27 @@ class Tune:
         return next(p for p in self.params if p.field == field)
 
     def is_grid(self, fields: list[str] | None = None) -> bool:
-        """Grid sampling for a method tuning `fields` (default: all): asked for, or (auto) when each is a list."""
-        chosen = [self.param(f) for f in fields] if fields is not None else list(self.params)
-        return self.sampler == "grid" or (self.sampler == "auto" and all(p.is_list for p in chosen))
+        """Grid sampling (every combination): only when asked for with --tune-sampler grid."""
+        return self.sampler == "grid"
 
     def sampler_name(self, fields: list[str] | None = None) -> str:
-        return "grid" if self.is_grid(fields) else ("tpe" if self.sampler == "auto" else self.sampler)
+        """The sampler of a method tuning `fields` (default: all): as asked, or (auto) the axis search when
+        every field is a list (lowband.comparison.axis), TPE when one is a range."""
+        if self.sampler != "auto":
+            return self.sampler
+        chosen = [self.param(f) for f in fields] if fields is not None else list(self.params)
+        return "axis" if all(p.is_list for p in chosen) else "tpe"
 
     def trial_count(self, fields: list[str]) -> int:
-        """Trials for a method tuning `fields`: --tune-trials (default: a grid's size, else DEFAULT_TRIALS),
-        never more than the combinations when every field is a list (more would repeat one)."""
+        """Trials for a method tuning `fields`: --tune-trials (default: the combinations for the grid and the
+        axis search, which stops sooner by itself; else DEFAULT_TRIALS), never more than the combinations when
+        every field is a list (more would repeat one)."""
         lists = all(self.param(f).is_list for f in fields)
         size = math.prod(len(self.param(f).values) for f in fields) if lists else None
-        wanted = self.trials if self.trials is not None else (size if self.is_grid(fields) and size else DEFAULT_TRIALS)
+        if self.trials is not None:
+            wanted = self.trials
+        else:  # the axis search stops by itself at a local optimum (lowband.comparison.axis), the grid when spent
+            wanted = size if size and (self.is_grid(fields) or self.sampler_name(fields) == "axis") else DEFAULT_TRIALS
         return min(wanted, size) if size else wanted
 
     def to_json(self) -> dict:
@@ -131,8 +141,9 @@ def parse_tune(texts: list[str] | str, epochs: int | None = None, trials: int | 
     require(trials is None or 1 <= trials <= MAX_POINTS, "--tune-trials", trials,
             f"must be in [1, {MAX_POINTS}] (trials per method, each a training run)")
     require(sampler in SAMPLERS, "--tune-sampler", sampler, "one of " + ", ".join(SAMPLERS))
-    require(sampler != "grid" or all(p.is_list for p in params), "--tune-sampler", sampler,
-            "a grid needs every --tune field as a list (V1,V2,... or log:LO:HI:N)")
+    require(sampler not in ("grid", "axis") or all(p.is_list for p in params), "--tune-sampler", sampler,
+            f"{'a grid' if sampler == 'grid' else 'the axis search'} needs every --tune field as a list "
+            "(V1,V2,... or log:LO:HI:N)")
     require(pruner in PRUNERS, "--tune-pruner", pruner, "one of " + ", ".join(PRUNERS))
     require(seed >= 0, "--tune-seed", seed, "must be >= 0")
     return Tune(params, epochs, trials, sampler, seed, pruner)

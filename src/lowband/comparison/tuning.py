@@ -30,6 +30,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import os
 import signal
 import subprocess
@@ -37,6 +38,7 @@ import sys
 import time
 from dataclasses import dataclass
 
+from lowband.comparison import coverage
 from lowband.comparison import plan as P
 from lowband.comparison.folder import ComparisonDir
 from lowband.comparison.space import Tune, show
@@ -97,14 +99,20 @@ def open_study(folder: str, plan: P.Plan, label: str, metric: Metric):
     assert plan.tune is not None
     study = o.create_study(storage=storage_url(folder), study_name=label, load_if_exists=True,
                            direction="maximize" if metric.higher_is_better else "minimize",
-                           sampler=sampler(plan.tune, (plan.tuned or {}).get(label, [])), pruner=pruner(plan.tune))
+                           sampler=sampler(plan.tune, (plan.tuned or {}).get(label, [])),
+                           pruner=pruner(plan.tune, P.trial_run(plan, label, 0, {}).config.train.epochs))
     study.set_user_attr("comparison", fingerprint(plan))
     return study
 
 
 def sampler(tune: Tune, fields: list[str]):
-    """Grid (every field a list), TPE or random, seeded; TPE starts with a third of its trials at random."""
+    """The axis search (the default when every field is a list), the grid, TPE or random, seeded; TPE starts
+    with a third of its trials at random."""
     o = optuna()
+    if tune.sampler_name(fields) == "axis":
+        from lowband.comparison.axis import AxisSampler
+
+        return AxisSampler({f: list(tune.param(f).values) for f in fields}, seed=tune.seed)
     if tune.is_grid(fields):
         from optuna.samplers import GridSampler
 
@@ -119,13 +127,21 @@ def sampler(tune: Tune, fields: list[str]):
     return o.samplers.TPESampler(seed=tune.seed, n_startup_trials=max(2, tune.trial_count(fields) // 3))
 
 
-def pruner(tune: Tune):
+def pruner(tune: Tune, epochs: int):
+    """The pruner of trials of `epochs` epochs: the median's first decision comes after half of them."""
     o = optuna()
     if tune.pruner == "median":
-        return o.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=0)
+        return o.pruners.MedianPruner(n_startup_trials=2, n_warmup_steps=warm_up(epochs))
     if tune.pruner == "halving":
         return o.pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=3)
     return o.pruners.NopPruner()
+
+
+def warm_up(epochs: int) -> int:
+    """The first epoch at which the median pruner may stop a trial: half its epochs, rounded up (the first
+    epochs' figures are the noisiest; BENCHMARKS.md "Tuning defaults" shows the median pruner without a
+    warm-up stopping the best setting at epoch 1 on 9 of 20 seeds)."""
+    return max(1, math.ceil(epochs / 2))
 
 
 def suggest(trial, tune: Tune, fields: list[str]) -> dict:
@@ -151,24 +167,45 @@ def tune_label(folder: str, plan: P.Plan, label: str, metric: Metric) -> tuple[l
     study, wanted = open_study(folder, plan, label, metric), plan.tune.trial_count(fields)
     retry_interrupted(study)
     asked = 0
-    while counted(study) < wanted and asked < REPEATS * wanted:
+    while counted(study) < wanted and asked < REPEATS * wanted and not converged(study, plan.tune):
         trial, asked = study.ask(), asked + 1
         values = suggest(trial, plan.tune, fields)
         if repeat(study, trial, values):
             continue
         run = P.trial_run(plan, label, trial.number, values, trial.user_attrs.get("dir"))
         trial.set_user_attr("dir", run.dir)
-        print(f"\ntrial {counted(study) + 1}/{wanted} of {label}: {describe(run.values or {})}", flush=True)
+        of = f"{wanted}" if plan.tune.trials is not None or not open_ended(study) else f"{wanted} at most"
+        print(f"\ntrial {counted(study) + 1}/{of} of {label}: {describe(run.values or {})}", flush=True)
         outcome = run_trial(folder, run, trial, metric)
         if outcome is None:
             return None
         finish(study, trial, outcome)
-    if counted(study) < wanted:
+    if counted(study) < wanted and converged(study, plan.tune):
+        print(f"{label}: the axis search reached its end after {counted(study)} trials (every one-field change of "
+              "its best setting has run)", flush=True)
+    elif counted(study) < wanted:
         print(f"lowband: {label}'s sampler kept proposing values it had run; {counted(study)} of {wanted} trials",
               file=sys.stderr)
     rows = tuning_rows(study, label, plan, metric)
+    for line in coverage.sentences(rows, [plan.tune.param(f) for f in fields], plan.tune.sampler_name(fields)):
+        print(f"{label}: {line}", flush=True)
     best = choose(rows, metric)
     return rows, ({} if best is None else dict(study.trials[best.trial].params))
+
+
+def open_ended(study) -> bool:
+    """Whether the study's sampler is the axis search, which may end before its trial count."""
+    from lowband.comparison.axis import AxisSampler
+
+    return isinstance(study.sampler, AxisSampler)
+
+
+def converged(study, tune: Tune) -> bool:
+    """Whether the axis search, left to its own end (no --tune-trials), has reached it: every one-field
+    change of its best setting has run."""
+    if tune.trials is not None or not open_ended(study):
+        return False
+    return study.sampler.converged(study.trials, study.direction.name == "MAXIMIZE")
 
 
 def repeat(study, trial, values: dict) -> bool:
@@ -300,10 +337,16 @@ class Watch:
             if record.epoch <= self.epoch or value is None:
                 continue
             self.epoch, self.val = record.epoch, value
-            self.trial.report(value, record.epoch)
-            if judge and record.epoch < self.epochs and self.trial.should_prune():
+            if judged(self.trial, record.epoch, value, self.epochs if judge else record.epoch):
                 self.pruned = True
                 return
+
+
+def judged(trial, epoch: int, value: float, epochs: int) -> bool:
+    """Report `value` at `epoch` to the trial; whether its pruner stops it there (never at the last of
+    `epochs`: nothing is left to save)."""
+    trial.report(value, epoch)
+    return epoch < epochs and trial.should_prune()
 
 
 # ---- results -----------------------------------------------------------------------------------

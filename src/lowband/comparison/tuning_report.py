@@ -11,9 +11,10 @@ from __future__ import annotations
 
 import os
 
-from lowband.comparison import plots
+from lowband.comparison import coverage, plots
 from lowband.comparison.folder import ComparisonDir
 from lowband.comparison.plan import safe
+from lowband.comparison.space import Param
 from lowband.comparison.summary import TuningRow
 from lowband.data.metric import ACCURACY, BITS_PER_BYTE, Metric
 from lowband.run.rundir import warn
@@ -41,8 +42,9 @@ def metric_of(rows: list[TuningRow]) -> Metric:
     return BITS_PER_BYTE if any(r.metric == BITS_PER_BYTE.val_key for r in rows) else ACCURACY
 
 
-def section(rows: list[TuningRow], out: str) -> list[str]:
-    """Markdown lines of the Tuning section (and its plots written into `out`); [] without tuning."""
+def section(rows: list[TuningRow], out: str, spaces: dict[str, tuple[list[Param], str]] | None = None) -> list[str]:
+    """Markdown lines of the Tuning section (and its plots written into `out`); [] without tuning. `spaces`:
+    each label's tuned fields and sampler (lowband.comparison.coverage.spaces), for what was tried."""
     if not rows:
         return []
     metric = metric_of(rows)
@@ -55,7 +57,8 @@ def section(rows: list[TuningRow], out: str) -> list[str]:
         shown = ", ".join(f"{shown_values(r)} ({tried_figure(r)})" for r in tried)
         lines.append(f"| {label} | {'/'.join(tried[0].field.split())} | {shown} | {', '.join(chosen) or '-'} |")
     for label, tried in by_label.items():
-        lines += [""] + per_method(label, tried, metric, out)
+        params, sampler = (spaces or {}).get(label, ([], ""))
+        lines += [""] + per_method(label, tried, metric, out, coverage.sentences(tried, params, sampler))
     return lines
 
 
@@ -72,16 +75,17 @@ def tried_figure(row: TuningRow) -> str:
     return f"pruned after epoch {row.epochs}: {figure}" if row.status == "pruned" else row.status
 
 
-def per_method(label: str, rows: list[TuningRow], metric: Metric, out: str) -> list[str]:
-    """One method's chosen values, its trials and its plot."""
+def per_method(label: str, rows: list[TuningRow], metric: Metric, out: str, said_of_space: list[str]) -> list[str]:
+    """One method's chosen values, what of its space was tried, its trials and its plot."""
     fields = rows[0].field.split()
     best = next((r for r in rows if r.is_chosen), None)
     said = (f"chosen: trial {best.trial}, {' '.join(f'{f}={v}' for f, v in best.values.items())} (validation "
             f"{metric.name} {tried_figure(best)})") if best else "no trial finished: it ran with its own settings"
     pruned = sum(r.status == "pruned" for r in rows)
-    lines = [f"### {label}", "", f"{len(rows)} trials, {pruned} pruned; {said}.", "",
-             "| trial | " + " | ".join(fields) + f" | validation {metric.short} | epochs | state |",
-             "|---|" + "---|" * (len(fields) + 3)]
+    lines = [f"### {label}", "", f"{len(rows)} trials, {pruned} pruned; {said}.", ""]
+    lines += [f"- {s}" for s in said_of_space] + ([""] if said_of_space else [])
+    lines += ["| trial | " + " | ".join(fields) + f" | validation {metric.short} | epochs | state |",
+              "|---|" + "---|" * (len(fields) + 3)]
     for r in rows:
         values = [_number(r.values.get(f, "")) for f in fields]
         state = r.status + (" (chosen)" if r.is_chosen else "")

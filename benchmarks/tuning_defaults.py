@@ -1,0 +1,366 @@
+"""Which pruned search finds the grid's best: every candidate default replayed over many sampler seeds.
+
+A tuning trial is a deterministic run: the same config and seed give the same validation figure at
+every epoch, and a pruned trial's epochs are the first epochs of the same run left to finish. So this
+script runs each space's whole grid once, for real (`lowband train` per setting, through
+lowband.comparison.tuning, no pruning), and records per setting its validation curve, its CPU
+seconds (user + system of the trial and its workers) and its wall times (start-up, and the
+trainer's elapsed seconds at each epoch). Then it replays a search: lowband's own `tune_label`, with
+its real sampler, pruner, repeat rule and choice, where a trial reads its curve from the record
+instead of training. A trial stopped after epoch k is charged its start-up and the first k epochs'
+share of the setting's CPU (CPU taken proportional to wall time within a trial). `--live SEED` runs
+the chosen default for real on one sampler seed, to check the replay against it.
+
+Spaces (the two of issue 44):
+- `mnist1d`: local SGD on MNIST-1D (cnn1d), 2 workers, 3,000 samples, 4 epochs a trial,
+  optim.lr in {0.02, 0.05, 0.1, 0.2} x method.tau in {2, 8, 32};
+- `lm`: DiLoCo on the lm suite (GPT tiny, first 1 MB of the KJV, 4 workers), 2 epochs a trial,
+  optim.lr in {0.001, 0.002, 0.004} x method.outer_lr in {0.5, 0.9} x method.tau in {16, 32}.
+
+Prints, per candidate and sampler seed, the best setting found, its gap to the grid's best, whether
+that is within the metric's margin (bits per byte: 1%; accuracy: the larger of 0.5 points and one
+validation sample), the distinct settings tried and pruned, and the CPU share of the grid's; then
+per candidate the seeds within the margin and the mean and worst CPU share. Goal (issue 44): within
+the margin on at least 4 of 5 seeds, at no more than half the grid's CPU.
+
+Run: python benchmarks/tuning_defaults.py --space mnist1d [--seeds 20] [--candidates A,B] [--out DIR] [--live SEED]
+The grid's record is kept in benchmarks/results/tuning_defaults/SPACE.json (reused when present:
+delete it to measure afresh). The mnist1d grid takes about 3 minutes on 2 cores, the lm grid 25.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import io
+import json
+import math
+import os
+import resource
+import statistics
+import sys
+import tempfile
+import time
+from dataclasses import dataclass
+
+from common import commit
+from lowband.comparison import tuning as T
+from lowband.comparison.folder import ComparisonDir
+from lowband.comparison.plan import typed
+from lowband.comparison.request import Request, plan_for
+from lowband.comparison.space import parse_tune
+from lowband.data.base import load_dataset
+from lowband.data.metric import ACCURACY, BITS_PER_BYTE, Metric
+from lowband.registry.catalog import load_all
+from lowband.run.metrics import read_metrics
+
+RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "tuning_defaults")
+
+
+@dataclass(frozen=True)
+class Space:
+    suite: str
+    label: str
+    overrides: dict
+    tune: tuple[str, ...]
+    epochs: int
+    metric: Metric
+
+
+SPACES = {
+    "mnist1d": Space("quick", "local_sgd", {"train": {"workers": 2}, "data": {"num_samples": 3000}},
+                     ("optim.lr=0.02,0.05,0.1,0.2", "method.tau=2,8,32"), 4, ACCURACY),
+    "mnist1d-diloco": Space("quick", "diloco", {"train": {"workers": 2}, "data": {"num_samples": 3000}},
+                            ("optim.lr=0.02,0.05,0.1", "method.outer_lr=0.5,0.7,0.9", "method.tau=4,16"), 4, ACCURACY),
+    "lm": Space("lm", "diloco", {}, ("optim.lr=0.001,0.002,0.004", "method.outer_lr=0.5,0.9", "method.tau=16,32"),
+                2, BITS_PER_BYTE),
+}
+
+
+def children_cpu() -> float:
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def key(values: dict) -> str:
+    return T.describe(dict(sorted(values.items())))
+
+
+def new_plan(space: Space, out: str, sampler: str, pruner: str, seed: int, trials: int | None = None):
+    """A comparison folder under `out` tuning the space's label (nothing else runs)."""
+    tune = parse_tune(list(space.tune), space.epochs, trials, sampler, seed, pruner)
+    plan, folder = plan_for(Request(methods=[space.label], suite=space.suite, overrides=space.overrides, seeds=[0],
+                                    tune=tune, out=out))
+    ComparisonDir(folder).save_plan(plan)
+    return plan, folder
+
+
+# ---- the grid, run once for real --------------------------------------------------------------
+def record_grid(space: Space, path: str, out: str) -> dict:
+    """Run every setting (no pruning), recording each trial's curve, CPU and wall; the record is saved
+    after every trial."""
+    table: dict = {"settings": {}}
+    real = T.run_trial
+
+    def timed(folder, run, trial, metric):
+        cpu, wall = children_cpu(), time.perf_counter()
+        outcome = real(folder, run, trial, metric)
+        if outcome is not None:
+            records = read_metrics(ComparisonDir(folder).file(run.dir))
+            table["settings"][key(run.values)] = {
+                "values": run.values, "status": outcome.status, "cpu_s": round(children_cpu() - cpu, 2),
+                "wall_s": round(time.perf_counter() - wall, 2),
+                "curve": [r.value(metric.val_key) for r in records],
+                "elapsed_s": [r.time.get("elapsed_s") for r in records]}
+            save(path, table)
+        return outcome
+
+    plan, folder = new_plan(space, out, "grid", "none", 0)
+    T.run_trial = timed
+    try:
+        rows, _ = T.tune_label(folder, plan, space.label, space.metric) or ([], {})
+    finally:
+        T.run_trial = real
+    table.update(space=space.label, epochs=space.epochs, commit=commit(), val_samples=val_samples(plan, space),
+                 grid_cpu_s=round(sum(s["cpu_s"] for s in table["settings"].values()), 1))
+    save(path, table)
+    return table
+
+
+def val_samples(plan, space: Space) -> int:
+    """How many validation examples the space's metric is measured on (accuracy's one-sample margin)."""
+    cfg = typed(plan.configs[space.label])
+    data = load_dataset(cfg.data)
+    return 0 if data.y_val is None else int(data.y_val.shape[0])
+
+
+def save(path: str, table: dict) -> None:
+    os.makedirs(os.path.dirname(path), exist_ok=True)
+    with open(path + ".tmp", "w") as f:
+        json.dump(table, f, indent=1, sort_keys=True)
+    os.replace(path + ".tmp", path)
+
+
+# ---- a search, replayed -----------------------------------------------------------------------
+def charge(entry: dict, epoch: int) -> float:
+    """CPU seconds of a trial stopped after `epoch`: start-up plus its first epochs' share of the wall."""
+    elapsed = entry["elapsed_s"]
+    startup = max(0.0, entry["wall_s"] - elapsed[-1])
+    return entry["cpu_s"] * min(1.0, (startup + elapsed[epoch - 1]) / entry["wall_s"])
+
+
+def replay(space: Space, table: dict, candidate: str, seed: int, scratch: str) -> dict:
+    """One search of `candidate` with sampler seed `seed`, every trial read from the grid's record."""
+    sampler, pruner_name, trials, make_sampler = CANDIDATES[candidate]
+    trials = trials_of(space, trials)
+    own = pruner_name.removeprefix("lowband-") if pruner_name.startswith("lowband-") else "none"
+    plan, folder = new_plan(space, scratch, sampler, own, seed, trials)
+    spent: list[float] = []
+
+    def from_record(folder, run, trial, metric):
+        entry = table["settings"][key(run.values)]
+        curve = entry["curve"]
+        for epoch, value in enumerate(curve, start=1):
+            if T.judged(trial, epoch, value, len(curve)):
+                spent.append(charge(entry, epoch))
+                return T.Outcome("pruned", value, epoch)
+        spent.append(entry["cpu_s"])
+        return T.Outcome(entry["status"], curve[-1], len(curve))
+
+    real_run, real_pruner, real_sampler = T.run_trial, T.pruner, T.sampler
+    T.run_trial = from_record
+    if pruner_name in PRUNERS:
+        T.pruner = lambda tune, epochs: PRUNERS[pruner_name](epochs)
+    T.sampler = make_sampler or real_sampler
+    try:
+        with contextlib.redirect_stdout(io.StringIO()), contextlib.redirect_stderr(io.StringIO()):
+            rows, _ = T.tune_label(folder, plan, space.label, space.metric) or ([], {})
+    finally:
+        T.run_trial, T.pruner, T.sampler = real_run, real_pruner, real_sampler
+    return summary(rows, sum(spent), table)
+
+
+def summary(rows, cpu: float, table: dict) -> dict:
+    """What a search found: its chosen setting and figure, distinct settings tried and pruned, CPU share."""
+    best = next((r for r in rows if r.is_chosen), None)
+    ran = [r for r in rows if not r.status.startswith("repeat")]
+    return {"best": None if best is None else best.val, "at": "" if best is None else " ".join(best.value.split()),
+            "tried": len({r.value for r in ran}), "pruned": len({r.value for r in ran if r.status == "pruned"}),
+            "cpu": cpu, "share": cpu / table["grid_cpu_s"]}
+
+
+def margin(space: Space, table: dict) -> float:
+    """The metric's margin in its own units: relative for bits per byte; for accuracy, points."""
+    if space.metric is BITS_PER_BYTE:
+        return space.metric.margin
+    return max(0.005, 1.0 / table["val_samples"]) if table.get("val_samples") else 0.005
+
+
+def within(space: Space, table: dict, found: float | None) -> tuple[bool, float]:
+    """(within the margin of the grid's best, the gap: relative for a loss, points for accuracy)."""
+    grid = grid_best(space, table)[1]
+    if found is None:
+        return False, math.inf
+    if space.metric.higher_is_better:
+        gap = grid - found
+        return gap <= margin(space, table) + 1e-12, gap
+    gap = found / grid - 1.0
+    return gap <= margin(space, table) + 1e-12, gap
+
+
+def grid_best(space: Space, table: dict) -> tuple[str, float]:
+    finished = {k: s["curve"][-1] for k, s in table["settings"].items() if s["status"] == "ok"}
+    pick = max if space.metric.higher_is_better else min
+    best = pick(finished, key=lambda k: finished[k])
+    return best, finished[best]
+
+
+# ---- the candidates -----------------------------------------------------------------------------
+def _median(startup: int, warm_share: float):
+    def make(epochs: int):
+        warm = max(1, math.ceil(warm_share * epochs)) if warm_share else 0
+        return T.optuna().pruners.MedianPruner(n_startup_trials=startup, n_warmup_steps=min(warm, epochs - 1))
+    return make
+
+
+def _percentile(p: float, startup: int, warm_share: float):
+    def make(epochs: int):
+        warm = max(1, math.ceil(warm_share * epochs)) if warm_share else 0
+        return T.optuna().pruners.PercentilePruner(p, n_startup_trials=startup, n_warmup_steps=min(warm, epochs - 1))
+    return make
+
+
+def _halving(eta: int):
+    return lambda epochs: T.optuna().pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=eta)
+
+
+def _hyperband(eta: int):
+    return lambda epochs: T.optuna().pruners.HyperbandPruner(min_resource=1, max_resource=epochs, reduction_factor=eta)
+
+
+PRUNERS = {
+    "none": lambda epochs: T.optuna().pruners.NopPruner(),
+    "median": _median(2, 0.0),  # lowband's default before issue 44: may stop a trial after its first epoch
+    "median-half": _median(2, 0.5),  # no decision before half the trial's epochs
+    "p25-half": _percentile(25.0, 2, 0.5),  # keep the best quarter, from half the trial on
+    "halving3": _halving(3),
+    "hyperband3": _hyperband(3),
+}
+
+def _tpe(multivariate: bool, startup: int):
+    def make(tune, fields):
+        return T.optuna().samplers.TPESampler(seed=tune.seed, n_startup_trials=startup, multivariate=multivariate)
+    return make
+
+
+def _gp(startup: int):
+    def make(tune, fields):
+        return T.optuna().samplers.GPSampler(seed=tune.seed, n_startup_trials=startup)
+    return make
+
+
+# name -> (sampler, pruner, trials: None = the sampler's default, a sampler factory in lowband's place or None);
+# a pruner of PRUNERS is put in lowband's place, "lowband-median" is lowband's own median pruner
+CANDIDATES = {
+    "default": ("auto", "lowband-median", None, None),  # lowband's defaults: the axis search, the warmed-up median
+    "axis": ("axis", "none", None, None),  # the axis search to its end, no pruning
+    "axis-1poll+median-half": ("axis", "median-half", "poll", None),  # stopped after its first poll
+    "grid": ("grid", "none", None, None),
+    "grid+median": ("grid", "median", None, None),  # lowband's default before issue 44
+    "grid+median-half": ("grid", "median-half", None, None),
+    "grid+p25-half": ("grid", "p25-half", None, None),
+    "grid+halving3": ("grid", "halving3", None, None),
+    "grid+hyperband3": ("grid", "hyperband3", None, None),
+    "half-grid": ("grid", "none", "half", None),  # half the settings, at random
+    "tpe-half+median": ("tpe", "median", "half", None),  # the issue's search (6 TPE trials of 12)
+    "tpe-half-mv": ("tpe", "none", "half", _tpe(True, 2)),  # multivariate TPE, 2 random starts
+    "gp-half": ("tpe", "none", "half", _gp(2)),  # Optuna's Gaussian-process sampler
+}
+DETAIL = ("default", "tpe-half+median")
+
+
+def trials_of(space: Space, trials) -> int | None:
+    """A candidate's trial count: None (the sampler's default), 'half' the settings, or one 'poll' (the axis
+    search's first: the middle and every one-field change of it)."""
+    sizes = [len(spec.split("=", 1)[1].split(",")) for spec in space.tune]
+    if trials == "half":
+        return math.ceil(math.prod(sizes) / 2)
+    if trials == "poll":
+        return 1 + sum(n - 1 for n in sizes)
+    return trials
+
+
+# ---- main ---------------------------------------------------------------------------------------
+def report(space_name: str, space: Space, table: dict, seeds: int, scratch: str, names: list[str]) -> None:
+    """Every candidate over `seeds` sampler seeds: a line per seed for the DETAIL ones, a summary for all."""
+    best_at, best = grid_best(space, table)
+    unit = "pts" if space.metric.higher_is_better else "%"
+    print(f"\n{space_name}: {len(table['settings'])} settings x {space.epochs} epochs, grid CPU "
+          f"{table['grid_cpu_s']:.0f} s (recorded at {table['commit']}); grid's best {space.metric.val_key} "
+          f"{best:.4f} at {best_at}; margin {margin(space, table):.4g}"
+          f"{' (relative)' if unit == '%' else ' (accuracy)'}; replayed at {commit()}, sampler seeds 0-{seeds - 1}")
+    for name in names:
+        results = [replay(space, table, name, s, scratch) for s in range(seeds)]
+        hits = []
+        for s, r in enumerate(results):
+            ok, gap = within(space, table, r["best"])
+            hits.append(ok)
+            if name in DETAIL:
+                shown = "-" if r["best"] is None else f"{r['best']:.4f}"
+                print(f"  {name:<24} seed {s:>2}: best {shown} at {r['at'] or '-':<16} gap {100 * gap:+6.2f} {unit} "
+                      f"{'within ' if ok else 'OUTSIDE'}; tried {r['tried']:>2}, pruned {r['pruned']:>2}; "
+                      f"CPU {r['share']:.2f}x")
+        shares = [r["share"] for r in results]
+        print(f"  {name:<24} => within the margin on {sum(hits):>2}/{seeds} seeds ({sum(hits[:5])}/5 on seeds 0-4); "
+              f"CPU mean {statistics.mean(shares):.2f}x, worst {max(shares):.2f}x; settings tried "
+              f"{statistics.mean(r['tried'] for r in results):.1f}")
+
+
+def live(space: Space, table: dict, seed: int, out: str) -> None:
+    """lowband's default search run for real on sampler seed `seed`, beside its replay."""
+    plan, folder = new_plan(space, out, "auto", "median", seed)
+    cpu, wall = children_cpu(), time.perf_counter()
+    rows, _ = T.tune_label(folder, plan, space.label, space.metric) or ([], {})
+    real = summary(rows, children_cpu() - cpu, table)
+    with tempfile.TemporaryDirectory(prefix="tuning_replay-") as scratch:
+        replayed = replay(space, table, "default", seed, scratch)
+    print(f"\nlive default search, seed {seed}: best {real['best']} at {real['at']}, tried {real['tried']}, pruned "
+          f"{real['pruned']}, CPU {real['cpu']:.0f} s = {real['share']:.2f}x the recorded grid's, wall "
+          f"{time.perf_counter() - wall:.0f} s; replayed: best {replayed['best']} at {replayed['at']}, tried "
+          f"{replayed['tried']}, pruned {replayed['pruned']}, CPU {replayed['share']:.2f}x ({folder})")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    p.add_argument("--space", choices=sorted(SPACES), required=True)
+    p.add_argument("--seeds", type=int, default=20, help="sampler seeds replayed per candidate (0..N-1)")
+    p.add_argument("--candidates", default=",".join(CANDIDATES), help="comma-separated, of: " + ", ".join(CANDIDATES))
+    p.add_argument("--out", default=None, help="where the grid's comparison folder goes (default: temporary)")
+    p.add_argument("--record-only", action="store_true", help="run and record the grid, replay nothing")
+    p.add_argument("--live", type=int, default=None, metavar="SEED",
+                   help="also run lowband's default search for real on this sampler seed, beside its replay")
+    args = p.parse_args()
+    load_all()
+    space = SPACES[args.space]
+    path = os.path.join(RESULTS, f"{args.space}.json")
+    out = args.out or tempfile.mkdtemp(prefix="tuning_defaults-")
+    if os.path.isfile(path):
+        with open(path) as f:
+            table = json.load(f)
+    else:
+        print(f"running the {args.space} grid in {out} (recorded in {path})", file=sys.stderr)
+        table = record_grid(space, path, out)
+    if args.record_only:
+        return
+    names = [n for n in args.candidates.split(",") if n]
+    unknown = [n for n in names if n not in CANDIDATES]
+    if unknown:
+        p.error(f"--candidates: unknown {', '.join(unknown)}; one of {', '.join(CANDIDATES)}")
+    with tempfile.TemporaryDirectory(prefix="tuning_replay-") as scratch:
+        report(args.space, space, table, args.seeds, scratch, names)
+    if args.live is not None:
+        live(space, table, args.live, out)
+
+
+if __name__ == "__main__":
+    main()
