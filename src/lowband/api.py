@@ -154,7 +154,7 @@ def compare(methods: list[str], config=None, *, out: str = "runs", quiet: bool =
         code, folder, rows = cmp.compare(plan, folder)
     if code != 0:
         raise RunFailed(code, folder)
-    return Comparison(folder, [Run.from_dir(r.run_dir) for r in rows], cmp.format_table(rows))
+    return Comparison(folder, [Run.from_dir(r.run_dir) for r in rows], cmp.format_table(rows, reference=plan.reference))
 
 
 def load_model(run_dir: str, local: bool = False):

@@ -55,6 +55,8 @@ COMPARE_EXAMPLES = _examples(
     "lowband compare --suite quick --link 10mbit,20ms    (modelled slow links)",
     "lowband compare --methods allreduce,diloco:tau=16 --tune optim.lr=log:0.01:0.3 --tune method.outer_lr=0.3:1.0 "
     "--tune-trials 8 --tune-epochs 5   (8 TPE trials per method, losing ones pruned)",
+    "lowband compare --methods local_sgd --tune optim.lr=0.02,0.05,0.1,0.2 --tune method.tau=2,8,32 --tune-epochs 4"
+    "   (the axis search over 12 settings)",
     "lowband compare --methods allreduce,local_sgd:tau=16 --budget target:4   (each trains to Allreduce's figure)") + (
     "a suite file is a TOML with methods = [...] and [config.*] tables; see `lowband list` for the built-in ones\n")
 CONFIG_EXAMPLES = _examples(
@@ -162,17 +164,20 @@ def parser() -> argparse.ArgumentParser:
                    "tuning.db, the report's Tuning section)")
     c.add_argument("--tune-epochs", type=int, metavar="N", help="epochs of each tuning trial (default: the full count)")
     c.add_argument("--tune-trials", type=int, metavar="N",
-                   help="trials per method (default: every combination of a grid, else 12; never more than the "
-                        "combinations when a method's fields are all lists)")
-    c.add_argument("--tune-sampler", default="auto", metavar="auto|grid|tpe|random",
-                   help="how trials pick values (Optuna): auto (default) is a grid for a method whose tuned "
-                        "fields are all lists, else TPE")
+                   help="trials per method (default: the axis search ends by itself, a grid runs every "
+                        "combination, TPE and random run 12; never more than the combinations when a method's "
+                        "fields are all lists)")
+    c.add_argument("--tune-sampler", default="auto", metavar="auto|axis|grid|tpe|random",
+                   help="how trials pick values: auto (default) is the axis search for a method whose tuned fields "
+                        "are all lists (the middle setting, every setting one field away, then the same around the "
+                        "best so far, until none of those is better), else Optuna's TPE; grid runs every "
+                        "combination")
     c.add_argument("--tune-seed", type=int, default=0, metavar="S", help="the sampler's seed (default 0)")
     c.add_argument("--tune-pruner", default="median", metavar="median|halving|none",
                    help="stop losing trials early from their per-epoch validation figure: median (default: a trial "
-                        "worse than the median of the finished trials at the same epoch; works at the few epochs a "
-                        "CPU affords), halving (successive halving, keeps the best third at epochs 1, 3, 9...; "
-                        "needs longer trials to act), none")
+                        "worse than the median of the finished trials at the same epoch, from half its epochs on; "
+                        "works at the few epochs a CPU affords), halving (successive halving, keeps the best third "
+                        "at epochs 1, 3, 9...; needs longer trials to act), none")
     c.add_argument("--budget", default=None, metavar="epochs|steps|samples|target[:F]",
                    help="what every method gets equally (default: the suite's `budget`, else epochs): epochs over "
                         "its own worker's data; steps: "

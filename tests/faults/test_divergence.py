@@ -75,7 +75,7 @@ def test_a_comparison_marks_diverged_runs_and_writes_its_report(tmp_path):
     statuses = {r["label"]: r["status"] for r in csv.DictReader((folder / "summary.csv").open())}
     assert statuses == {"single": "ok", "allreduce": "diverged"}
     report = (folder / "report.md").read_text()
-    assert "1 of 1 diverged" in report and "the Allreduce runs diverged or failed" in report
+    assert "1 of 1 diverged" in report and "the allreduce runs diverged or failed" in report
 
 
 @pytest.mark.slow

@@ -49,7 +49,7 @@ def test_a_given_target_and_no_allreduce():
     add_speed([ma], target=0.9)
     assert ma.speedup is None
     assert "Target accuracy (validation): 0.9000 (given)" in format_table([ma], target=0.9)
-    assert "none (no Allreduce run and no target given)" in format_table([ma])
+    assert "none (no reference run and no target given)" in format_table([ma])
 
 
 def test_suites_may_prepare_and_refer_to_their_folder(tmp_path):
@@ -84,7 +84,16 @@ def test_a_suites_budget_is_used_unless_the_command_line_gives_one(tmp_path):
     plan, _ = plan_for(Request(suite_file=str(suite), out=str(tmp_path)))
     assert (plan.budget, plan.factor, plan.reference) == ("target", 2.0, "allreduce")
     plan, _ = plan_for(Request(suite_file=str(suite), budget="epochs", out=str(tmp_path)))
-    assert (plan.budget, plan.reference) == ("epochs", None)
+    assert (plan.budget, plan.reference) == ("epochs", "allreduce")  # the reference of every budget
+    plan, _ = plan_for(Request(suite_file=str(suite), methods=["local_sgd"], budget="epochs", out=str(tmp_path)))
+    assert plan.reference is None  # no Allreduce here: no reference, and no target budget to need one
+    suite.write_text('methods = ["allreduce", "single"]\ntarget = "single"\n')
+    assert plan_for(Request(suite_file=str(suite), out=str(tmp_path)))[0].reference == "single"
+    with pytest.raises(ConfigError, match="^target='single' is invalid: .*not in this comparison"):
+        plan_for(Request(suite_file=str(suite), methods=["allreduce"], budget="target", out=str(tmp_path)))
+    suite.write_text('methods = ["allreduce", "single"]\ntarget = "nosuch"\n')
+    with pytest.raises(ConfigError, match="^target='nosuch' is invalid: .*one of its methods: allreduce, single"):
+        load_suite(path=str(suite))
     assert load_suite("quick")["budget"] == "epochs"  # no budget key: the default
     for bad, allowed in (('"target:0.5"', "FACTOR must be a number in [1, 100]"),
                          ("3", "epochs, steps, samples or target")):

@@ -251,3 +251,23 @@ def test_a_run_whose_config_cannot_be_read_keeps_its_records_metric(tmp_path, ca
     assert run.metric is BITS_PER_BYTE and "nosuchtable" in capsys.readouterr().err
     (run_dir / "metrics.jsonl").write_text("\n".join(lines) + "\n")
     assert load_runs([str(folder)])[0].metric is ACCURACY  # no bits per byte anywhere: accuracy
+
+
+def test_a_comparison_whose_reference_is_not_allreduce_names_it_in_the_table_and_the_sentences(tmp_path):
+    """The plan's reference (the suite's `target`: here single) sets the target, the speed-ups' base and the
+    link sentences' comparison; no figure falls back to Allreduce."""
+    from lowband.comparison import plan as P
+    from lowband.comparison.folder import ComparisonDir
+
+    folder = make_comparison(tmp_path / "c")
+    configs = {label: {"method": {"name": label.split(":")[0]}} for label in RUNS}
+    ComparisonDir(str(folder)).save_plan(P.Plan(list(RUNS), configs, reference="single"))
+    md = read(build([str(folder)]))
+    assert "Target accuracy (validation): 0.8500 (mean final validation accuracy of single over 2 seeds)" in md
+    head = next(line for line in md.splitlines() if line.startswith("| method | seeds |"))
+    assert "speed-up vs single" in head and "allreduce" not in head
+    rows = table(md)
+    # single reaches its own 0.85 at epoch 3 (24 s), local SGD at epoch 2 (10 s), Allreduce at epoch 3 (30 s)
+    assert rows["single"][5] == "+0.00 pts" and rows["single"][-1] == "1.00x"
+    assert rows["local_sgd:tau=16"][-1] == "2.40x" and rows["allreduce"][-1] == "0.80x"
+    assert "At 1 mbit the fastest to target is local_sgd:tau=16 (10.2 s; single 24.0 s)" in md

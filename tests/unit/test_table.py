@@ -111,3 +111,11 @@ def test_runs_with_sites_show_inter_site_bytes_per_worker():
     cells = dict(zip(table.head(rows), table.cells(rows[0], len(table.head(rows)), table.columns(rows)), strict=True))
     assert cells["sent/worker"] == table.human_bytes(3e6) and cells[table.INTER] == table.human_bytes(7.5e5)
     assert table.markdown(rows)[0].count(table.INTER) == 1
+
+
+def test_a_spec_option_that_tuning_replaced_is_shown_as_it_ran():
+    assert table.retuned("diloco:tau=16", "optim.lr=0.002 method.tau=16") == ""  # the spec's own value won
+    assert table.retuned("diloco", "method.tau=32") == "" and table.retuned("diloco:tau=16", None) == ""
+    assert table.retuned("diloco:tau=16", "optim.lr=0.002 method.tau=32") == "tau=32"
+    tuned = replace(run("diloco:tau=16", [0.7], 5, 1), tuned="method.tau=32")
+    assert table.text(table.rows([tuned])[0]).splitlines()[2].startswith("diloco:tau=16 (tuned: tau=32)")

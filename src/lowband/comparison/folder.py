@@ -128,6 +128,16 @@ class ComparisonDir:
             raise UsageError(f"--resume {self.path}: {self.PLAN} is damaged ({type(e).__name__}: {e}); "
                              "the runs cannot be planned again: start the comparison afresh") from None
 
+    def reference(self) -> str | None:
+        """The label of the comparison's reference (the suite's target method, Allreduce by default) from its
+        plan.json; None without one (an older plan without a target budget: the table takes Allreduce)."""
+        if not os.path.isfile(self.file(self.PLAN)):
+            return None
+        try:
+            return self.load_plan().reference
+        except UsageError:
+            return None
+
     def budget(self) -> str | None:
         """What the plan gave every method equally (older comparisons, without a plan: epochs; None, with a
         warning, when plan.json is damaged)."""

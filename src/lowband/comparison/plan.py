@@ -263,10 +263,10 @@ def make_plan(specs: list[str], base: dict, overrides: dict, folder: str, *, see
                                       inherit=parse_spec(spec)[0] == first), folder) for spec in specs}
     name, factor = parse_budget(budget)
     plan = Plan(list(specs), configs, seeds, None, list(prepare or []), name, factor=factor)
-    if name == "target":
-        plan.reference = reference_label(specs, suite.get("target") or REFERENCE)
+    plan.reference = reference_label(specs, suite.get("target"), name == "target")
     if name != "epochs":
-        reference = C.from_dict(configs[plan.reference] if plan.reference else spec_config(REFERENCE, base, overrides),
+        sized_on = configs[plan.reference] if name == "target" and plan.reference else None  # else Allreduce's
+        reference = C.from_dict(sized_on or spec_config(REFERENCE, base, overrides),
                                 method_configs)
         plan.scale = {label: budget_scale("samples" if name == "target" else name, layout, reference,
                                           C.from_dict(raw, method_configs)) for label, raw in configs.items()}
@@ -277,12 +277,19 @@ def make_plan(specs: list[str], base: dict, overrides: dict, folder: str, *, see
     return plan
 
 
-def reference_label(specs: list[str], method: str) -> str:
-    """The label a target budget measures its target on: the first spec of the suite's target method."""
+def reference_label(specs: list[str], target: str | None, needed: bool) -> str | None:
+    """The comparison's reference: the first spec of the suite's `target` method (None: Allreduce), whose
+    final validation figure is the target (table, report, target budget). None when it is not in the
+    comparison, which a target budget (`needed`) refuses, naming the key that chose it."""
+    method = target or REFERENCE
     label = next((spec for spec in specs if parse_spec(spec)[0] == method), None)
-    require(label is not None, "--budget", "target", f"needs the reference method {method} in the comparison (it "
-                                                    f"sets the target); add {method} to --methods")
-    assert label is not None
+    if label is None and needed and target:
+        raise ConfigError("target", target, f"is the suite's reference method, which --budget target measures its "
+                                            f"target on, but it is not in this comparison ({', '.join(specs)}): add "
+                                            f"{target} to --methods")
+    require(label is not None or not needed, "--budget", "target", f"needs the reference method {method} in the "
+                                                                   f"comparison (it sets the target); add {method} to "
+                                                                   "--methods, or name another in the suite's target")
     return label
 
 
@@ -341,7 +348,7 @@ def full_runs(plan: Plan, chosen: Mapping[str, dict | None]) -> list[Run]:
     a target budget the reference runs first in each seed and the others stop at its target (`aim`)."""
     seeds: list[int | None] = list(plan.seeds) if plan.seeds else [None]
     labels = list(plan.labels)
-    if plan.reference is not None:
+    if plan.budget == "target" and plan.reference is not None:
         labels = [plan.reference] + [label for label in labels if label != plan.reference]
     out = []
     for seed in seeds:

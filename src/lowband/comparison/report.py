@@ -104,6 +104,16 @@ def load_runs(folders: list[str], labels: list[str] | None = None) -> list[Summa
     return runs
 
 
+def reference(folders: list[str], labels: list[str] | None = None) -> str | None:
+    """The reference label of the first comparison whose plan names one, with that folder's prefix (None:
+    the table takes Allreduce's)."""
+    for folder, prefix in zip(folders, prefixes(folders, labels), strict=True):
+        label = ComparisonDir(folder).reference()
+        if label is not None:
+            return prefix + label
+    return None
+
+
 # ---- projection onto other links -------------------------------------------------------------
 def caps(folders: list[str]) -> float | None:
     """The target budget's FACTOR of the first comparison that has one (None: no target budget)."""
@@ -111,9 +121,9 @@ def caps(folders: list[str]) -> float | None:
 
 
 def spent(rows: list[TableRow]) -> dict[str, float]:
-    """Per label that reached the target: its training samples to target over the reference's (Allreduce's)
+    """Per label that reached the target: its training samples to target over the reference's
     samples in its whole run, the run whose final figure is the target; {} without a reference."""
-    ref = next((r for r in rows if r.method == table.REFERENCE and r.samples is not None), None)
+    ref = next((r for r in rows if r.is_reference and r.samples is not None), None)
     if ref is None or ref.samples is None or not ref.samples.mean:
         return {}
     return {r.label: r.samples_to_target / ref.samples.mean for r in rows if r.samples_to_target is not None}
@@ -124,7 +134,7 @@ def compute_note(rows: list[TableRow], cap: float | None) -> list[str]:
     ratios = spent(rows) if cap is not None else {}
     if not ratios:
         return []
-    ref = next(r.label for r in rows if r.method == table.REFERENCE)
+    ref = next(r.label for r in rows if r.is_reference)
     never = [r.label for r in rows if r.samples_to_target is None]
     return ["", f"Compute to the target (training samples over all workers, against {ref}'s whole run, whose final "
                 f"figure is the target; each method stopped there or at {cap:g}x): "
@@ -172,7 +182,7 @@ def link_sentences(rows: list[TableRow], groups: dict[str, list[SummaryRow]], go
     goal = "to target" if has_target else "to finish training"
     reach = [r for r in rows if goals[r.label] is not None]
     by_bytes = min(reach, key=lambda r: _bytes_at_goal(r, groups, goals), default=None)
-    ref = next((r.label for r in reach if r.method == table.REFERENCE), None)
+    ref = next((r.label for r in reach if r.is_reference), None)
     out = []
     for name, rate in projection.LINK_CLASSES.items():
         link = LinkSpec(rate, latency_s)
@@ -270,7 +280,7 @@ def build(folders: list[str], out: str | None = None, target: float | None = Non
     os.makedirs(out, exist_ok=True)
     runs = load_runs(folders, labels)
     check_target(target, table.metric_of(runs))
-    rows, target, why = table.rows(runs, target, caps(folders))
+    rows, target, why = table.rows(runs, target, caps(folders), reference(folders, labels))
     groups = table.groups(runs)
     md = ["# lowband comparison", "", *[f"- {f}" for f in facts(runs, folders, target, why)], ""]
     md += answer(rows, groups, target, latency_s, out, caps(folders)) + [""]
@@ -316,8 +326,8 @@ def corpus_facts(runs: list[SummaryRow]) -> list[str]:
     return [("Text: " if len(seen) == 1 else "Text (WARNING: the runs trained on different text): ") + shown]
 
 
-BUDGET_WORDS = {"target": "to the target: Allreduce (the reference) ran train.epochs, every other method until its "
-                          "validation figure reached Allreduce's final one, or at most FACTOR x its samples",
+BUDGET_WORDS = {"target": "to the target: REFERENCE (the reference) ran train.epochs, every other method until its "
+                          "validation figure reached REFERENCE's final one, or at most FACTOR x its samples",
                 "epochs": "equal epochs over each worker's own data",
                 "steps": "equal optimizer steps per worker (Allreduce's in train.epochs)",
                 "samples": "equal training samples over all workers (Allreduce's in train.epochs)"}
@@ -331,7 +341,8 @@ def budgets(folders: list[str]) -> str:
         budget = ComparisonDir(folder).budget()
         if budget is None:
             return ""
-        seen.append(BUDGET_WORDS.get(budget, budget))
+        words = BUDGET_WORDS.get(budget, budget)
+        seen.append(words.replace("REFERENCE", ComparisonDir(folder).reference() or "allreduce"))
     return "; ".join(dict.fromkeys(seen))
 
 
@@ -392,7 +403,7 @@ def measured_note(rows: list[TableRow], groups: dict[str, list[SummaryRow]], goa
 def verdict(folders: list[str], target: float | None = None, latency_s: float = 0.0) -> list[str]:
     """The report's answer in sentences, for the console: the target, then one sentence per link class."""
     runs = load_runs(folders)
-    rows, target, why = table.rows(runs, target, caps(folders))
+    rows, target, why = table.rows(runs, target, caps(folders), reference(folders))
     groups = table.groups(runs)
     goals = goal_epochs(rows, groups, target)
     on_dedicated = dedicated(runs)

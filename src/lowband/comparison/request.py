@@ -90,7 +90,8 @@ def suite_names() -> list[str]:
 
 def load_suite(name: str | None = None, path: str | None = None) -> dict:
     """A suite: {description, methods, target, config, prepare, method_defaults, per_method, budget};
-    `name` is built in, `path` a user's TOML file."""
+    `name` is built in, `path` a user's TOML file. `target` (None: Allreduce) names the reference method: its
+    final validation figure is the table's target, its time the speed-up's base, and a target budget's."""
     if name is not None:
         if name not in suite_names():
             raise UsageError(f"unknown suite {name!r}; known: {', '.join(suite_names())} (or --config FILE)")
@@ -112,8 +113,13 @@ def load_suite(name: str | None = None, path: str | None = None) -> dict:
     if not isinstance(per_method, dict) or not all(isinstance(v, dict) for v in per_method.values()):
         raise ConfigError("per_method", per_method, "tables of settings per method, e.g. [per_method.local_sgd] "
                                                     "with optim.lr = 0.2")
+    target = raw.get("target")
+    names = [m.split(":")[0] for m in methods]
+    if target is not None and target not in names:
+        raise ConfigError("target", target, "names the suite's reference method, one of its methods: "
+                                            + ", ".join(dict.fromkeys(names)))
     return {"description": raw.get("description", ""), "methods": methods, "config": raw.get("config", {}),
-            "target": raw.get("target", "allreduce"), "prepare": prepare, "method_defaults": defaults,
+            "target": target, "prepare": prepare, "method_defaults": defaults,
             "per_method": per_method, "budget": suite_budget(raw.get("budget", "epochs"))}
 
 

@@ -71,7 +71,7 @@ def compare(plan: P.Plan, folder: str) -> tuple[int, str, list[SummaryRow]]:
             targets[run.seed] = final_val(run_dir, metric) if code == 0 else None
         rows.append(replace(summarize(run.label, run.config, run_dir, code), tuned=run.tuned,
                             step_s=dedicated_step(run.config, folder)))
-    add_speed(rows)
+    add_speed(rows, reference=plan.reference)
     ComparisonDir(folder).write_summary(rows)
     build([folder])
     return (0 if all(r.status == "ok" for r in rows) else 1), folder, rows
@@ -217,22 +217,24 @@ def time_to(records: list[EpochRecord], key: str, target: float) -> float | None
     return next((r.train_s for r in records if r.value(key) is not None and r.value(key) >= target), None)
 
 
-def add_speed(rows: list[SummaryRow], target: float | None = None) -> None:
-    """Give every run the comparison table's speed-up of its label (one reference: see lowband.comparison.table)."""
-    by_label = {r.label: r.speedup for r in table.rows(rows, target)[0]}
+def add_speed(rows: list[SummaryRow], target: float | None = None, reference: str | None = None) -> None:
+    """Give every run the comparison table's speed-up of its label over the `reference` label's (see
+    lowband.comparison.table)."""
+    by_label = {r.label: r.speedup for r in table.rows(rows, target, reference_of=reference)[0]}
     for r in rows:
         r.speedup = by_label.get(r.label)
 
 
-def format_table(rows: list[SummaryRow], target: float | None = None, cap: float | None = None) -> str:
+def format_table(rows: list[SummaryRow], target: float | None = None, cap: float | None = None,
+                 reference: str | None = None) -> str:
     """The comparison table (lowband.comparison.table) of these runs, as plain text, with its target (`cap`:
-    a target budget's FACTOR)."""
-    body, target, why = table.rows(rows, target, cap)
+    a target budget's FACTOR; `reference`: the plan's reference label)."""
+    body, target, why = table.rows(rows, target, cap, reference)
     return table.text(body) + "\n\n" + table.describe_target(target, why, table.metric_of(rows))
 
 
 def print_summary(rows: list[SummaryRow], folder: str, target: float | None = None) -> None:
-    print("\n" + format_table(rows, target, ComparisonDir(folder).cap()))
+    print("\n" + format_table(rows, target, ComparisonDir(folder).cap(), ComparisonDir(folder).reference()))
     tuned = dict.fromkeys(f"{r.label} {r.tuned}" for r in rows if r.tuned)
     word = table.metric_of(rows).name
     if tuned:

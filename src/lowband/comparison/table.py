@@ -6,12 +6,13 @@ label are the seeds of one configuration; figures are their mean ± sample stand
 
 The figures read the workload's metric (lowband.data.metric, each run's `metric`): validation
 accuracy for a classifier (higher is better), validation bits per byte for a language model (lower
-is better, reached within a relative margin). One reference, the target: a number when the suite or
-the user gives one, else the mean final validation figure of the Allreduce runs. A label "reaches"
-it at the first epoch at which its mean validation figure over seeds reaches the target; the epochs,
-bytes and seconds to target are the seeds' means at that epoch, and the speed-up is Allreduce's
-seconds to target over the label's. When the gap between a label's mean final validation figure
-and the target is smaller than its spread, the gap is marked "within noise". Every figure that
+is better, reached within a relative margin). One reference, the target: a number when the user
+gives one, else the mean final validation figure of the reference's runs (the plan's reference: the
+suite's `target` method, Allreduce by default). A label "reaches" it at the first epoch at which its
+mean validation figure over seeds reaches the target; the epochs, bytes and seconds to target are the
+seeds' means at that epoch, and the speed-up is the reference's seconds to target over the label's.
+When the gap between a label's mean final validation figure and the target is smaller than its
+spread, the gap is marked "within noise". Every figure that
 selects (target, to-target, best) reads the validation split; the test split is reported for the
 final model. `dedicated s to target` charges each worker the step time measured alone
 (lowband.comparison.calibrate) per step, plus the run's link's transfer time for its bytes.
@@ -104,16 +105,24 @@ def at_epoch(runs: list[SummaryRow], epoch: int, value) -> float | None:
     return stat.mean if stat else None
 
 
-def reference(runs: list[SummaryRow], target: float | None) -> tuple[float | None, str]:
-    """(target, why): the given number, else Allreduce's mean final validation figure."""
+def reference_label(runs: list[SummaryRow], label: str | None = None) -> str | None:
+    """The reference's label: `label` (the plan's, lowband.comparison.folder.ComparisonDir.reference) when
+    the runs hold it, else (an older comparison without one) the first Allreduce label."""
+    if label is not None and any(r.label == label for r in runs):
+        return label
+    return next((r.label for r in runs if r.method == REFERENCE), None)
+
+
+def reference(runs: list[SummaryRow], target: float | None, label: str | None = None) -> tuple[float | None, str]:
+    """(target, why): the given number, else the reference's (`label`'s) mean final validation figure."""
     if target is not None:
         return target, "given"
     key = metric_of(runs).val_key
-    ref = next((g for g in groups(runs).values() if g[0].method == REFERENCE and final(g, key)), None)
+    label = reference_label(runs, label)
+    ref = next((g for name, g in groups(runs).items() if name == label and final(g, key)), None)
     if ref is None:
-        ran = [r for r in runs if r.method == REFERENCE]
-        return None, ("none (the Allreduce runs diverged or failed)" if ran else
-                      "none (no Allreduce run and no target given)")
+        return None, (f"none (the {label} runs diverged or failed)" if label else
+                      "none (no reference run and no target given)")
     stat = final(ref, key)
     assert stat is not None  # ref was chosen for having one
     seeds = f" over {stat.n} seeds" if stat.n > 1 else ""
@@ -147,9 +156,15 @@ class TableRow:
     bytes_to_target: float | None
     seconds_to_target: float | None
     dedicated_to_target: float | None
-    speedup: float | None = None  # Allreduce's seconds to target over this label's
+    speedup: float | None = None  # the reference's seconds to target over this label's
     samples_to_target: float | None = None  # training samples over all workers, mean over seeds
     never: str = "never"  # what a to-target cell says when the label never reached it ("never within 4x")
+    reference: str | None = None  # the comparison's reference label (the target's and the speed-ups' base)
+    retuned: str = ""  # the spec's options that tuning replaced, as they ran ('tau=32')
+
+    @property
+    def is_reference(self) -> bool:
+        return self.label == self.reference
 
 
 def row(label: str, runs: list[SummaryRow], target: float | None) -> TableRow:
@@ -169,7 +184,18 @@ def row(label: str, runs: list[SummaryRow], target: float | None) -> TableRow:
         bytes_to_target=None if hit is None else at_epoch(runs, hit, lambda r: r.bytes_sent_per_worker),
         seconds_to_target=None if hit is None else at_epoch(runs, hit, lambda r: r.train_s),
         dedicated_to_target=None if hit is None else dedicated_at(runs, hit),
-        samples_to_target=None if hit is None else at_epoch(runs, hit, lambda r: r.samples))
+        samples_to_target=None if hit is None else at_epoch(runs, hit, lambda r: r.samples),
+        retuned=retuned(label, runs[0].tuned))
+
+
+def retuned(label: str, tuned: str | None) -> str:
+    """The spec's own options that tuning replaced, as they ran ('tau=32' for diloco:tau=16 tuned over
+    method.tau and run at 32), so the table's label says what ran; '' when tuning changed none of them."""
+    options = dict(part.split("=", 1) for part in label.split(":")[1:] if "=" in part)
+    chosen = dict(item.split("=", 1) for item in (tuned or "").split() if "=" in item)
+    return " ".join(f"{key}={value}" for key, value in ((k.removeprefix("method."), v) for k, v in chosen.items()
+                                                        if k.startswith("method."))
+                    if key in options and options[key] != value)
 
 
 def status(runs: list[SummaryRow]) -> str:
@@ -188,15 +214,18 @@ def dedicated_at(runs: list[SummaryRow], epoch: int) -> float | None:
     return sum(known) / len(known) if known and len(known) == len(found) else None
 
 
-def rows(runs: list[SummaryRow], target: float | None = None, cap: float | None = None
-         ) -> tuple[list[TableRow], float | None, str]:
+def rows(runs: list[SummaryRow], target: float | None = None, cap: float | None = None,
+         reference_of: str | None = None) -> tuple[list[TableRow], float | None, str]:
     """(one row per label, the target (in the runs' metric), why that target); `cap`: a target budget's
-    FACTOR, which a label that never reached the target was stopped at ("never within 4x")."""
-    target, why = reference(runs, target)
-    out = [row(label, group, target) for label, group in groups(runs).items()]
+    FACTOR, which a label that never reached the target was stopped at ("never within 4x"); `reference_of`:
+    the reference's label (the plan's; default: Allreduce's), the target and the speed-ups' base."""
+    label = reference_label(runs, reference_of)
+    target, why = reference(runs, target, label)
+    out = [row(name, group, target) for name, group in groups(runs).items()]
     for r in out:
         r.never = "never" if cap is None else f"never within {cap:g}x"
-    ref = next((r for r in out if r.method == REFERENCE and r.seconds_to_target is not None), None)
+        r.reference = label
+    ref = next((r for r in out if r.is_reference and r.seconds_to_target is not None), None)
     for r in out:
         if ref is not None and ref.seconds_to_target is not None and r.seconds_to_target is not None:
             r.speedup = ref.seconds_to_target / max(r.seconds_to_target, 1e-9)
@@ -231,7 +260,7 @@ SIDE_ACC = "val acc"  # a language model's next-byte accuracy, beside its bits p
 DEDICATED = "dedicated s to target"
 SAMPLES_TO = "samples to target"  # shown under a target budget, where methods train for different lengths
 COLUMNS: list[tuple[str, Callable[[TableRow], str]]] = [
-    ("method", lambda r: r.label),
+    ("method", lambda r: r.label + (f" (tuned: {r.retuned})" if r.retuned else "")),
     ("seeds", lambda r: str(r.seeds)),
     ("workers", lambda r: str(r.workers)),
     ("val METRIC", lambda r: _acc(r.val)),
@@ -247,7 +276,7 @@ COLUMNS: list[tuple[str, Callable[[TableRow], str]]] = [
     ("bytes to target", lambda r: _never(r, r.bytes_to_target, human_bytes)),
     ("seconds to target", lambda r: _never(r, r.seconds_to_target, lambda v: f"{v:.1f}")),
     (DEDICATED, lambda r: _never(r, r.dedicated_to_target, lambda v: f"{v:.1f}")),
-    ("speed-up vs allreduce", lambda r: "-" if r.speedup is None else f"{r.speedup:.2f}x"),
+    ("speed-up vs REFERENCE", lambda r: "-" if r.speedup is None else f"{r.speedup:.2f}x"),
 ]
 
 
@@ -259,7 +288,8 @@ def columns(table: list[TableRow]) -> list:
     metric = metric_of(table)
     dedicated = any(r.dedicated_to_target is not None for r in table)
     capped = any(r.never != "never" for r in table)
-    shown = [(title.replace("METRIC", metric.short), show) for title, show in COLUMNS
+    reference = next((r.reference for r in table if r.reference), "reference")
+    shown = [(title.replace("METRIC", metric.short).replace("REFERENCE", reference), show) for title, show in COLUMNS
              if (sites or title != INTER) and (metric is not ACCURACY or title != SIDE_ACC)
              and (dedicated or title != DEDICATED) and (capped or title != SAMPLES_TO)]
     return shown
