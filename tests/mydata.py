@@ -59,3 +59,14 @@ def datasets_dict():
 
 def bad_items():
     return Pairs(torch.zeros(4, 1, 2), torch.arange(4)), [1, 2, 3]
+
+
+def token_windows(n=240, context=8, vocab=5, seed=0):
+    """A user's own corpus as token windows: x (N, context) tokens and y the next token at every position
+    (a cycle 0, 1, ..., vocab - 1 from a random start), 3/4 train, 1/4 test."""
+    g = torch.Generator().manual_seed(seed)
+    start = torch.randint(0, vocab, (n, 1), generator=g)
+    x = (start + torch.arange(context)) % vocab
+    y = (x + 1) % vocab
+    k = n * 3 // 4
+    return x[:k], y[:k], x[k:], y[k:]

@@ -55,3 +55,20 @@ def test_the_command_stops_with_one_line_exit_2_and_no_run_dir(name, tmp_path, c
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.startswith("lowband: error: data.name=") and "\n" not in err
     assert os.listdir(tmp_path) == []
+
+
+def test_a_factorys_token_windows_are_a_language_models_data_model_and_metric_alike(tmp_path):
+    """One rule for what the data is: targets at every position make it a language model's, so the model
+    predicts every position and the run is judged by bits per byte, not accuracy."""
+    from lowband.data.metric import BITS_PER_BYTE, metric_for, task_of
+    from lowband.run.metrics import read_metrics
+
+    name = "tests.mydata:token_windows"
+    d = load_dataset(DataConfig(name=name, val_fraction=0.2))
+    assert (d.task, d.num_classes, d.x_train.dtype, tuple(d.x_train.shape[1:])) == ("lm", 5, torch.int64, (8,))
+    assert len(d.y_train) + len(d.y_val) == 180 and d.y_val.shape[1] == 8  # 3/4 of 240 windows, a fifth held out
+    assert task_of(name) == "lm" and metric_for(name) is BITS_PER_BYTE and task_of("tests.mydata:blobs") == "classify"
+    code = cli.main(["train", "--method", "single", "--dataset", name, "--model", "gpt", "--epochs", "1", "-q",
+                     "--run-dir", str(tmp_path / "run")])
+    record = read_metrics(str(tmp_path / "run"))[-1]
+    assert code == 0 and record.val_bpb is not None and record.val_bpb == pytest.approx(record.val_loss / np.log(2))

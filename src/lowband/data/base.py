@@ -5,7 +5,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 import numpy as np
 import torch
@@ -89,11 +89,19 @@ def check_values(data: TensorData, name: str) -> TensorData:
 
 def hold_out(data: TensorData, fraction: float, seed: int) -> TensorData:
     """Move a stratified `fraction` of the training data (at least one per class with two or more
-    samples) into the validation part; which samples depends only on the labels and `seed`."""
+    samples; token windows: a random fraction) into the validation part; which samples depends only on
+    the labels and `seed`."""
     if fraction <= 0:
         return data
-    labels = data.y_train.numpy()
     rng = np.random.default_rng(seed)
+    if data.task == "lm":  # a user's token windows: a random `fraction` of them, no classes to stratify
+        n = len(data.y_train)
+        val_idx = torch.as_tensor(np.sort(rng.permutation(n)[:min(max(round(fraction * n), 1), n - 1)]))
+        keep = torch.ones(n, dtype=torch.bool)
+        keep[val_idx] = False
+        return replace(data, x_train=data.x_train[keep], y_train=data.y_train[keep], x_val=data.x_train[val_idx],
+                       y_val=data.y_train[val_idx])
+    labels = data.y_train.numpy()
     val = []
     for c in np.unique(labels):
         idx = rng.permutation(np.flatnonzero(labels == c))

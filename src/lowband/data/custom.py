@@ -12,6 +12,7 @@ is the largest label plus one. Anything else stops the command with one line nam
 
 from __future__ import annotations
 
+import functools
 import os
 
 import numpy as np
@@ -91,15 +92,20 @@ def from_datasets(spec: str, train, test) -> list:
 
 
 def tensors(name: str, arrays: list) -> tuple:
-    """(x_train, y_train, x_test, y_test, num_classes) after checking shapes and types; x float32, y int64."""
+    """(x_train, y_train, x_test, y_test, num_classes) after checking shapes and types. A classifier's data:
+    x float32 (N, *in_shape), y int64 labels (N,). A language model's (every position has a target): x and y
+    int64 tokens of one shape (N, context), `num_classes` the vocabulary (the largest token + 1)."""
     try:
         x_tr, y_tr, x_te, y_te = (torch.as_tensor(np.asarray(a)) for a in arrays)
     except (TypeError, ValueError, RuntimeError) as e:
         raise ConfigError("data.name", name, f"the arrays are not numeric ({e})") from None
+    if is_token_data(x_tr, y_tr):
+        return token_tensors(name, x_tr, y_tr, x_te, y_te)
     for key, x, y in (("train", x_tr, y_tr), ("test", x_te, y_te)):
         if x.dim() < 2 or y.dim() != 1 or len(x) != len(y) or len(y) == 0:
             raise ConfigError("data.name", name, f"x_{key} {tuple(x.shape)} and y_{key} {tuple(y.shape)} do not fit: "
-                                                 "expected x (N, *in_shape) and y (N,) with N > 0")
+                                                 "expected x (N, *in_shape) and y (N,) with N > 0, or token windows "
+                                                 "x and y of one shape (N, context)")
         if y.is_floating_point() or y.dtype == torch.bool or int(y.min()) < 0:
             raise ConfigError("data.name", name, f"y_{key} must hold integer class labels 0..C-1")
     if x_tr.shape[1:] != x_te.shape[1:]:
@@ -107,3 +113,29 @@ def tensors(name: str, arrays: list) -> tuple:
                                              f"{tuple(x_te.shape[1:])} differ in shape")
     classes = int(max(y_tr.max(), y_te.max())) + 1
     return x_tr.float().contiguous(), y_tr.long(), x_te.float().contiguous(), y_te.long(), classes
+
+
+def is_token_data(x: torch.Tensor, y: torch.Tensor) -> bool:
+    """A language model's data: integer token windows x and their next tokens y, both (N, context)."""
+    return x.dim() == 2 and y.dim() == 2 and not x.is_floating_point() and not y.is_floating_point()
+
+
+def token_tensors(name: str, x_tr, y_tr, x_te, y_te) -> tuple:
+    for key, x, y in (("train", x_tr, y_tr), ("test", x_te, y_te)):
+        if x.shape != y.shape or len(x) == 0 or x.dim() != 2 or y.dim() != 2:
+            raise ConfigError("data.name", name, f"x_{key} {tuple(x.shape)} and y_{key} {tuple(y.shape)} do not fit: "
+                                                 "token windows need x and y of one shape (N, context), N > 0")
+        if x.dtype == torch.bool or int(min(x.min(), y.min())) < 0:
+            raise ConfigError("data.name", name, f"x_{key} and y_{key} must hold tokens 0..V-1")
+    if x_tr.shape[1:] != x_te.shape[1:]:
+        raise ConfigError("data.name", name, f"x_train windows {tuple(x_tr.shape[1:])} and x_test windows "
+                                             f"{tuple(x_te.shape[1:])} differ in length")
+    vocab = int(max(x_tr.max(), y_tr.max(), x_te.max(), y_te.max())) + 1
+    return x_tr.long().contiguous(), y_tr.long(), x_te.long().contiguous(), y_te.long(), vocab
+
+
+@functools.lru_cache(maxsize=8)
+def custom_task(name: str) -> str:
+    """'lm' when a user's data set (factory or .npz) holds token windows, else 'classify' (loaded once per
+    process: the task decides the model, the metric and which methods can train it)."""
+    return "lm" if load_custom(name)[1].dim() == 2 else "classify"

@@ -79,8 +79,14 @@ BITS_PER_BYTE = Metric("bpb", "bpb", "bits per byte", False, margin=0.01, from_l
 
 
 def task_of(data_name: str) -> str:
-    """'lm' for the text corpora (`text`, `text:PATH`), else 'classify'."""
-    return "lm" if is_text_data(data_name) else "classify"
+    """The one rule for what the data is: 'lm' for the text corpora (`text`, `text:PATH`) and for a user's data
+    set of token windows (lowband.data.custom: targets at every position, as TensorData.task reads them),
+    else 'classify'. The model (models.base.build_for_task), the metric and the methods follow it."""
+    if is_text_data(data_name):
+        return "lm"
+    from lowband.data.custom import custom_task, is_custom  # torch: only a user's own data loads it here
+
+    return custom_task(data_name) if is_custom(data_name) else "classify"
 
 
 def metric_for(data_name: str) -> Metric:
