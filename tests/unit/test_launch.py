@@ -28,5 +28,5 @@ def test_a_forked_worker_is_named_and_stopped_like_a_process(tmp_path):
     while worker_rank(sleeper.pid) is None and time.monotonic() < deadline:
         time.sleep(0.01)
     assert worker_rank(sleeper.pid) == 0
-    launch.stop([sleeper], grace_s=5)
+    launch.stop([sleeper], grace_s=30)  # the exit path, not its speed: a loaded machine may take seconds
     assert sleeper.poll() == 143

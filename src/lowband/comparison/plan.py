@@ -283,7 +283,7 @@ def reference_label(specs: list[str], target: str | None, needed: bool) -> str |
     comparison, which a target budget (`needed`) refuses, naming the key that chose it."""
     method = target or REFERENCE
     label = next((spec for spec in specs if parse_spec(spec)[0] == method), None)
-    if label is None and needed and target:
+    if label is None and needed and method != REFERENCE:  # a suite's own choice: blame its key
         raise ConfigError("target", target, f"is the suite's reference method, which --budget target measures its "
                                             f"target on, but it is not in this comparison ({', '.join(specs)}): add "
                                             f"{target} to --methods")
