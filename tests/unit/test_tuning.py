@@ -186,3 +186,23 @@ def test_values_a_finished_trial_ran_are_not_run_again_nor_counted_nor_chosen(tm
     rows = T.tuning_rows(study, "allreduce", p, ACCURACY)
     assert (rows[1].status, rows[1].val, rows[1].run_dir) == ("repeat of trial 0", 0.9, "tune/allreduce/trial-000")
     assert [r.chosen for r in rows] == ["yes", "no"]
+
+
+def test_tuning_csv_has_a_column_per_field_and_the_plot_a_panel_per_field(tmp_path, monkeypatch):
+    import csv
+
+    from lowband.comparison import plots, tuning_report
+
+    rows = [row(0, 0.70, lr=0.1, tau=8), row(1, 0.80, lr=0.2, tau=16), row(2, 0.60, "pruned", lr=0.05, tau=8)]
+    rows[1].chosen = "yes"
+    folder = ComparisonDir(str(tmp_path))
+    folder.write_tuning(rows)
+    with open(folder.tuning_path, newline="") as f:
+        read = list(csv.DictReader(f))
+    assert [(r["optim.lr"], r["method.tau"]) for r in read] == [("0.1", "8"), ("0.2", "16"), ("0.05", "8")]
+    assert folder.read_tuning() == rows  # the extra columns leave the rows as they were
+    drawn = {}
+    monkeypatch.setattr(plots, "tuning", lambda panels, *args: drawn.update(panels))
+    tuning_report.section(rows, str(tmp_path))
+    assert set(drawn) == {"optim.lr", "method.tau"}
+    assert sorted(drawn["method.tau"]) == [(8.0, 0.6, "pruned", False), (8.0, 0.7, "ok", False), (16.0, 0.8, "ok", True)]

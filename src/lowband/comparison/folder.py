@@ -84,8 +84,10 @@ class ComparisonDir:
         return usable
 
     def write_tuning(self, rows: list[TuningRow]) -> None:
-        """tuning.csv: one row per trial."""
-        write_csv_atomic(self.tuning_path, TuningRow.columns(), [r.csv_row() for r in rows])
+        """tuning.csv: one row per trial, and besides `field` / `value` (the fields and values space-separated,
+        as older files have them) one column per tuned field, to plot or filter by."""
+        tuned = list(dict.fromkeys(f for r in rows for f in r.field.split()))
+        write_csv_atomic(self.tuning_path, TuningRow.columns() + tuned, [{**r.csv_row(), **r.values} for r in rows])
 
     def read_tuning(self) -> list[TuningRow]:
         """tuning.csv's rows ([] without one; the oldest files name the figure val_acc)."""

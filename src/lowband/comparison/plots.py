@@ -192,11 +192,21 @@ def _rate_label(v: float) -> str:
     return si(v, "bit/s", prefixes="kmg")
 
 
-def tuning(points: list[tuple[float, float, str, bool]], field: str, metric: Metric, title: str, path: str) -> None:
-    """One method's trials: the validation figure against the values of `field` (a log axis when they span
-    10x or more). `points` are (value, figure, status, chosen): finished trials filled, pruned ones hollow
-    at the figure they were stopped at, the chosen one a star."""
-    fig, ax = plt.subplots(figsize=(6.4, 4.0))
+def tuning(panels: dict[str, list[tuple[float, float, str, bool]]], metric: Metric, title: str, path: str) -> None:
+    """One method's trials: the validation figure against each tuned field's values, a panel per field (a
+    log axis when the values span 10x or more). A panel's points are (value, figure, status, chosen):
+    finished trials filled, pruned ones hollow at the figure they were stopped at, the chosen one a star."""
+    fig, axes = plt.subplots(1, len(panels), figsize=(4.2 * len(panels) + 1.0, 4.0), sharey=True, squeeze=False)
+    for ax, (field, points) in zip(axes[0], panels.items(), strict=True):
+        _tuning_panel(ax, field, points)
+    axes[0][0].set_ylabel(f"validation {metric.name}" + ("" if metric.higher_is_better else " (lower is better)"))
+    fig.suptitle(title, fontsize=9)
+    for ax in axes[0][:-1]:
+        ax.grid(alpha=0.3)
+    finish(fig, axes[0][-1], path)
+
+
+def _tuning_panel(ax, field: str, points: list[tuple[float, float, str, bool]]) -> None:
     kinds = [("ok", "finished", {"marker": "o", "color": "C0"}),
              ("pruned", "pruned (figure when stopped)", {"marker": "o", "facecolors": "none", "edgecolors": "C1"})]
     for status, name, look in kinds:
@@ -211,6 +221,3 @@ def tuning(points: list[tuple[float, float, str, bool]], field: str, metric: Met
     if xs and min(xs) > 0 and max(xs) >= 10 * min(xs):
         ax.set_xscale("log")
     ax.set_xlabel(field)
-    ax.set_ylabel(f"validation {metric.name}" + ("" if metric.higher_is_better else " (lower is better)"))
-    ax.set_title(title, fontsize=9)
-    finish(fig, ax, path)

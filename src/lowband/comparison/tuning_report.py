@@ -2,9 +2,10 @@
 
 A summary table (per method: the fields, every value tried with its validation figure, the chosen
 value), then per method the chosen values, every trial (values, validation figure: final, or the one
-it was stopped at when pruned; epochs run; state) and a plot of the validation figure against the
-field that matters most for it: the one whose values rank its finished trials' figures best (largest
-|Spearman correlation|; pruned trials stopped at other epochs are left out of that choice).
+it was stopped at when pruned; epochs run; state) and a plot of the validation figure against each
+tuned field, a panel per field, the first for the field that matters most: the one whose values rank
+its finished trials' figures best (largest |Spearman correlation|; pruned trials stopped at other
+epochs are left out of that choice).
 """
 
 from __future__ import annotations
@@ -91,12 +92,13 @@ def per_method(label: str, rows: list[TuningRow], metric: Metric, out: str, said
         state = r.status + (" (chosen)" if r.is_chosen else "")
         lines.append(f"| {r.trial} | " + " | ".join(values) + f" | {'-' if r.val is None else f'{r.val:.4f}'} | "
                      f"{r.epochs} | {state} |")
-    field = important(rows, fields)
-    points = [(float(r.values[field]), r.val, r.status, r.is_chosen) for r in rows
-              if r.val is not None and field in r.values and r.status in ("ok", "pruned")]
-    if points:
+    first = important(rows, fields)
+    panels = {field: [(float(r.values[field]), r.val, r.status, r.is_chosen) for r in rows
+                      if r.val is not None and field in r.values and r.status in ("ok", "pruned")]
+              for field in [first] + [f for f in fields if f != first]}
+    if any(panels.values()):
         name = f"tuning-{safe(label)}"
-        plots.tuning(points, field, metric, f"{label}: every trial against {field}", ComparisonDir(out).plot_path(name))
+        plots.tuning(panels, metric, f"{label}: every trial against each tuned field", ComparisonDir(out).plot_path(name))
         lines += ["", f"![tuning]({os.path.basename(ComparisonDir(out).plot_path(name))})"]
     return lines
 
