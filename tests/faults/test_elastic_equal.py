@@ -24,6 +24,8 @@ import sys
 
 import pytest
 
+from lowband.comm import BOOKKEEPING_TAGS
+
 pytestmark = pytest.mark.timeout(240)
 SIZES = ["--workers", "2", "--epochs", "2", "--seed", "3", "--set", "data.num_samples=500", "--batch-size", "9",
          "--set", "method.tau=4"]
@@ -66,6 +68,10 @@ def test_a_fixed_membership_elastic_job_trains_as_lowband_train(tmp_path, method
     sent_plain = [r["bytes_sent_per_worker"] - r["bytes"].get("init", {}).get("sent", 0.0) for r in plain]
     sent_elastic = [r["bytes_sent_per_worker"] for r in elastic]
     assert sent_elastic[0] > 0 and sent_plain[0] == sent_elastic[0]  # epoch 1: its 5 rounds' averages, no more
+    # bytes per tag under the trainer's keys: per worker (`bytes`) and over the workers (`bytes_total`)
+    for key in ("bytes", "bytes_total"):
+        mine = {t: v["sent"] for t, v in elastic[0][key].items() if t not in BOOKKEEPING_TAGS}
+        assert mine == {t: v["sent"] for t, v in plain[0][key].items() if t not in BOOKKEEPING_TAGS | {"init"}}, key
     if method == "diloco":
         assert sent_plain == sent_elastic
     else:  # the trainer's final average of already equal models: one more round's bytes in the last epoch

@@ -89,7 +89,7 @@ class DiLoCo(Method):
         return [list(range(i, i + g)) for i in range(0, world, g)] if g > 1 else None
 
     @classmethod
-    def outer_step(cls, cfg: DiLoCoConfig) -> OuterStep:
+    def outer_step(cls, cfg: DiLoCoConfig) -> OuterStep | None:
         return OuterStep(lr=cfg.outer_lr, momentum=cfg.outer_momentum, nesterov=cfg.outer_nesterov,
                          fragments=cfg.fragments, mix=cfg.mix)
 

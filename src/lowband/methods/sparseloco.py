@@ -37,7 +37,7 @@ from lowband.comm.value_codecs import VALUE_SPECS, Codec, TopKCodec, parse_codec
 from lowband.config import opt
 from lowband.errors import ConfigError, require
 from lowband.methods.diloco import DiLoCo, DiLoCoConfig
-from lowband.methods.outer import Fragment
+from lowband.methods.outer import Fragment, OuterStep
 from lowband.registry import METHODS
 
 
@@ -90,6 +90,12 @@ class SparseLoCo(DiLoCo):
         size = sum(p.numel() for p in model.parameters())
         if cfg.chunk > size:
             raise ConfigError("method.chunk", cfg.chunk, f"must be <= the model's {size:,} parameters")
+
+    @classmethod
+    def outer_step(cls, cfg: DiLoCoConfig) -> OuterStep | None:
+        """None: SparseLoCo's outer step (a decaying error buffer per worker, top-k of it, the values' mean)
+        is not DiLoCo's, and lowband has no elastic version of it, so an elastic job refuses it."""
+        return None
 
     def _fragment(self, params: list, seed: int) -> Fragment:
         c = self.cfg

@@ -28,6 +28,7 @@ from lowband.data import load_dataset
 from lowband.distill.redis_server import EmbeddedRedis
 from lowband.errors import ConfigError, UsageError
 from lowband.records import EpochRecord
+from lowband.registry import METHODS
 from lowband.run import checkpoint, launch
 from lowband.run.elastic_worker import EARLIER, JOB_FILE, read_job
 from lowband.run.metrics import human_bytes, read_metrics
@@ -35,7 +36,6 @@ from lowband.run.runconfig import check_model, new_run_dir, prepare_run_dir, rea
 from lowband.run.rundir import RunDir
 
 ENTRY = "lowband.run.elastic_worker:main"
-OUTER_METHODS = ("local_sgd", "diloco")
 KEEP_EVERY_S = 60.0  # how often the launcher renews its job's keys in the coordinator (Membership.keep_for)
 
 
@@ -43,9 +43,10 @@ def check(cfg: C.Config) -> None:
     """Refuse, in one line, what an elastic job cannot run."""
     m: Any = cfg.method  # a LocalSGDConfig or a DiLoCoConfig once the name is checked
     e = cfg.elastic
-    if m.name not in OUTER_METHODS:
-        raise ConfigError("method.name", m.name, "--elastic trains the outer-loop methods local_sgd and diloco "
-                                                 "(their workers meet only at outer steps)")
+    if METHODS.get(m.name).outer_step(m) is None:
+        raise ConfigError("method.name", m.name, f"--elastic trains the methods with an elastic outer step: "
+                                                 f"{', '.join(elastic_methods())} (their workers meet only at outer "
+                                                 "steps)")
     if getattr(m, "tau_schedule", ""):
         raise ConfigError("method.tau_schedule", m.tau_schedule, "must be '' with --elastic (rounds keep one tau)")
     if getattr(m, "inner_lr_factor", 1.0) != 1.0:
@@ -68,7 +69,18 @@ def check(cfg: C.Config) -> None:
         raise ConfigError("train.device", "cuda", "elastic jobs train on the CPU (their quorums are gloo groups)")
     if cfg.train.stop_at_target:
         raise ConfigError("train.stop_at_target", True, "is not supported with --elastic")
+    for field, value, default in (("train.loggers", cfg.train.loggers, []), ("train.eval_every", cfg.train.eval_every, 1),
+                                  ("train.checkpoint_every", cfg.train.checkpoint_every, 1)):
+        if value != default:  # an elastic job evaluates and checkpoints every epoch, and writes metrics.jsonl only
+            raise ConfigError(field, value, f"must be {default} with --elastic (an elastic job evaluates and "
+                                            "checkpoints every epoch, and writes its records to metrics.jsonl only)")
     check_bindable(e.host, "elastic.host")
+
+
+def elastic_methods() -> list[str]:
+    """The registered methods that can run elastic: those whose `outer_step` (at their defaults) says how
+    θ_global steps over any membership (methods/elastic_outer.py)."""
+    return [name for name in METHODS.names() if METHODS.get(name).outer_step(METHODS.get(name).Config()) is not None]
 
 
 def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = False) -> tuple[int, str]:

@@ -461,8 +461,11 @@ class ElasticWorker:
         scores = model_scores(glob, self.data, self.cfg.train.eval_batch_size, torch.device("cpu"))
         by_tag, workers = self._bytes_by_tag()
         total = sum(v for t, v in by_tag.items() if t not in BOOKKEEPING_TAGS)
+        per = max(workers, 1)
         record = EpochRecord(
-            epoch=q.epoch_end, train_loss=q.ended_loss, bytes_sent_per_worker=total / max(workers, 1),
+            epoch=q.epoch_end, train_loss=q.ended_loss, bytes_sent_per_worker=total / per,
+            bytes={tag: {"sent": sent / per} for tag, sent in by_tag.items()},  # the trainer's keys: per worker
+            bytes_total={tag: {"sent": sent} for tag, sent in by_tag.items()},  # and summed over the workers
             lr=self.optimizer.param_groups[0]["lr"],
             extra={"rounds": q.round + 1, "workers": len(q.members), "workers_seen": workers,
                    "bytes_total_by_tag": by_tag, "bytes_sent_total": total, "elapsed_s": round(elapsed, 3)})
