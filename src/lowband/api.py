@@ -129,27 +129,40 @@ def train(method: str | None = None, config=None, *, run_dir: str | None = None,
     return Run.from_dir(where)
 
 
-def compare(methods: list[str], config=None, *, out: str = "runs", quiet: bool = False, **overrides) -> Comparison:
+def compare(methods: list[str], config=None, *, out: str = "runs", quiet: bool = False, seeds: list[int] | None = None,
+            tune: list[str] | None = None, tune_epochs: int | None = None, tune_trials: int | None = None,
+            tune_sampler: str = "auto", tune_seed: int = 0, tune_pruner: str = "median", budget: str | None = None,
+            **overrides) -> Comparison:
     """Train several methods on the same data, model and seed, one after another; the comparison table.
 
     >>> result = lowband.compare(["allreduce", "local_sgd:tau=16", "ec_dnn:ensemble=margin"], workers=4, epochs=10)
     >>> print(result.table)
     >>> best = max(result.runs, key=lambda r: r.val_acc)
+    >>> lowband.compare(["allreduce", "diloco:tau=16"], seeds=[0, 1], tune=["optim.lr=0.002,0.004,0.008"],
+    ...                 tune_epochs=2, budget="target:4", dataset="text", model="gpt")
 
-    Methods are named as in `lowband compare --methods` (NAME or NAME:KEY=VALUE[:...]).
+    Methods are named as in `lowband compare --methods` (NAME or NAME:KEY=VALUE[:...]). `seeds`, `tune`
+    (each a FIELD=SPEC of `--tune`), `tune_epochs`, `tune_trials`, `tune_sampler`, `tune_seed`,
+    `tune_pruner` and `budget` are the command's options of the same names, with its defaults.
     Raises ConfigError before anything runs, or RunFailed when any run failed (its `run_dir`
     is then the comparison directory).
     """
     from lowband.comparison import runner as cmp
-    from lowband.comparison.plan import parse_spec
+    from lowband.comparison.plan import parse_seeds, parse_spec
     from lowband.comparison.request import Request, plan_for
+    from lowband.comparison.space import parse_tune
     from lowband.registry.catalog import load_all
 
     load_all()
     if isinstance(methods, str) or not methods:
         raise ConfigError("methods", methods, "must be a non-empty list of method specs, e.g. ['allreduce']")
+    if isinstance(tune, str):
+        raise ConfigError("tune", tune, "must be a list of FIELD=SPEC strings, e.g. ['optim.lr=0.05,0.1']")
     base = C.to_dict(build_config(config, parse_spec(methods[0])[0], overrides))
-    plan, folder = plan_for(Request(methods=list(methods), base=base, out=out))
+    search = parse_tune(list(tune), tune_epochs, tune_trials, tune_sampler, tune_seed, tune_pruner) if tune else None
+    chosen = parse_seeds(",".join(str(s) for s in seeds)) if seeds is not None else None  # the CLI's checks
+    plan, folder = plan_for(Request(methods=list(methods), base=base, out=out, seeds=chosen, tune=search,
+                                    budget=budget))
     with _quiet(quiet):
         code, folder, rows = cmp.compare(plan, folder)
     if code != 0:

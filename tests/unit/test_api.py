@@ -48,3 +48,13 @@ def test_the_api_is_loaded_on_first_use():
         lowband.compare([])
     with pytest.raises(AttributeError):
         lowband.nothing_here  # noqa: B018
+
+
+@pytest.mark.parametrize("kwargs, field", [
+    ({"tune": "optim.lr=0.1"}, "tune"), ({"tune": ["optim.lr=oops"]}, "--tune"), ({"seeds": [0, 0]}, "--seeds"),
+    ({"tune": ["optim.lr=0.1,0.2"], "tune_pruner": "hyper"}, "--tune-pruner"), ({"budget": "moon"}, "--budget"),
+])
+def test_compare_takes_the_commands_tuning_seeds_and_budget_and_checks_them_first(tmp_path, kwargs, field):
+    with pytest.raises(lowband.ConfigError, match=f"^{field}="):
+        lowband.compare(["single", "allreduce"], workers=2, epochs=1, out=str(tmp_path), **kwargs)
+    assert not any(tmp_path.iterdir())  # refused before any folder exists
