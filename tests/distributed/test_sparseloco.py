@@ -45,12 +45,14 @@ def np_message(e: np.ndarray, density: float, chunk: int) -> np.ndarray:
 
 
 def reference(ranks, steps, tau, lr, momentum, decay, density, chunk, decay_end=None, total=None,
-              flush=False) -> dict[int, np.ndarray]:
+              flush=False, density_end=None, density_from=0.0) -> dict[int, np.ndarray]:
     """θ_global after each sync from every rank's parameters before it: e <- β·e + Δ, send the
     message, e <- e - message, mean over ranks, Nesterov SGD (torch's form: the first step's buffer is
     the gradient). β is `decay`, or with `decay_end` moves linearly to it over `total` steps (β at the
     sync after step s + 1 of `total`). With `flush`, the key "flush" holds θ_global after one more
-    outer step on the mean of the buffers, sent dense in fp32."""
+    outer step on the mean of the buffers, sent dense in fp32. With `density_end`, the density moves
+    linearly from `density` at `density_from` of the run to `density_end` at its end (the share done at
+    the sync after step s + 1 of `total`)."""
     anchor, buf, out = initial_model_vector(), None, {}
     errors = [np.zeros_like(anchor) for _ in ranks]
 
@@ -60,10 +62,13 @@ def reference(ranks, steps, tau, lr, momentum, decay, density, chunk, decay_end=
 
     for s in range(tau - 1, steps, tau):
         beta = decay if decay_end is None else decay + (decay_end - decay) * (s + 1) / total
+        done = (s + 1) / total if total else 0.0
+        share = density if density_end is None or done <= density_from else \
+            density + (density_end - density) * (done - density_from) / (1 - density_from)
         sent = []
         for r, rank in enumerate(ranks):
             errors[r] = beta * errors[r] + (anchor - rank["pre"][s].double().numpy())
-            sent.append(np_message(errors[r], density, chunk))
+            sent.append(np_message(errors[r], share, chunk))
             errors[r] -= sent[-1]
         anchor, buf = outer(anchor, np.mean(sent, axis=0), buf)
         out[s] = anchor
@@ -103,6 +108,25 @@ def test_a_decay_schedule_and_a_dense_flush_match_the_numpy_reference(tmp_path):
     assert np.abs(expected["flush"] - expected[8]).max() > 1e-3  # the flush moved θ_global
     sent = ranks[0]["stats_final"]["params"]["sent"] - ranks[0]["stats"]["params"]["sent"]
     assert sent == pytest.approx(2 * (world - 1) / world * P * 4)  # one fp32 ring allreduce
+
+
+def test_a_density_schedule_widens_the_messages_late_as_the_numpy_reference_does(tmp_path):
+    """density 0.05 until 30% of a 9-step run, then linearly to 0.12 at its end: 53, 87 and 120 of each
+    1,000-value chunk at the syncs after steps 3, 6 and 9; the bytes are those of the wider messages. (A
+    wider end, 0.2, puts the cut among near-equal values, where float32 and the reference's float64 may
+    pick a different one; the schedule itself is the same.)"""
+    world, steps, tau, chunk = 3, 9, 3, 1000
+    ranks = trace(tmp_path, world, steps, tau=tau, density=0.05, chunk=chunk, density_end=0.12, density_from=0.3,
+                  outer_lr=1.0, epochs=1)
+    expected = reference(ranks, steps, tau, 1.0, 0.0, 0.95, 0.05, chunk, total=steps, density_end=0.12,
+                         density_from=0.3)
+    for s in (2, 5, 8):
+        for r in ranks:
+            np.testing.assert_allclose(r["post"][s].double().numpy(), expected[s], rtol=1e-4, atol=1e-5)
+    constant = reference(ranks, steps, tau, 1.0, 0.0, 0.95, 0.05, chunk)
+    assert np.abs(constant[8] - expected[8]).max() > 1e-3  # the schedule changed what was sent
+    sizes = [sparse_codec(SparseLoCoConfig(density=d, chunk=chunk)).payload_bytes(P) for d in (0.053, 0.087, 0.12)]
+    assert ranks[0]["stats"]["params"]["sent"] == pytest.approx((world - 1) * sum(sizes))
 
 
 def test_an_int8_flush_costs_the_dense_exchange_of_int8_segments(tmp_path):

@@ -89,6 +89,10 @@ CASES = {
                              "method.ef_decay_end=1.5 is invalid: must be in [0, 1], or -1"),
     "ef-decay-end-negative": (["--method", "sparseloco", *SET("ef_decay_end=-0.5"), "--workers", "2"],
                               "method.ef_decay_end=-0.5"),
+    "density-end-zero": (["--method", "sparseloco", *SET("density_end=0"), "--workers", "2"],
+                         "method.density_end=0.0 is invalid: must be in (0, 1], or -1"),
+    "density-from-one": (["--method", "sparseloco", *SET("density_from=1"), "--workers", "2"],
+                         "method.density_from=1.0 is invalid: must be in [0, 1)"),
     "flush-sparse": (["--method", "sparseloco", *SET("flush='topk:0.1'"), "--workers", "2"], "method.flush='topk:0.1'"),
     "flush-unknown": (["--method", "sparseloco", *SET("flush=int3"), "--workers", "2"], "method.flush='int3'"),
     # moved from tests/faults/test_processes.py, which keeps one real process per family of rules

@@ -209,6 +209,11 @@ class TopKCodec(Codec):
         self.index = ChunkIndex(self.k, chunk)
         self.spec = f"topk:{fraction:g}" + ("" if self.values.spec == "fp32" else "+" + self.values.spec)
 
+    def set_fraction(self, fraction: float) -> None:
+        """Send `fraction` of each chunk from now on (a schedule's density: every rank sets the same)."""
+        self.fraction, self.k = fraction, max(1, round(fraction * self.chunk))
+        self.index = ChunkIndex(self.k, self.chunk)
+
     def state_dict(self) -> dict:
         return self.values.state_dict()
 

@@ -24,6 +24,9 @@ forgetting what it could not send while the inner rate is small); `flush` sends,
 model is made, what every error buffer still holds through a dense value codec (its bytes counted
 like any sync), so the final θ_global misses nothing the workers learnt. Every epoch's record says
 where the buffer's mass went (`ef`: the mean per sync of ‖Δ‖, ‖sent‖, ‖decayed‖ and ‖kept‖).
+`density_end` widens the channel late instead: from `density_from` of the run on, the share of each
+chunk sent moves linearly from `density` to `density_end` at the last step (every rank computes the
+same share from the step count, so the messages keep one size per sync; the bytes are counted as sent).
 """
 
 from __future__ import annotations
@@ -55,6 +58,10 @@ class SparseLoCoConfig(DiLoCoConfig):
                                     "(-1: ef_decay throughout)")
     flush: str = opt("", "at the end, send what the error buffers hold once through this dense codec "
                          f"({VALUE_SPECS}; its bytes counted); '': no flush")
+    density_end: float = opt(-1.0, "the density at the run's last step, in (0, 1], reached linearly from density "
+                                   "from density_from of the run on (-1: density throughout)")
+    density_from: float = opt(0.0, "the share of the run's steps, in [0, 1), after which the density moves "
+                                   "towards density_end")
 
     def __post_init__(self):
         require(isinstance(self.codec, str) and not self.codec.strip().startswith("topk"), "method.codec",
@@ -65,6 +72,9 @@ class SparseLoCoConfig(DiLoCoConfig):
         require(0 <= self.ef_decay <= 1, "method.ef_decay", self.ef_decay, "must be in [0, 1]")
         require(self.ef_decay_end == -1 or 0 <= self.ef_decay_end <= 1, "method.ef_decay_end", self.ef_decay_end,
                 "must be in [0, 1], or -1 for ef_decay throughout")
+        require(self.density_end == -1 or 0 < self.density_end <= 1, "method.density_end", self.density_end,
+                "must be in (0, 1], or -1 for density throughout")
+        require(0 <= self.density_from < 1, "method.density_from", self.density_from, "must be in [0, 1)")
         require(isinstance(self.flush, str) and not self.flush.strip().startswith("topk"), "method.flush",
                 self.flush, f"must be '' (no flush) or a dense codec: {VALUE_SPECS}")
         if self.flush.strip():
@@ -107,9 +117,20 @@ class SparseLoCo(DiLoCo):
         c = self.cfg
         return c.ef_decay if c.ef_decay_end == -1 else c.ef_decay + (c.ef_decay_end - c.ef_decay) * min(done, 1.0)
 
+    def density_at(self, done: float) -> float:
+        """The share of each chunk sent once `done` (0..1) of the run's steps are behind: `density`, then
+        from `density_from` on linearly to `density_end` at the last step."""
+        c = self.cfg
+        if c.density_end == -1 or done <= c.density_from:
+            return c.density
+        return c.density + (c.density_end - c.density) * min((done - c.density_from) / (1 - c.density_from), 1.0)
+
     def _outer_step(self, frag: Fragment, delay: int) -> None:
+        done = self.steps / max(self.ctx.total_steps, 1)
         if frag.feedback:
-            frag.feedback.decay = self.decay_at(self.steps / max(self.ctx.total_steps, 1))
+            frag.feedback.decay = self.decay_at(done)
+        if self.cfg.density_end != -1 and isinstance(frag.codec, TopKCodec):
+            frag.codec.set_fraction(self.density_at(done))
         super()._outer_step(frag, delay)
 
     def end_epoch(self, epoch: int) -> dict:
