@@ -99,7 +99,7 @@ ENDING = [  # issue 40: what SparseLoCo loses at the end of the run, one change 
     f"{SPARSE}:tau=8:ef_decay_end=0.0",
     f"{SPARSE}:tau=8:ef_decay=0.8",
     # a wider channel late (stop 46): at β 1 the 1/64 channel was the limit; 1/64 -> 1/16 over the last
-    # quarter (or half) of the run, about 1.4x (1.9x) the bytes of 1/64 throughout
+    # quarter (or half) of the run: 1.375x (1.75x) the bytes of 1/64 throughout, by the codec's payload count
     f"{SPARSE}:tau=8:ef_decay=1.0:flush=int8:density_end=0.0625:density_from=0.75",
     f"{SPARSE}:tau=8:ef_decay=1.0:flush=int8:density_end=0.0625:density_from=0.5",
 ]
