@@ -68,6 +68,7 @@ def test_a_fixed_membership_elastic_job_trains_as_lowband_train(tmp_path, method
     sent_plain = [r["bytes_sent_per_worker"] - r["bytes"].get("init", {}).get("sent", 0.0) for r in plain]
     sent_elastic = [r["bytes_sent_per_worker"] for r in elastic]
     assert sent_elastic[0] > 0 and sent_plain[0] == sent_elastic[0]  # epoch 1: its 5 rounds' averages, no more
+    assert [r["outer_steps"] for r in elastic] == [r["outer_steps"] for r in plain]  # the method's own figure
     # bytes per tag under the trainer's keys: per worker (`bytes`) and over the workers (`bytes_total`)
     for key in ("bytes", "bytes_total"):
         mine = {t: v["sent"] for t, v in elastic[0][key].items() if t not in BOOKKEEPING_TAGS}

@@ -467,7 +467,9 @@ class ElasticWorker:
             bytes={tag: {"sent": sent / per} for tag, sent in by_tag.items()},  # the trainer's keys: per worker
             bytes_total={tag: {"sent": sent} for tag, sent in by_tag.items()},  # and summed over the workers
             lr=self.optimizer.param_groups[0]["lr"],
-            extra={"rounds": q.round + 1, "workers": len(q.members), "workers_seen": workers,
+            extra={"outer_steps": q.round // getattr(self.cfg.method, "fragments", 1),  # the trainer's count:
+                   # rounds of every fragment (round r ends inner step r·tau/P; round 0 trains nothing)
+                   "rounds": q.round + 1, "workers": len(q.members), "workers_seen": workers,
                    "bytes_total_by_tag": by_tag, "bytes_sent_total": total, "elapsed_s": round(elapsed, 3)})
         set_scores(record, scores, metric_for(self.cfg.data.name))
         self.run_dir.stream("metrics").write(record.to_json(only_set=True))
