@@ -116,6 +116,8 @@ def test_runs_with_sites_show_inter_site_bytes_per_worker():
 def test_a_spec_option_that_tuning_replaced_is_shown_as_it_ran():
     assert table.retuned("diloco:tau=16", "optim.lr=0.002 method.tau=16") == ""  # the spec's own value won
     assert table.retuned("diloco", "method.tau=32") == "" and table.retuned("diloco:tau=16", None) == ""
+    assert table.retuned("diloco:codec=topk:0.02+int2:tau=16", "method.tau=32") == "tau=32"  # a value with colons
+    assert table.retuned("diloco:outer_lr=1.0", "method.outer_lr=1") == ""  # the same number, written twice
     assert table.retuned("diloco:tau=16", "optim.lr=0.002 method.tau=32") == "tau=32"
     tuned = replace(run("diloco:tau=16", [0.7], 5, 1), tuned="method.tau=32")
     assert table.text(table.rows([tuned])[0]).splitlines()[2].startswith("diloco:tau=16 (tuned: tau=32)")

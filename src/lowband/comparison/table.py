@@ -26,9 +26,12 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from lowband.comparison.plan import parse_spec
 from lowband.comparison.projection import dedicated_through
+from lowband.comparison.space import show
 from lowband.comparison.summary import SummaryRow
 from lowband.data.metric import ACCURACY, Metric
+from lowband.errors import ConfigError
 from lowband.records import EpochRecord
 from lowband.run.metrics import human_bytes
 from lowband.units import si
@@ -191,7 +194,10 @@ def row(label: str, runs: list[SummaryRow], target: float | None) -> TableRow:
 def retuned(label: str, tuned: str | None) -> str:
     """The spec's own options that tuning replaced, as they ran ('tau=32' for diloco:tau=16 tuned over
     method.tau and run at 32), so the table's label says what ran; '' when tuning changed none of them."""
-    options = dict(part.split("=", 1) for part in label.split(":")[1:] if "=" in part)
+    try:
+        options = {key: show(value) for key, value in parse_spec(label)[1].items()}  # as Run.tuned writes them
+    except ConfigError:  # a label no plan made (an older summary's): nothing to compare
+        return ""
     chosen = dict(item.split("=", 1) for item in (tuned or "").split() if "=" in item)
     return " ".join(f"{key}={value}" for key, value in ((k.removeprefix("method."), v) for k, v in chosen.items()
                                                         if k.startswith("method."))

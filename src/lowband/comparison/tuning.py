@@ -337,16 +337,16 @@ class Watch:
             if record.epoch <= self.epoch or value is None:
                 continue
             self.epoch, self.val = record.epoch, value
-            if judged(self.trial, record.epoch, value, self.epochs if judge else record.epoch):
+            if judged(self.trial, record.epoch, value, self.epochs, judge):
                 self.pruned = True
                 return
 
 
-def judged(trial, epoch: int, value: float, epochs: int) -> bool:
-    """Report `value` at `epoch` to the trial; whether its pruner stops it there (never at the last of
-    `epochs`: nothing is left to save)."""
+def judged(trial, epoch: int, value: float, epochs: int, judge: bool = True) -> bool:
+    """Report `value` at `epoch` to the trial; with `judge`, whether its pruner stops it there (never at the
+    last of `epochs`: nothing is left to save)."""
     trial.report(value, epoch)
-    return epoch < epochs and trial.should_prune()
+    return judge and epoch < epochs and trial.should_prune()
 
 
 # ---- results -----------------------------------------------------------------------------------
