@@ -102,7 +102,15 @@ ENDING = [  # issue 40: what SparseLoCo loses at the end of the run, one change 
     # quarter (or half) of the run: 1.375x (1.75x) the bytes of 1/64 throughout, by the codec's payload count
     f"{SPARSE}:tau=8:ef_decay=1.0:flush=int8:density_end=0.0625:density_from=0.75",
     f"{SPARSE}:tau=8:ef_decay=1.0:flush=int8:density_end=0.0625:density_from=0.5",
+    # stop 47: a larger outer step, for the mass the channel delays and the decay drops (the same rounds
+    # sent densely below lose less; Allreduce at a lower rate shows the same late loss as SparseLoCo)
+    f"{SPARSE}:tau=8:outer_lr=1.5",
+    f"{SPARSE}:tau=8:outer_lr=2.0",
 ]
+# the same rounds with nothing left out: every coordinate averaged in fp32 (periodic averaging, outer lr 1,
+# no momentum). Not a candidate (32x SparseLoCo's bytes per sync), a bound: how much of SparseLoCo's gap
+# is its channel's, and how much the local steps' own.
+ENDING_BOUNDS = ["local_sgd:tau=8"]
 ENDING_LONG = 8  # the best ending at twice the steps, against Allreduce's at that length
 DEVICE: list[str] = []  # --set options that put the runs on a device (main's --device)
 
@@ -191,7 +199,7 @@ def best_ending(out: str) -> str | None:
 def ending(out: str, parallel: int) -> None:
     """Issue 40's ablation on seed 0 beside Allreduce's reference, then the best on seeds 1, 2 and at 8 epochs."""
     out_ref = [(out, REFERENCE[0], REFERENCE[1], seed) for seed in (0, *SEEDS)]
-    train_all([out_ref[0]] + [(out, spec, ENDING_LR, 0) for spec in ENDING], parallel)
+    train_all([out_ref[0]] + [(out, spec, ENDING_LR, 0) for spec in ENDING + ENDING_BOUNDS], parallel)
     best = best_ending(out)
     assert best is not None, "no ending setting finished"
     later = out_ref[1:] + [(out, best, ENDING_LR, seed) for seed in SEEDS]
@@ -212,7 +220,7 @@ def ending_report(out: str) -> None:
           f"({len(ref)} seeds, {ref_bpb:.4f}):\n")
     print("| setting | seeds | val bpb (mean ± sd) | vs allreduce | MB sent/worker | ratio | within 1% |")
     print("|---|---|---|---|---|---|---|")
-    for spec in ENDING:
+    for spec in ENDING + ENDING_BOUNDS:
         curves = [records(run_dir(out, spec, ENDING_LR, s)) for s in (0, *SEEDS)]
         curves = [c for c in curves if c and c[-1]["epoch"] >= 4]
         if not curves:
@@ -225,7 +233,7 @@ def ending_report(out: str) -> None:
     ref0 = ref[0]
     print("\nSeed 0 per epoch: gap to Allreduce (same epoch, same seed); the buffers' flows per sync "
           "as shares of ‖Δ‖ (sent / decayed / kept)\n")
-    for spec in ENDING:
+    for spec in ENDING + ENDING_BOUNDS:
         recs = records(run_dir(out, spec, ENDING_LR, 0))
         if not recs:
             continue
@@ -255,7 +263,7 @@ def _flow(record: dict) -> str:
 
 
 def short(spec: str) -> str:
-    return spec.replace(f"{SPARSE}:", "sparseloco:")
+    return spec.replace(f"{SPARSE}:", "sparseloco:") + (" (dense bound)" if spec in ENDING_BOUNDS else "")
 
 
 def seeds(out: str, families: tuple[str, ...] | None = None) -> None:

@@ -4,8 +4,10 @@ A tuning trial is a deterministic run: the same config and seed give the same va
 every epoch, and a pruned trial's epochs are the first epochs of the same run left to finish. So this
 script runs each space's whole grid once, for real (`lowband train` per setting, through
 lowband.comparison.tuning, no pruning), and records per setting its validation curve, its CPU
-seconds (user + system of the trial and its workers) and its wall times (start-up, and the
-trainer's elapsed seconds at each epoch). Then it replays a search: lowband's own `tune_label`, with
+seconds (user + system of the trial and its workers, as tuning counts them) and its wall times
+(start-up, and the trainer's elapsed seconds at each epoch). Trials start warm (lowband.run.warm):
+the server's own start-up, its imports, is measured once and charged once to every search, the
+grid's included. Then it replays a search: lowband's own `tune_label`, with
 its real sampler, pruner, repeat rule and choice, where a trial reads its curve from the record
 instead of training. A trial stopped after epoch k is charged its start-up and the first k epochs'
 share of the setting's CPU (CPU taken proportional to wall time within a trial). `--live SEED` runs
@@ -38,6 +40,7 @@ import math
 import os
 import resource
 import statistics
+import subprocess
 import sys
 import tempfile
 import time
@@ -52,6 +55,7 @@ from lowband.comparison.space import parse_tune
 from lowband.data.base import load_dataset
 from lowband.data.metric import ACCURACY, BITS_PER_BYTE, Metric
 from lowband.registry.catalog import load_all
+from lowband.run.launch import can_fork
 from lowband.run.metrics import read_metrics
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "tuning_defaults")
@@ -82,6 +86,18 @@ def children_cpu() -> float:
     return usage.ru_utime + usage.ru_stime
 
 
+def warm_server_cpu() -> float:
+    """CPU seconds of a warm-start server's start-up (lowband.run.warm: its imports), paid once per search;
+    0 where trials start cold (their start-up is in each trial's CPU)."""
+    if not can_fork():
+        return 0.0
+    before = children_cpu()
+    subprocess.run([sys.executable, "-c", "import importlib; from lowband.run import warm; "
+                    "[importlib.import_module(m) for m in warm.PRELOAD]; "
+                    "from lowband.registry.catalog import load_all; load_all()"], check=True)
+    return children_cpu() - before
+
+
 def key(values: dict) -> str:
     return T.describe(dict(sorted(values.items())))
 
@@ -103,12 +119,12 @@ def record_grid(space: Space, path: str, out: str) -> dict:
     real = T.run_trial
 
     def timed(folder, run, trial, metric):
-        cpu, wall = children_cpu(), time.perf_counter()
+        wall = time.perf_counter()
         outcome = real(folder, run, trial, metric)
         if outcome is not None:
             records = read_metrics(ComparisonDir(folder).file(run.dir))
             table["settings"][key(run.values)] = {
-                "values": run.values, "status": outcome.status, "cpu_s": round(children_cpu() - cpu, 2),
+                "values": run.values, "status": outcome.status, "cpu_s": round(outcome.cpu_s or 0.0, 2),
                 "wall_s": round(time.perf_counter() - wall, 2),
                 "curve": [r.value(metric.val_key) for r in records],
                 "elapsed_s": [r.time.get("elapsed_s") for r in records]}
@@ -121,8 +137,10 @@ def record_grid(space: Space, path: str, out: str) -> dict:
         rows, _ = T.tune_label(folder, plan, space.label, space.metric) or ([], {})
     finally:
         T.run_trial = real
+    server = warm_server_cpu()
     table.update(space=space.label, epochs=space.epochs, commit=commit(), val_samples=val_samples(plan, space),
-                 grid_cpu_s=round(sum(s["cpu_s"] for s in table["settings"].values()), 1))
+                 server_cpu_s=round(server, 2),
+                 grid_cpu_s=round(server + sum(s["cpu_s"] for s in table["settings"].values()), 1))
     save(path, table)
     return table
 
@@ -177,7 +195,7 @@ def replay(space: Space, table: dict, candidate: str, seed: int, scratch: str) -
             rows, _ = T.tune_label(folder, plan, space.label, space.metric) or ([], {})
     finally:
         T.run_trial, T.pruner, T.sampler = real_run, real_pruner, real_sampler
-    return summary(rows, sum(spent), table)
+    return summary(rows, table.get("server_cpu_s", 0.0) + sum(spent), table)
 
 
 def summary(rows, cpu: float, table: dict) -> dict:
@@ -319,9 +337,10 @@ def report(space_name: str, space: Space, table: dict, seeds: int, scratch: str,
 def live(space: Space, table: dict, seed: int, out: str) -> None:
     """lowband's default search run for real on sampler seed `seed`, beside its replay."""
     plan, folder = new_plan(space, out, "auto", "median", seed)
-    cpu, wall = children_cpu(), time.perf_counter()
+    wall = time.perf_counter()
     rows, _ = T.tune_label(folder, plan, space.label, space.metric) or ([], {})
-    real = summary(rows, children_cpu() - cpu, table)
+    spent = sum(r.cpu_s or 0.0 for r in rows if not r.status.startswith("repeat"))
+    real = summary(rows, table.get("server_cpu_s", 0.0) + spent, table)
     with tempfile.TemporaryDirectory(prefix="tuning_replay-") as scratch:
         replayed = replay(space, table, "default", seed, scratch)
     print(f"\nlive default search, seed {seed}: best {real['best']} at {real['at']}, tried {real['tried']}, pruned "

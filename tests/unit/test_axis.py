@@ -104,6 +104,16 @@ def test_the_report_counts_tried_pruned_and_never_tried_settings_and_names_untri
     assert not any(line.startswith("Edge") for line in done)  # 0.1 and 8 are inside their lists
 
 
+def test_the_space_sentence_adds_the_trials_cpu_when_every_trial_counted_it():
+    params = [Param("optim.lr", LRS), Param("method.tau", TAUS, integer=True)]
+    rows = rows_of([(0.1, 8), (0.02, 8), (0.1, 2)], (0.1, 2))
+    for row, cpu in zip(rows, (1.25, 2.5, 0.75), strict=True):
+        row.cpu_s = cpu
+    assert coverage.sentences(rows, params)[0].endswith("never tried 9; 4 CPU s in all.")  # 4.5 s, rounded
+    rows[1].cpu_s = None  # a trial from a study before lowband counted CPU: no total rather than a wrong one
+    assert coverage.sentences(rows, params)[0].endswith("never tried 9.")
+
+
 @pytest.mark.parametrize(("param", "value", "side"), [
     (Param("optim.lr", low=1e-4, high=1e-1, log=True), 1.5e-4, "low"),  # the outer tenth on a log scale
     (Param("optim.lr", low=1e-4, high=1e-1, log=True), 3e-3, ""),  # linearly near the low end, not on a log scale

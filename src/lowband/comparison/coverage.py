@@ -4,7 +4,8 @@ Read by the console after each method's search and by the report's Tuning sectio
 trials (lowband.comparison.summary.TuningRow) and the plan's `--tune` fields (space.Param):
 
 - a discrete space (every field a list): its settings, how many were tried (distinct; a repeat is not
-  a second try), how many of those were pruned, how many were never tried; and under the axis search
+  a second try), how many of those were pruned, how many were never tried, and the CPU seconds the
+  trials took (tuning.csv's cpu_s); and under the axis search
   the chosen setting's one-field changes that never ran;
 - an edge: the chosen value is the smallest or largest of a list of 3 values or more, or lies in the
   outer tenth of a range (measured on a log scale for a log range). The best may then lie beyond it,
@@ -58,6 +59,7 @@ def sentences(rows: list[TuningRow], params: list[Param], sampler: str = "") -> 
     else:
         out.append(f"Space: {' x '.join(p.describe() for p in params)}: tried {len(tried)} settings "
                    f"({len(pruned)} pruned).")
+    out[-1] = out[-1][:-1] + cost(ran) + "."
     best = next((r for r in rows if r.is_chosen), None)
     if best is None:
         return out
@@ -65,6 +67,13 @@ def sentences(rows: list[TuningRow], params: list[Param], sampler: str = "") -> 
     if sampler == "axis" and all(p.is_list for p in params):
         out += neighbours(best, ran, params)
     return out
+
+
+def cost(ran: list[TuningRow]) -> str:
+    """'; 41 CPU s in all' when every trial's CPU is known (a study from before lowband counted it: nothing)."""
+    if not ran or any(r.cpu_s is None for r in ran):
+        return ""
+    return f"; {sum(r.cpu_s or 0.0 for r in ran):.0f} CPU s in all"
 
 
 def edges(best: TuningRow, params: list[Param]) -> list[str]:

@@ -85,7 +85,8 @@ class TuningRow(CsvRow):
     """One tuning trial, a row of tuning.csv: its label and method, its trial number, the tuned fields and
     their values (space-separated, in the same order: 'optim.lr method.tau' / '0.003 16'), the metric's
     validation figure (final, or the last one before it was pruned), the epochs it ran, its status (ok,
-    pruned, diverged, failed (N), interrupted) and whether it was chosen. Only an `ok` trial is ever chosen."""
+    pruned, diverged, failed (N), interrupted), whether it was chosen, its folder and its CPU seconds (its
+processes' user + system). Only an `ok` trial is ever chosen."""
 
     label: str
     method: str
@@ -98,6 +99,7 @@ class TuningRow(CsvRow):
     status: str = "ok"
     chosen: str = "no"
     run_dir: str = ""
+    cpu_s: float | None = None
 
     @property
     def values(self) -> dict[str, str]:

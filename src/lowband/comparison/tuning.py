@@ -2,12 +2,13 @@
 
 Each label searches the `--tune` fields it has (lowband.comparison.space) in `--tune-trials` trials.
 The sampler is Optuna's GridSampler when every field is a list, else TPE (or random), seeded with
-`--tune-seed`. A trial is a `lowband train` process in tune/LABEL/trial-NNN; while it trains, this
+`--tune-seed`. A trial is a `lowband train` process in tune/LABEL/trial-NNN (started warm, from a
+server that has imported torch: lowband.run.warm); while it trains, this
 process reads the validation figure of every epoch from its metrics.jsonl, reports it to the trial,
 and when the pruner says the trial is losing, stops it (SIGTERM: the launcher stops its workers
 as on Ctrl-C) and writes pruned.txt in its directory. The trial processes are watched from outside,
 so the trainer knows nothing of tuning, and a stopped trial keeps its checkpoint and records; the
-files are read twice a second, so a trial may run on into the next epoch while it is being stopped.
+files are read five times a second, so a trial may run on into the next epoch while it is being stopped.
 
 Pruners: `median` (the default) stops a trial whose validation figure at an epoch is worse than the
 median of the finished trials' at the same epoch, once 2 trials have finished. It works at the few
@@ -32,6 +33,7 @@ import hashlib
 import json
 import math
 import os
+import resource
 import signal
 import subprocess
 import sys
@@ -45,12 +47,13 @@ from lowband.comparison.space import Tune, show
 from lowband.comparison.summary import TuningRow, status_of
 from lowband.data.metric import Metric
 from lowband.errors import ConfigError
-from lowband.run import runconfig
-from lowband.run.launch import STOPPED_QUIETLY, die_with_parent
+from lowband.run import runconfig, warm
+from lowband.run.launch import STOPPED_QUIETLY
 from lowband.run.metrics import read_metrics
 from lowband.run.rundir import RunDir
 
-POLL_S = 0.5
+TRIAL = "lowband.run.session:run_prepared"  # what a trial process runs: `lowband train` of a prepared folder
+POLL_S = 0.2
 REPEATS = 5  # a search stops after asking this many times its trials (TPE may keep proposing what it ran)
 STOP_GRACE_S = 60.0
 
@@ -252,17 +255,20 @@ def retry_interrupted(study) -> None:
 
 @dataclass
 class Outcome:
-    """How a trial ended: `status` ok, pruned, diverged or failed (N); its last validation figure and epoch."""
+    """How a trial ended: `status` ok, pruned, diverged or failed (N); its last validation figure and epoch;
+    its CPU seconds."""
 
     status: str
     val: float | None
     epoch: int
+    cpu_s: float | None = None  # what the trial's processes took (user + system), when known
 
 
 def finish(study, trial, outcome: Outcome) -> None:
     """Tell the study how the trial ended (only an `ok` trial with a figure completes)."""
     state = optuna().trial.TrialState
-    for key, value in (("status", outcome.status), ("val", outcome.val), ("epochs", outcome.epoch)):
+    for key, value in (("status", outcome.status), ("val", outcome.val), ("epochs", outcome.epoch),
+                       ("cpu_s", outcome.cpu_s)):
         trial.set_user_attr(key, value)
     if outcome.status == "ok" and outcome.val is not None:
         study.tell(trial, outcome.val)
@@ -272,16 +278,33 @@ def finish(study, trial, outcome: Outcome) -> None:
 
 # ---- one trial ---------------------------------------------------------------------------------
 def run_trial(folder: str, run: P.Run, trial, metric: Metric) -> Outcome | None:
-    """Run one trial as a `lowband train` process, reporting each epoch's validation figure and stopping it
-    when the pruner says so; None when it (or this comparison) was interrupted."""
+    """Run one trial as a process of its own (`lowband train` of its prepared folder), reporting each
+    epoch's validation figure and stopping it when the pruner says so; None when it (or this comparison)
+    was interrupted."""
     run_dir = ComparisonDir(folder).file(run.dir)
     if RunDir(run_dir).has_records():  # a retried trial: continue from its checkpoint
-        argv = ["train", "--resume", run_dir]
+        argv = [run_dir, "resume"]
     else:
         runconfig.prepare_run_dir(run.config, run_dir)
-        argv = ["train", "--config", RunDir(run_dir).config_path, "--run-dir", run_dir]
-    proc = subprocess.Popen([sys.executable, "-m", "lowband", *argv], preexec_fn=die_with_parent,
-                            env={**os.environ, STOPPED_QUIETLY: "1"})  # a pruned trial is normal: one line, ours
+        argv = [run_dir]
+    before = children_cpu()
+    env = {**os.environ, STOPPED_QUIETLY: "1"}  # a pruned trial is normal: one line, ours
+    proc = warm.start(TRIAL, argv, env)
+    outcome = _watched(proc, trial, metric, run, run_dir)
+    if outcome is not None:
+        cpu = proc.cpu_s if isinstance(proc, warm.Command) else children_cpu() - before
+        outcome.cpu_s = None if cpu is None else round(cpu, 3)
+    return outcome
+
+
+def children_cpu() -> float:
+    """CPU seconds of this process's ended children (a cold trial's, its workers' included)."""
+    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return usage.ru_utime + usage.ru_stime
+
+
+def _watched(proc, trial, metric: Metric, run: P.Run, run_dir: str) -> Outcome | None:
+    """Follow the started trial to its end, stopping it when the pruner says so."""
     watch = Watch(trial, metric, run.config.train.epochs, run_dir)
     try:
         while proc.poll() is None and not watch.pruned:
@@ -311,7 +334,7 @@ def outcome_of(code: int, watch: Watch) -> Outcome | None:
     return Outcome(status, watch.val, watch.epoch)
 
 
-def stop(proc: subprocess.Popen) -> None:
+def stop(proc: subprocess.Popen | warm.Command) -> None:
     """SIGTERM (the launcher stops its workers as on Ctrl-C), then SIGKILL if it lingers."""
     if proc.poll() is None:
         proc.send_signal(signal.SIGTERM)
@@ -357,7 +380,7 @@ def tuning_rows(study, label: str, plan: P.Plan, metric: Metric) -> list[TuningR
                       field=" ".join(fields), value=" ".join(show(t.params[f]) for f in fields if f in t.params),
                       metric=metric.val_key, val=t.user_attrs.get("val"), epochs=t.user_attrs.get("epochs") or 0,
                       status=t.user_attrs.get("status") or t.state.name.lower(),
-                      run_dir=t.user_attrs.get("dir") or "")
+                      run_dir=t.user_attrs.get("dir") or "", cpu_s=t.user_attrs.get("cpu_s"))
             for t in study.trials if t.state.is_finished()]
     best = choose(rows, metric)
     for r in rows:

@@ -1,4 +1,5 @@
 """One run: resolve it once (spec), start or resume it (session, runconfig), its K worker processes
 (launch), the training loop (trainer), its records (reporter, metrics, loggers), its directory and
 checkpoints (rundir, checkpoint, reshard), the learning-rate schedule (schedule), and elastic jobs whose
-workers come and go (elastic_job, elastic_worker). The map of every folder: docs/ARCHITECTURE.md."""
+workers come and go (elastic_job, elastic_worker); `lowband` commands run many times, forked from a
+server that has imported torch (warm). The map of every folder: docs/ARCHITECTURE.md."""

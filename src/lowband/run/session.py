@@ -19,7 +19,7 @@ from lowband.atomic import copy_atomic
 from lowband.comm import Communicator, launched_by_torchrun
 from lowband.comm.links import check_netns_possible
 from lowband.comm.placement import Placement, here, local_rank, local_world
-from lowband.errors import Diverged, UsageError
+from lowband.errors import Diverged, LowbandError, UsageError
 from lowband.registry import METHODS
 from lowband.run import checkpoint, launch, loggers
 from lowband.run.launch import leave_now
@@ -106,6 +106,20 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
     elif method.independent_models and code not in (2, 130):
         code = salvage(run_dir, spec.world, code)
     return code, run_dir
+
+
+def run_prepared(argv: list[str]) -> int:
+    """A tuning trial (lowband.run.warm's entry): train the run directory argv[0], whose config.toml
+    runconfig.prepare_run_dir wrote, or continue it from its checkpoint (argv[1] == 'resume'). The exit
+    code, and the one-line errors, of `lowband train`."""
+    run_dir = argv[0]
+    try:
+        return start(read_run_config(run_dir), run_dir, resume=argv[1:] == ["resume"])[0]
+    except LowbandError as e:
+        print(f"lowband: error: {e}", file=sys.stderr)
+        return e.exit_code
+    except KeyboardInterrupt:  # before the launcher took over SIGTERM and Ctrl-C
+        return 130
 
 
 def _elastic(cfg: C.Config, run_dir: str | None, out: str, resume: bool, allow_world_change: bool,
