@@ -106,6 +106,9 @@ ENDING = [  # issue 40: what SparseLoCo loses at the end of the run, one change 
     # sent densely below lose less; Allreduce at a lower rate shows the same late loss as SparseLoCo)
     f"{SPARSE}:tau=8:outer_lr=1.5",
     f"{SPARSE}:tau=8:outer_lr=2.0",
+    f"{SPARSE}:tau=8:outer_lr=3.0",
+    f"{SPARSE}:tau=8:outer_lr=4.0",
+    f"{SPARSE}:tau=8:outer_lr=3.0:ef_decay=1.0:flush=int8",  # the larger step with the buffer that forgets nothing
 ]
 # the same rounds with nothing left out: every coordinate averaged in fp32 (periodic averaging, outer lr 1,
 # no momentum). Not a candidate (32x SparseLoCo's bytes per sync), a bound: how much of SparseLoCo's gap

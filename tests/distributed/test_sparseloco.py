@@ -77,12 +77,12 @@ def reference(ranks, steps, tau, lr, momentum, decay, density, chunk, decay_end=
     return out
 
 
-@pytest.mark.parametrize("momentum", [0.0, 0.9])
-def test_outer_step_matches_a_numpy_reference(tmp_path, momentum):
+@pytest.mark.parametrize(("momentum", "outer_lr"), [(0.0, 1.0), (0.9, 1.0), (0.0, 2.5)])  # 2.5: issue 40's step
+def test_outer_step_matches_a_numpy_reference(tmp_path, momentum, outer_lr):
     world, steps, tau, density, chunk, decay = 3, 9, 3, 0.05, 1000, 0.9
     ranks = trace(tmp_path, world, steps, tau=tau, density=density, chunk=chunk, ef_decay=decay,
-                  outer_lr=1.0, outer_momentum=momentum)
-    expected = reference(ranks, steps, tau, 1.0, momentum, decay, density, chunk)
+                  outer_lr=outer_lr, outer_momentum=momentum)
+    expected = reference(ranks, steps, tau, outer_lr, momentum, decay, density, chunk)
     assert len(expected) == 3
     for s, anchor in expected.items():
         for r in ranks:

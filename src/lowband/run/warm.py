@@ -58,7 +58,7 @@ class Client:
         message = json.dumps({"entry": entry, "argv": argv, "env": env, "cwd": os.getcwd(),
                               "sigint_ignored": signal.getsignal(signal.SIGINT) is signal.SIG_IGN}).encode()
         if len(message) > MESSAGE_BYTES:
-            raise ValueError(f"a command of {len(message)} bytes (at most {MESSAGE_BYTES})")
+            raise OSError(f"a command of {len(message)} bytes is more than the server takes ({MESSAGE_BYTES})")
         socket.send_fds(self.sock, [message], [0, 1, 2])
         while True:
             reply = self._receive(block=True)
