@@ -136,6 +136,8 @@ def start(entry: str, argv: list[str], env: dict | None = None) -> Command | sub
     sys.stderr.flush()
     if can_fork():
         if _client is None or _client.gone or _client.server.poll() is not None:
+            if _client is not None:
+                _client.sock.close()
             _client = Client()
         try:
             return Command(_client, _client.start(entry, argv, env))
