@@ -71,8 +71,11 @@ def test_a_fixed_membership_elastic_job_trains_as_lowband_train(tmp_path, method
     assert [r["outer_steps"] for r in elastic] == [r["outer_steps"] for r in plain]  # the method's own figure
     # bytes per tag under the trainer's keys: per worker (`bytes`) and over the workers (`bytes_total`)
     for key in ("bytes", "bytes_total"):
-        mine = {t: v["sent"] for t, v in elastic[0][key].items() if t not in BOOKKEEPING_TAGS}
-        assert mine == {t: v["sent"] for t, v in plain[0][key].items() if t not in BOOKKEEPING_TAGS | {"init"}}, key
+        for way in ("sent", "recv"):
+            mine = {t: v[way] for t, v in elastic[0][key].items() if t not in BOOKKEEPING_TAGS}
+            assert mine == {t: v[way] for t, v in plain[0][key].items() if t not in BOOKKEEPING_TAGS | {"init"}}, key
+    recv_plain = [r["bytes_recv_per_worker"] - r["bytes"].get("init", {}).get("recv", 0.0) for r in plain]
+    assert elastic[0]["bytes_recv_per_worker"] == recv_plain[0] > 0  # the same keys, the same figures
     if method == "diloco":
         assert sent_plain == sent_elastic
     else:  # the trainer's final average of already equal models: one more round's bytes in the last epoch

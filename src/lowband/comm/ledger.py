@@ -136,6 +136,10 @@ class Ledger:
     def sent_by_tag(self) -> dict[str, float]:
         return {tag: s.sent for tag, s in self.stats.items() if s.sent}
 
+    def traffic_by_tag(self) -> dict[str, dict[str, float]]:
+        """{tag: {"sent": bytes, "recv": bytes}} for every tag that moved any (what an elastic worker publishes)."""
+        return {tag: {"sent": s.sent, "recv": s.recv} for tag, s in self.stats.items() if s.sent or s.recv}
+
     def snapshot(self) -> dict[str, dict]:
         return {tag: asdict(s) for tag, s in self.stats.items()}
 

@@ -13,7 +13,7 @@ Keys live under `lowband:elastic:JOB:`:
   quorum:R:A          the Quorum decided for round R, attempt A (SET NX: the first decider wins), with a nonce N
   done:R:A:N, fail:R:A:N  who finished that quorum's exchange and who failed it
   outcome:R:A:N       "commit" or "abort", decided once
-  ledger              hash ID -> JSON of that worker's bytes per tag
+  ledger              hash ID -> JSON of that worker's bytes sent and received per tag
 
 A round: the live workers arrive with what they hold (their version, a fingerprint of θ_global, the
 steps they trained since); once every live worker has arrived (or `quorum_wait_s` passed with at
@@ -322,12 +322,13 @@ class Membership:
         return verdict if held is None else _text(held)
 
     # ---- bytes -----------------------------------------------------------------------------------
-    def publish_ledger(self, sent_by_tag: dict[str, float], entry: str | None = None) -> None:
-        """This worker's bytes sent by tag (or, under `entry`, bytes of another origin: a resumed job's past)."""
-        self.r.hset(self.key("ledger"), entry or str(self.worker), json.dumps(sent_by_tag))
+    def publish_ledger(self, by_tag: dict, entry: str | None = None) -> None:
+        """This worker's bytes by tag, {tag: {"sent": n, "recv": n}} (or, under `entry`, bytes of another
+        origin: a resumed job's past)."""
+        self.r.hset(self.key("ledger"), entry or str(self.worker), json.dumps(by_tag))
 
-    def ledgers(self) -> dict[str, dict[str, float]]:
-        """Each worker's (and each other entry's) bytes sent by tag."""
+    def ledgers(self) -> dict[str, dict]:
+        """Each worker's (and each other entry's) bytes by tag, as published."""
         return {_text(k): json.loads(v) for k, v in self.r.hgetall(self.key("ledger")).items()}
 
 

@@ -98,7 +98,7 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
     url = server.start() if server is not None else cfg.elastic.coordinator
     try:
         members = Membership(url, uuid.uuid4().hex[:12], cfg.elastic.dead_after_s)
-        round_no, earlier = 0, dict[str, float]()
+        round_no, earlier = 0, dict[str, dict]()
         if resume:
             round_no, earlier = _resume_point(run_dir)
             RunDir(run_dir).clear_divergences()
@@ -128,8 +128,8 @@ def finished(run_dir: str, epochs: int) -> bool:
     return os.path.isfile(RunDir(run_dir).model_path(0)) and bool(records) and records[-1].epoch >= epochs
 
 
-def _resume_point(run_dir: str) -> tuple[int, dict[str, float]]:
-    """The round the job's newest intact checkpoint resumes at (0: none, from scratch) and the bytes sent
+def _resume_point(run_dir: str) -> tuple[int, dict]:
+    """The round the job's newest intact checkpoint resumes at (0: none, from scratch) and the bytes moved
     until then by tag; the job's records past it are dropped, so nothing is written twice."""
     path = checkpoint.latest_job_checkpoint(run_dir)
     state: dict = checkpoint.load_state(path) if path else {"round": 0, "epoch": 0}

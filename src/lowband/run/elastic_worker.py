@@ -417,7 +417,7 @@ class ElasticWorker:
 
     def _publish_bytes(self) -> None:
         with contextlib.suppress(redis.RedisError):
-            self.members.publish_ledger(self.ledger.sent_by_tag())
+            self.members.publish_ledger(self.ledger.traffic_by_tag())
 
     def _record(self, q: Quorum) -> None:
         """The source's records: the round, and when an epoch ended its evaluation and checkpoint."""
@@ -460,17 +460,20 @@ class ElasticWorker:
         glob = self.global_model()
         scores = model_scores(glob, self.data, self.cfg.train.eval_batch_size, torch.device("cpu"))
         by_tag, workers = self._bytes_by_tag()
-        total = sum(v for t, v in by_tag.items() if t not in BOOKKEEPING_TAGS)
+        counted = [moved for t, moved in by_tag.items() if t not in BOOKKEEPING_TAGS]
+        total, recv = sum(m["sent"] for m in counted), sum(m["recv"] for m in counted)
         per = max(workers, 1)
         record = EpochRecord(
             epoch=q.epoch_end, train_loss=q.ended_loss, bytes_sent_per_worker=total / per,
-            bytes={tag: {"sent": sent / per} for tag, sent in by_tag.items()},  # the trainer's keys: per worker
-            bytes_total={tag: {"sent": sent} for tag, sent in by_tag.items()},  # and summed over the workers
+            bytes_recv_per_worker=recv / per,
+            bytes={tag: {k: n / per for k, n in moved.items()} for tag, moved in by_tag.items()},  # the trainer's
+            bytes_total=by_tag,  # keys: per worker, and summed over the workers
             lr=self.optimizer.param_groups[0]["lr"],
             extra={"outer_steps": q.round // getattr(self.cfg.method, "fragments", 1),  # the trainer's count:
                    # rounds of every fragment (round r ends inner step r·tau/P; round 0 trains nothing)
                    "rounds": q.round + 1, "workers": len(q.members), "workers_seen": workers,
-                   "bytes_total_by_tag": by_tag, "bytes_sent_total": total, "elapsed_s": round(elapsed, 3)})
+                   "bytes_total_by_tag": {t: m["sent"] for t, m in by_tag.items()}, "bytes_sent_total": total,
+                   "elapsed_s": round(elapsed, 3)})
         set_scores(record, scores, metric_for(self.cfg.data.name))
         self.run_dir.stream("metrics").write(record.to_json(only_set=True))
         figure = (f"val bpb {record.val_bpb:.4f}" if record.val_bpb is not None
@@ -478,14 +481,17 @@ class ElasticWorker:
         self.log.info(f"epoch {q.epoch_end}/{self.cfg.train.epochs}  round {q.round}  {len(q.members)} worker(s)  "
                       f"loss {q.ended_loss:.4f}  {figure}  sent {human_bytes(total)} in all  {elapsed:.1f}s")
 
-    def _bytes_by_tag(self) -> tuple[dict[str, float], int]:
-        """Every worker's bytes sent, summed by tag (those of a resumed job's earlier part included), and
-        how many workers sent them."""
+    def _bytes_by_tag(self) -> tuple[dict[str, dict[str, float]], int]:
+        """Every worker's bytes sent and received, summed by tag (those of a resumed job's earlier part
+        included), and how many workers moved them."""
         ledgers = wait_until(self.members.ledgers, 30.0, poll_s=0.2) or {}
-        by_tag: dict[str, float] = {}
+        by_tag: dict[str, dict[str, float]] = {}
         for ledger in ledgers.values():
-            for tag, sent in ledger.items():
-                by_tag[tag] = by_tag.get(tag, 0.0) + sent
+            for tag, moved in ledger.items():
+                moved = moved if isinstance(moved, dict) else {"sent": moved}  # a checkpoint's, from before recv
+                into = by_tag.setdefault(tag, {"sent": 0.0, "recv": 0.0})
+                for key in into:
+                    into[key] += moved.get(key, 0.0)
         return by_tag, len([k for k in ledgers if k != EARLIER])
 
     def _checkpoint(self, q: Quorum) -> None:
