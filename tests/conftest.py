@@ -12,6 +12,7 @@ import fnmatch
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -131,6 +132,15 @@ def worker_rank(pid: int) -> int | None:
 def workers_of(pid: int) -> list[int]:
     """The lowband workers among `pid`'s children (forked or started as new processes)."""
     return [c for c in children(pid) if worker_rank(c) is not None]
+
+
+def wait_for(predicate, timeout: float, what: str) -> None:
+    """Poll `predicate` every 0.1 s until it holds; fail naming `what` after `timeout` seconds."""
+    deadline = time.monotonic() + timeout
+    while not predicate():
+        if time.monotonic() > deadline:
+            raise AssertionError(f"timed out waiting for {what}")
+        time.sleep(0.1)
 
 
 def alive(pid: int) -> bool:

@@ -9,23 +9,14 @@ import signal
 import subprocess
 import sys
 import textwrap
-import time
 
 import pytest
 
 from lowband.run import warm
 from lowband.run.metrics import read_metrics
-from tests.conftest import ROOT, alive, children, cli, small
+from tests.conftest import ROOT, alive, children, cli, small, wait_for
 
 CLI = "lowband.cli:main"  # `lowband ARGV`
-
-
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def train_args(out, run: str, epochs: int = 2) -> list[str]:

@@ -12,7 +12,7 @@ import time
 import pytest
 
 from lowband.run import checkpoint
-from tests.conftest import ROOT, alive, children, small, worker_rank
+from tests.conftest import ROOT, alive, children, small, wait_for, worker_rank
 
 
 def start_run(tmp_path, world: int, timeout_s: float = 60) -> tuple[subprocess.Popen, str]:
@@ -27,14 +27,6 @@ def start_run(tmp_path, world: int, timeout_s: float = 60) -> tuple[subprocess.P
 def default_sigint() -> None:
     """A shell running us in the background (CI, nohup) hands SIGINT down as ignored; a terminal would not."""
     signal.signal(signal.SIGINT, signal.SIG_DFL)
-
-
-def wait_for(predicate, timeout: float, what: str) -> None:
-    deadline = time.monotonic() + timeout
-    while not predicate():
-        if time.monotonic() > deadline:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.1)
 
 
 def wait_training(proc, run: str, world: int) -> list[int]:

@@ -141,11 +141,7 @@ def fork_worker(entry: str, args: list[str], env: dict) -> ForkedWorker:
     except BaseException:  # noqa: BLE001 - worker_main reports its own failures; this is the last guard
         code = 1
     finally:
-        logging.shutdown()
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
+        leave_now(code)
 
 
 def worker_env(rank: int, world: int, init_file: str, threads: int = 1) -> dict:
@@ -373,8 +369,9 @@ def leave_now(code: int) -> NoReturn:
     """Exit at once with `code`, skipping interpreter teardown: a rank that leaves while its peers
     are mid-collective must not destroy its process group, which makes gloo abort (SIGABRT)."""
     logging.shutdown()
-    sys.stdout.flush()
-    sys.stderr.flush()
+    with contextlib.suppress(Exception):  # a closed stream must not keep the process from leaving
+        sys.stdout.flush()
+        sys.stderr.flush()
     os._exit(code)
 
 

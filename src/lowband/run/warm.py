@@ -24,7 +24,6 @@ from __future__ import annotations
 import contextlib
 import importlib
 import json
-import logging
 import os
 import select
 import signal
@@ -32,7 +31,7 @@ import socket
 import subprocess
 import sys
 
-from lowband.run.launch import can_fork, die_with_parent
+from lowband.run.launch import can_fork, die_with_parent, leave_now
 
 PRELOAD = ["torch", "torch._dynamo", "lowband.run.session", "lowband.run.trainer", "lowband.registry.catalog"]
 MESSAGE_BYTES = 1 << 20  # a command (its environment included) fits; a larger one is refused by the caller
@@ -59,13 +58,23 @@ class Client:
                               "sigint_ignored": signal.getsignal(signal.SIGINT) is signal.SIG_IGN}).encode()
         if len(message) > MESSAGE_BYTES:
             raise OSError(f"a command of {len(message)} bytes is more than the server takes ({MESSAGE_BYTES})")
-        socket.send_fds(self.sock, [message], [0, 1, 2])
+        try:
+            socket.send_fds(self.sock, [message], [0, 1, 2])
+        except OSError as e:
+            raise OSError(self._stopped(e)) from None
         while True:
             reply = self._receive(block=True)
             if reply is None:
-                raise OSError(f"lowband's warm-start server stopped (exit {self.server.wait()})")
+                raise OSError(self._stopped())
             if "pid" in reply and "code" not in reply:
                 return reply["pid"]
+
+    def _stopped(self, error: OSError | None = None) -> str:
+        """Why a command could not be sent: the server's exit code, else the socket's error."""
+        try:
+            return f"lowband's warm-start server stopped (exit {self.server.wait(timeout=2)})"
+        except subprocess.TimeoutExpired:
+            return f"lowband's warm-start server did not take the command ({error})"
 
     def code(self, pid: int) -> int | None:
         """The command's exit code, None while it runs."""
@@ -211,11 +220,7 @@ def _child(sock: socket.socket, command: dict, fds: list[int]) -> None:
         traceback.print_exc()
         code = 1
     finally:
-        logging.shutdown()
-        with contextlib.suppress(Exception):
-            sys.stdout.flush()
-            sys.stderr.flush()
-        os._exit(code)
+        leave_now(code)
 
 
 def main(argv: list[str]) -> int:
