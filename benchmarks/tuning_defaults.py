@@ -38,7 +38,6 @@ import io
 import json
 import math
 import os
-import resource
 import statistics
 import subprocess
 import sys
@@ -81,21 +80,16 @@ SPACES = {
 }
 
 
-def children_cpu() -> float:
-    usage = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return usage.ru_utime + usage.ru_stime
-
-
 def warm_server_cpu() -> float:
     """CPU seconds of a warm-start server's start-up (lowband.run.warm: its imports), paid once per search;
     0 where trials start cold (their start-up is in each trial's CPU)."""
     if not can_fork():
         return 0.0
-    before = children_cpu()
+    before = T.children_cpu()
     subprocess.run([sys.executable, "-c", "import importlib; from lowband.run import warm; "
                     "[importlib.import_module(m) for m in warm.PRELOAD]; "
                     "from lowband.registry.catalog import load_all; load_all()"], check=True)
-    return children_cpu() - before
+    return T.children_cpu() - before
 
 
 def key(values: dict) -> str:
