@@ -306,8 +306,9 @@ def diloco_trace(out_dir: str, steps: str, options: str) -> None:
     comm = Communicator.from_env(torch.device("cpu"), "gloo", timeout_s=60)
     method, _, rec = run_tapped(cls, cls.Config(round_evals=0, **opts), comm, out_dir, steps, epochs)
     before_final = comm.ledger.snapshot()
+    flows = [f.feedback.take_flow() for f in method.fragments if f.feedback]  # the error buffers' mean flows
     final = parameters_to_vector(method.global_model(final=True).parameters()).detach()
-    torch.save({"pre": torch.stack(rec["pre"]), "post": torch.stack(rec["after"]), "final": final,
+    torch.save({"pre": torch.stack(rec["pre"]), "post": torch.stack(rec["after"]), "final": final, "flows": flows,
                 "stats": before_final, "stats_final": comm.ledger.snapshot(),
                 "state": method.state_dict()}, os.path.join(out_dir, f"rank{comm.rank}.pt"))
     close(comm)

@@ -45,15 +45,17 @@ def np_message(e: np.ndarray, density: float, chunk: int) -> np.ndarray:
 
 
 def reference(ranks, steps, tau, lr, momentum, decay, density, chunk, decay_end=None, total=None,
-              flush=False, density_end=None, density_from=0.0) -> dict[int, np.ndarray]:
+              flush=False, density_end=None, density_from=0.0, by_senders=False) -> dict:
     """θ_global after each sync from every rank's parameters before it: e <- β·e + Δ, send the
     message, e <- e - message, mean over ranks, Nesterov SGD (torch's form: the first step's buffer is
-    the gradient). β is `decay`, or with `decay_end` moves linearly to it over `total` steps (β at the
+    the gradient); `by_senders` divides each coordinate's sum by the messages non-zero there (at
+    least 1), and the key "senders" holds the mean over syncs of (non-zeros / coordinates covered).
+    β is `decay`, or with `decay_end` moves linearly to it over `total` steps (β at the
     sync after step s + 1 of `total`). With `flush`, the key "flush" holds θ_global after one more
     outer step on the mean of the buffers, sent dense in fp32. With `density_end`, the density moves
     linearly from `density` at `density_from` of the run to `density_end` at its end (the share done at
     the sync after step s + 1 of `total`)."""
-    anchor, buf, out = initial_model_vector(), None, {}
+    anchor, buf, out, overlap = initial_model_vector(), None, {}, []
     errors = [np.zeros_like(anchor) for _ in ranks]
 
     def outer(anchor, grad, buf):
@@ -70,8 +72,12 @@ def reference(ranks, steps, tau, lr, momentum, decay, density, chunk, decay_end=
             errors[r] = beta * errors[r] + (anchor - rank["pre"][s].double().numpy())
             sent.append(np_message(errors[r], share, chunk))
             errors[r] -= sent[-1]
-        anchor, buf = outer(anchor, np.mean(sent, axis=0), buf)
+        held = (np.array(sent) != 0).sum(axis=0)
+        overlap.append(held.sum() / (held > 0).sum())
+        mean = np.sum(sent, axis=0) / np.maximum(held, 1) if by_senders else np.mean(sent, axis=0)
+        anchor, buf = outer(anchor, mean, buf)
         out[s] = anchor
+    out["senders"] = float(np.mean(overlap))
     if flush:
         out["flush"] = outer(anchor, np.mean(errors, axis=0), buf)[0]
     return out
@@ -83,11 +89,29 @@ def test_outer_step_matches_a_numpy_reference(tmp_path, momentum, outer_lr):
     ranks = trace(tmp_path, world, steps, tau=tau, density=density, chunk=chunk, ef_decay=decay,
                   outer_lr=outer_lr, outer_momentum=momentum)
     expected = reference(ranks, steps, tau, outer_lr, momentum, decay, density, chunk)
-    assert len(expected) == 3
-    for s, anchor in expected.items():
+    assert len(expected) == 4
+    for s in (2, 5, 8):
         for r in ranks:
-            np.testing.assert_allclose(r["post"][s].double().numpy(), anchor, rtol=1e-4, atol=1e-5)
+            np.testing.assert_allclose(r["post"][s].double().numpy(), expected[s], rtol=1e-4, atol=1e-5)
     assert all(torch.equal(r["final"], ranks[0]["final"]) for r in ranks)  # one θ_global everywhere
+
+
+def test_a_mean_over_senders_matches_the_numpy_reference_and_the_overlap_is_reported(tmp_path):
+    """mean=senders: a coordinate one worker sent moves θ_global by its whole value, one all three sent
+    by their mean. The workers' messages overlap only in part, so the rule differs from the mean over
+    workers; the flow's `senders` figure is the reference's overlap."""
+    world, steps, tau, density, chunk, decay = 3, 9, 3, 0.05, 1000, 0.9
+    ranks = trace(tmp_path, world, steps, tau=tau, density=density, chunk=chunk, ef_decay=decay, mean="senders")
+    expected = reference(ranks, steps, tau, 1.0, 0.0, decay, density, chunk, by_senders=True)
+    assert 1.05 < expected["senders"] < world - 0.05  # partly overlapping: the two rules differ
+    for s in (2, 5, 8):
+        for r in ranks:
+            np.testing.assert_allclose(r["post"][s].double().numpy(), expected[s], rtol=1e-4, atol=1e-5)
+    workers = reference(ranks, steps, tau, 1.0, 0.0, decay, density, chunk)
+    assert np.abs(workers[8] - expected[8]).max() > 1e-3
+    for r in ranks:
+        assert r["flows"][0]["senders"] == pytest.approx(expected["senders"], rel=1e-6)
+    assert all(torch.equal(r["final"], ranks[0]["final"]) for r in ranks)
 
 
 def test_a_decay_schedule_and_a_dense_flush_match_the_numpy_reference(tmp_path):

@@ -6,7 +6,10 @@
                    the mean once and sends it to every rank. Per rank 2 (K-1)/K of an encoded vector
                    goes out, as a ring allreduce of the encoded size would.
   sparse codecs    (topk) the encoded vectors are all-gathered and every rank decodes and averages
-                   all K in float32: (K-1) encoded vectors per rank.
+                   all K in float32: (K-1) encoded vectors per rank. With `by_senders`, each
+                   coordinate's sum is divided by the number of messages holding a non-zero value
+                   there (at least 1) instead of by K: a coordinate one worker sent is not diluted by
+                   the K - 1 that did not.
 A communicator without point-to-point calls (an elastic quorum's, comm.p2p False) takes the
 sparse path for dense codecs too. Every rank ends with the same mean. The bytes are counted by the communicator under `tag`.
 """
@@ -48,30 +51,40 @@ def _dense_mean(comm, x: torch.Tensor, codec: Codec, tag: str) -> tuple[torch.Te
     return mean, sent
 
 
-def _sparse_mean(comm, x: torch.Tensor, codec: Codec, tag: str) -> tuple[torch.Tensor, torch.Tensor]:
+def _sparse_mean(comm, x: torch.Tensor, codec: Codec, tag: str,
+                 by_senders: bool = False) -> tuple[torch.Tensor, torch.Tensor, float]:
+    """(the mean, what this rank sent, the mean number of messages holding each coordinate any holds)."""
     payload = codec.encode(x)
     parts = comm.all_gather(payload.to(comm.device), tag)
-    decoded = [codec.decode(p.cpu(), x.numel()) for p in parts]
-    return torch.stack(decoded).mean(dim=0), decoded[comm.rank]
+    decoded = torch.stack([codec.decode(p.cpu(), x.numel()) for p in parts])
+    held = (decoded != 0).sum(dim=0)
+    covered = int((held > 0).sum())
+    senders = float(held.sum()) / covered if covered else 0.0
+    total = decoded.sum(dim=0)
+    mean = total / held.clamp(min=1) if by_senders else total / comm.world
+    return mean, decoded[comm.rank], senders
 
 
 def compressed_mean(comm, x: torch.Tensor, codec: Codec, tag: str,
-                    feedback: ErrorFeedback | None = None) -> torch.Tensor:
+                    feedback: ErrorFeedback | None = None, by_senders: bool = False) -> torch.Tensor:
     """The mean of flat float32 `x` over all ranks, each contribution sent through `codec`.
 
-    With `feedback`, this rank sends codec(x + residual) and keeps the remainder for next time.
-    The result is on x's device; `x` is left alone.
+    With `feedback`, this rank sends codec(x + residual) and keeps the remainder for next time, and
+    the feedback's flow records how many ranks sent each coordinate sent. `by_senders` divides a
+    sparse codec's sums by those counts instead of by the ranks (module docstring). The result is on
+    x's device; `x` is left alone.
     """
     if codec.lossless:
         return comm.allreduce(x.detach().clone(), tag=tag, mean=True)
     device, flat = x.device, x.detach().float().cpu()
     compensated = feedback.compensate(flat) if feedback else flat
+    senders = float(comm.world)
     if comm.world == 1:
         mean = sent = codec.roundtrip(compensated)
     elif codec.sparse or not getattr(comm, "p2p", True):
-        mean, sent = _sparse_mean(comm, compensated, codec, tag)
+        mean, sent, senders = _sparse_mean(comm, compensated, codec, tag, by_senders)
     else:
         mean, sent = _dense_mean(comm, compensated, codec, tag)
     if feedback:
-        feedback.remember(compensated, sent)
+        feedback.remember(compensated, sent, senders)
     return mean.to(device)

@@ -280,9 +280,11 @@ class ErrorFeedback:
     With decay 1 nothing is forgotten; SparseLoCo's decay below 1 makes the residual an exponential
     accumulator of past pseudo-gradients, which takes the place of the outer momentum. `decay` may be
     changed between calls (SparseLoCo's decay schedule). `flow` adds up, per call, where the buffer's
-    mass went (L2 norms): the new input, what was sent, what the decay threw away, what stays."""
+    mass went (L2 norms): the new input, what was sent, what the decay threw away, what stays; and
+    `senders`, how many ranks' messages held each coordinate any message held (K for a dense codec;
+    1 when the workers' top-k never overlap)."""
 
-    FLOW = ("delta", "sent", "decayed", "kept")
+    FLOW = ("delta", "sent", "decayed", "kept", "senders")
 
     def __init__(self, codec: Codec, decay: float = 1.0):
         self.codec, self.decay = codec, decay
@@ -295,11 +297,11 @@ class ErrorFeedback:
         self._last = (float(x.norm()), (1 - self.decay) * old)
         return x if self.residual is None else x + self.decay * self.residual.to(x.device)
 
-    def remember(self, compensated: torch.Tensor, sent: torch.Tensor) -> None:
+    def remember(self, compensated: torch.Tensor, sent: torch.Tensor, senders: float = 1.0) -> None:
         self.residual = (compensated - sent.to(compensated.device)).detach().cpu()
         delta, decayed = self._last
         for key, value in (("calls", 1.0), ("delta", delta), ("sent", float(sent.norm())),
-                           ("decayed", decayed), ("kept", float(self.residual.norm()))):
+                           ("decayed", decayed), ("kept", float(self.residual.norm())), ("senders", senders)):
             self.flow[key] += value
 
     def take_flow(self) -> dict[str, float]:

@@ -135,10 +135,11 @@ class Fragment:
     """θ_global, the outer optimizer and the error-feedback residual of one group of parameters."""
 
     def __init__(self, params: Sequence[torch.Tensor], lr: float, momentum: float, codec: Codec, feedback: bool,
-                 nesterov: bool = True, decay: float = 1.0):
+                 nesterov: bool = True, decay: float = 1.0, by_senders: bool = False):
         """Outer SGD at `lr` with `momentum` (Nesterov's when `nesterov`); with `feedback` and a lossy
-        codec, an error-feedback residual that decays by `decay` at each sync."""
-        self.params, self.codec = list(params), codec
+        codec, an error-feedback residual that decays by `decay` at each sync. `by_senders`: a sparse
+        codec's messages are averaged over the ranks that sent each coordinate (comm/reduce.py)."""
+        self.params, self.codec, self.by_senders = list(params), codec, by_senders
         self.anchor = nn.Parameter(parameters_to_vector(params).detach().clone())
         self.outer = torch.optim.SGD([self.anchor], lr=lr, momentum=momentum, nesterov=nesterov and momentum > 0)
         self.feedback = ErrorFeedback(codec, decay) if feedback and not codec.lossless else None
@@ -153,7 +154,7 @@ class Fragment:
     def sync(self, comm, tag: str, step: int, delay: int) -> None:
         """Average the pseudo-gradient over `comm`'s ranks and take one outer step; merge at step + delay."""
         delta = self.anchor.detach() - parameters_to_vector(self.params)
-        self.step(compressed_mean(comm, delta, self.codec, tag, self.feedback))
+        self.step(compressed_mean(comm, delta, self.codec, tag, self.feedback, self.by_senders))
         self.schedule(step, delay)
 
     @torch.no_grad()

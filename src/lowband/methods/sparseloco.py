@@ -9,7 +9,8 @@ codes into four levels per 1,024 values, the means of the values' quartiles). Wh
 the buffer, e_i <- e_i - sent_i, so nothing is lost, only delayed; the decaying buffer takes the
 place of DiLoCo's outer momentum. The messages are all-gathered (a sparse sum cannot be reduced on
 the way: every worker receives every other's message, (K - 1) messages per worker, counted as the
-ring all-gather in comm/ledger.py), each worker averages them, and an outer SGD step at `outer_lr`
+ring all-gather in comm/ledger.py), each worker averages them (over the K workers, or with
+`mean=senders` over the workers whose message holds each coordinate), and an outer SGD step at `outer_lr`
 (1 in the paper; `outer_momentum` 0 by default, Nesterov or heavy-ball as an option) moves
 θ_global; every worker continues from θ_global. The global (evaluated) model is θ_global.
 
@@ -54,6 +55,8 @@ class SparseLoCoConfig(DiLoCoConfig):
     codec: str = opt("lut2", f"how the kept values travel: {VALUE_SPECS}")
     outer_lr: float = opt(1.0, "outer SGD learning rate on the averaged sparse pseudo-gradients")
     outer_momentum: float = opt(0.0, "outer momentum in [0, 1) (0: the error buffer is the momentum)")
+    mean: str = opt("workers", "how the messages are averaged: 'workers' divides each coordinate's sum by "
+                               "the K workers (the paper), 'senders' by the workers whose message holds it")
     ef_decay_end: float = opt(-1.0, "the decay at the run's last step, reached linearly from ef_decay, in [0, 1] "
                                     "(-1: ef_decay throughout)")
     flush: str = opt("", "at the end, send what the error buffers hold once through this dense codec "
@@ -67,6 +70,7 @@ class SparseLoCoConfig(DiLoCoConfig):
         require(isinstance(self.codec, str) and not self.codec.strip().startswith("topk"), "method.codec",
                 self.codec, f"must be a value codec for the kept values: {VALUE_SPECS} (the top-k is method.density)")
         super().__post_init__()
+        require(self.mean in ("workers", "senders"), "method.mean", self.mean, "must be 'workers' or 'senders'")
         require(0 < self.density <= 1, "method.density", self.density, "must be in (0, 1]")
         require(self.chunk >= 1, "method.chunk", self.chunk, "must be an integer >= 1")
         require(0 <= self.ef_decay <= 1, "method.ef_decay", self.ef_decay, "must be in [0, 1]")
@@ -110,7 +114,7 @@ class SparseLoCo(DiLoCo):
     def _fragment(self, params: list, seed: int) -> Fragment:
         c = self.cfg
         return Fragment(params, c.outer_lr, c.outer_momentum, sparse_codec(c, seed), True,
-                        nesterov=c.outer_nesterov, decay=c.ef_decay)
+                        nesterov=c.outer_nesterov, decay=c.ef_decay, by_senders=c.mean == "senders")
 
     def decay_at(self, done: float) -> float:
         """The error buffer's decay once `done` (0..1) of the run's steps are behind."""
@@ -135,12 +139,13 @@ class SparseLoCo(DiLoCo):
 
     def end_epoch(self, epoch: int) -> dict:
         """DiLoCo's figures and where the error buffers' mass went this epoch (this rank's, summed over
-        fragments): mean per sync of ‖Δ‖ (the pseudo-gradient), ‖sent‖, ‖decayed‖ and ‖kept‖."""
+        fragments): mean per sync of ‖Δ‖ (the pseudo-gradient), ‖sent‖, ‖decayed‖ and ‖kept‖; and the
+        workers' overlap, `senders` (averaged over fragments): how many messages held each coordinate sent."""
         flows = [f.feedback.take_flow() for f in self.fragments if f.feedback]
         flows = [f for f in flows if f]
         extra = super().end_epoch(epoch)
         if flows:
-            extra["ef"] = {k: sum(f[k] for f in flows) for k in flows[0]}
+            extra["ef"] = {k: sum(f[k] for f in flows) / (len(flows) if k == "senders" else 1) for k in flows[0]}
         return extra
 
     def _last_outer_steps(self) -> None:
