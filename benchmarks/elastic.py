@@ -114,7 +114,7 @@ def summarize(run_dir: str, wall: float) -> dict:
     return {"bpb": last["val_bpb"], "wall": wall, "rounds": len(recs),
             "workers": statistics.mean(len(r["members"]) for r in recs),
             "redone": sum(1 for r in recs if r["attempt"] > 0), "lost": changes,
-            "bytes": last["bytes_total_by_tag"], "run_dir": run_dir}
+            "bytes": {t: v["sent"] for t, v in last["bytes_total"].items()}, "run_dir": run_dir}
 
 
 def report(name: str, results: list[dict]) -> None:

@@ -101,16 +101,12 @@ class EpochRecord:
         """Bytes per worker that crossed a site boundary; all bytes sent when the run had no site map."""
         return self.bytes_sent_per_worker if self.bytes_inter_per_worker is None else self.bytes_inter_per_worker
 
-    def to_json(self, only_set: bool = False) -> dict[str, Any]:
-        """The flat dict written to metrics.jsonl; `only_set`: leave out every field still at its
-        default (the elastic worker's records, which fill only some)."""
+    def to_json(self) -> dict[str, Any]:
+        """The flat dict written to metrics.jsonl (every run's: `lowband train`'s and an elastic job's)."""
         out = {f.name: getattr(self, f.name) for f in fields(self) if f.name != "extra"}
         bpb = any(out[k] is not None for k in _BPB)
         out = {k: v for k, v in out.items()
                if not (v is None and (k in _ONLY_WHEN_SET or (k in _BPB and not bpb)))}
-        if only_set:
-            blank = EpochRecord(epoch=self.epoch)
-            out = {k: v for k, v in out.items() if k == "epoch" or v != getattr(blank, k)}
         return {**out, **self.extra}
 
     @classmethod

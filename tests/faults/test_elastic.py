@@ -103,7 +103,7 @@ def simulate(run_dir) -> dict[str, torch.Tensor]:
     from lowband.methods.local_sgd import LocalSGD
     from lowband.models import build_for_task
     from lowband.models.flat import flat_state, load_flat
-    from lowband.run.elastic_worker import EpochOrder, round_steps
+    from lowband.run.elastic_order import EpochOrder, round_steps
     from lowband.run.runconfig import read_run_config
     from lowband.run.schedule import MethodSchedule
     from lowband.run.trainer import make_optimizer, task_loss, worker_data
@@ -206,7 +206,7 @@ def test_join_adds_a_worker_to_a_running_job(tmp_path):
     with open(run / "metrics.jsonl") as f:
         last = [json.loads(line) for line in f][-1]
     numel = sum(t.numel() for t in load_file(str(run / "model.safetensors")).values() if t.is_floating_point())
-    assert last["bytes_total_by_tag"]["join"] >= 4 * (2 * numel)  # θ_global and its momentum, float32
+    assert last["bytes_total"]["join"]["sent"] >= 4 * (2 * numel)  # θ_global and its momentum, float32
     assert_one_model(run, {0, 1, 2})
 
 

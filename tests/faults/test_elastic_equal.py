@@ -25,6 +25,7 @@ import sys
 import pytest
 
 from lowband.comm import BOOKKEEPING_TAGS
+from lowband.run.elastic_records import RANK_KEYS
 
 pytestmark = pytest.mark.timeout(240)
 SIZES = ["--workers", "2", "--epochs", "2", "--seed", "3", "--set", "data.num_samples=500", "--batch-size", "9",
@@ -53,6 +54,16 @@ def assert_same_training(plain: list[dict], elastic: list[dict]) -> None:
                 assert close(p[key], e[key]), (key, p["epoch"], p[key], e[key])
 
 
+def assert_same_keys(plain: list[dict], elastic: list[dict]) -> None:
+    """The trainer's keys, its per-rank figures null, plus the job's own three; samples and steps alike."""
+    for p, e in zip(plain, elastic, strict=True):
+        assert set(e) == set(p) | {"rounds", "workers", "workers_seen"}, set(e) ^ set(p)
+        assert all(e[k] is None for k in RANK_KEYS) and all(p[k] is not None for k in RANK_KEYS)
+        assert (e["samples"], e["steps"], e["reached_target_epoch"]) == (p["samples"], p["steps"], None)
+        assert e["bytes_inter_per_worker"] == e["bytes_sent_per_worker"] > 0  # no site map: every byte crosses
+        assert e["samples_per_s"] > 0 and set(e["time"]) <= set(p["time"])
+
+
 @pytest.mark.parametrize("method, extra", [
     ("local_sgd", []),
     ("diloco", ["--set", "method.outer_lr=0.7", "--set", "method.outer_momentum=0.9"]),
@@ -69,6 +80,7 @@ def test_a_fixed_membership_elastic_job_trains_as_lowband_train(tmp_path, method
     sent_elastic = [r["bytes_sent_per_worker"] for r in elastic]
     assert sent_elastic[0] > 0 and sent_plain[0] == sent_elastic[0]  # epoch 1: its 5 rounds' averages, no more
     assert [r["outer_steps"] for r in elastic] == [r["outer_steps"] for r in plain]  # the method's own figure
+    assert_same_keys(plain, elastic)
     # bytes per tag under the trainer's keys: per worker (`bytes`) and over the workers (`bytes_total`)
     for key in ("bytes", "bytes_total"):
         for way in ("sent", "recv"):

@@ -5,11 +5,12 @@ from __future__ import annotations
 
 import pathlib
 import re
+import threading
 import time
 
 import pytest
 
-from lowband.comm.ledger import Ledger, Traffic
+from lowband.comm.ledger import Ledger, Tally, Traffic
 from lowband.comm.links import LinkModel, LinkSpec
 
 SRC = pathlib.Path(__file__).resolve().parents[2] / "src" / "lowband"
@@ -53,3 +54,30 @@ def test_a_posted_call_reserves_every_link_it_takes_and_says_when_all_arrived(wa
     ready = ledger.count("grad", 400, 400, wire=300, links=[(1, 100, True), (2, 300, True)])
     assert ready == link.free_at[2] > link.free_at[1] and waited == []  # the caller waits when its call completes
     assert Ledger().count("grad", 400, 400, links=[(1, 100, True)]) == 0.0  # no modelled link: nothing to wait for
+
+
+def test_a_tally_loses_no_byte_to_threads_adding_while_the_loop_takes():
+    """Eight threads add 1,000 times each while the loop takes repeatedly: the takes sum to every add."""
+    tally, taken, stop = Tally(), [], threading.Event()
+
+    def add(i):
+        for _ in range(1000):
+            tally.add(sent=1, recv=2, inter=i % 2)
+
+    def take():
+        while not stop.is_set():
+            taken.append(tally.take())
+
+    taker = threading.Thread(target=take)
+    taker.start()
+    adders = [threading.Thread(target=add, args=(i,)) for i in range(8)]
+    for t in adders:
+        t.start()
+    for t in adders:
+        t.join()
+    stop.set()
+    taker.join()
+    taken.append(tally.take())
+    assert sum(t.sent for t in taken) == 8000 and sum(t.recv for t in taken) == 16000
+    assert sum(t.inter for t in taken) == 4000
+    assert tally.take(with_inter=False) == Traffic(0.0, 0.0, None)

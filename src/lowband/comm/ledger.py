@@ -32,6 +32,7 @@ Communicators made from one another (split, alone, an elastic quorum's) share th
 
 from __future__ import annotations
 
+import threading
 import time
 from collections import defaultdict
 from collections.abc import Iterable
@@ -59,6 +60,27 @@ class Traffic(NamedTuple):
     sent: float = 0.0
     recv: float = 0.0
     inter: float | None = None
+
+
+class Tally:
+    """Bytes that threads other than the training loop move (a prediction server's answers, a reader's
+    soft labels), added up under a lock until the loop takes them into its ledger (`Ledger.outside`)."""
+
+    def __init__(self):
+        self._lock = threading.Lock()
+        self._sent = self._recv = self._inter = 0.0
+
+    def add(self, sent: float = 0.0, recv: float = 0.0, inter: float = 0.0) -> None:
+        with self._lock:
+            self._sent, self._recv, self._inter = self._sent + sent, self._recv + recv, self._inter + inter
+
+    def take(self, with_inter: bool = True) -> Traffic:
+        """What was added since the last take, and zero again; `with_inter` False: inter None (the
+        taker's ledger decides whether it crossed)."""
+        with self._lock:
+            taken = Traffic(self._sent, self._recv, self._inter if with_inter else None)
+            self._sent = self._recv = self._inter = 0.0
+        return taken
 
 
 def allreduce_traffic(nbytes: float, world: int) -> Traffic:

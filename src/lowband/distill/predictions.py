@@ -30,7 +30,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from lowband.comm.ledger import Traffic
+from lowband.comm.ledger import Tally, Traffic
 from lowband.comm.value_codecs import Codec, parse_codec
 from lowband.distill import wire
 from lowband.distill.teacher import TeacherServer
@@ -100,8 +100,7 @@ class PredictionServer(TeacherServer):
         self.codec, self.topk, self.site, self.wait_s = parse_codec(codec, "method.codec"), topk, site, wait_s
         self.version, self.held = 0, {0: 0}  # version -> its slot in `replicas`
         self.fresh = threading.Condition(self._lock)
-        self.counting = threading.Lock()
-        self.bytes_in = self.bytes_out = self.bytes_inter = 0
+        self.moved = Tally()  # answers sent (sent), requests received (recv), answers across sites (inter)
         self.finished: set[int] = set()  # asker ranks that said they are done (`done` frames)
         self.last_ask = time.monotonic()
 
@@ -158,18 +157,12 @@ class PredictionServer(TeacherServer):
         if frame.kind == "done":  # the asker counts the handshake, as control
             return
         self.last_ask = time.monotonic()
-        with self.counting:
-            self.bytes_in += request_bytes
-            self.bytes_out += reply_bytes
-            if frame.meta.get("site", self.site) != self.site:
-                self.bytes_inter += reply_bytes
+        crossed = frame.meta.get("site", self.site) != self.site
+        self.moved.add(sent=reply_bytes, recv=request_bytes, inter=reply_bytes if crossed else 0)
 
     def take_bytes(self) -> Traffic:
         """Answers sent, requests received and answers sent across sites since the last call."""
-        with self.counting:
-            taken = Traffic(self.bytes_out, self.bytes_in, self.bytes_inter)
-            self.bytes_in = self.bytes_out = self.bytes_inter = 0
-        return taken
+        return self.moved.take()
 
     def address(self) -> dict:
         """What a replica needs to reach this server (the host it binds, unless that is every interface)."""

@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from lowband.comm.ledger import Traffic
+from lowband.comm.ledger import Tally, Traffic
 from lowband.distill import wire
 from lowband.distill.coordinator import Coordinator, TeacherInfo, redact
 from lowband.distill.link import TeacherLink
@@ -127,7 +127,7 @@ class DistilReader:
         self.seq = itertools.count()
         self.stats = {"batches_sent": 0, "resent": 0, "teacher_failures": 0, "teachers_added": 0,
                       "starved_s": 0.0}
-        self.moved = [0, 0]  # bytes sent to and received from teachers since the student last took them
+        self.moved = Tally()  # bytes sent to and received from teachers since the student last took them
         self.timeline: list[dict] = []
         self._warned: dict[str, float] = {}
         self._t0 = time.monotonic()
@@ -211,16 +211,12 @@ class DistilReader:
             self.work.wait(0.05)
 
     def add_bytes(self, sent: int = 0, recv: int = 0) -> None:
-        with self.cv:
-            self.moved[0] += sent
-            self.moved[1] += recv
+        self.moved.add(sent, recv)
 
     def take_bytes(self) -> Traffic:
         """The bytes sent and received since the last call; the student counts them in its ledger
         (lowband.distill.sources), so the reader keeps no totals of its own."""
-        with self.cv:
-            moved, self.moved = Traffic(self.moved[0], self.moved[1]), [0, 0]
-        return moved
+        return self.moved.take(with_inter=False)
 
     def link_failed(self, link: TeacherLink, error: Exception) -> None:
         with self.cv:

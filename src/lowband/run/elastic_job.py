@@ -30,7 +30,8 @@ from lowband.errors import ConfigError, UsageError
 from lowband.records import EpochRecord
 from lowband.registry import METHODS
 from lowband.run import checkpoint, launch
-from lowband.run.elastic_worker import EARLIER, JOB_FILE, read_job
+from lowband.run.elastic_records import EARLIER
+from lowband.run.elastic_worker import JOB_FILE, read_job
 from lowband.run.metrics import human_bytes, read_metrics
 from lowband.run.runconfig import check_model, new_run_dir, prepare_run_dir, read_run_config, write_config
 from lowband.run.rundir import RunDir
@@ -259,7 +260,7 @@ def summarize(run_dir: str) -> None:
     last = epochs[-1]
     acc = "-" if last.val_acc is None else f"{last.val_acc:.4f}"
     figure = f"val bpb {last.val_bpb:.4f}" if last.val_bpb is not None else f"val acc {acc}"
-    tags = ", ".join(f"{t} {human_bytes(v)}" for t, v in sorted(last.extra["bytes_total_by_tag"].items()) if v)
+    tags = ", ".join(f"{t} {human_bytes(v['sent'])}" for t, v in sorted(last.bytes_total.items()) if v["sent"])
     print(f"lowband: elastic job done: {len(epochs)} epoch(s) in {len(rounds)} round(s); workers per round "
           f"{min(sizes)}..{max(sizes)} (mean {sum(sizes) / len(sizes):.2f}), membership changed {changes} time(s), "
           f"{redone} round(s) redone; {figure}; sent {tags}", file=sys.stderr)
@@ -281,7 +282,7 @@ def plot(run_dir: str, rounds: list[dict], epochs: list[EpochRecord]) -> str:
     top.yaxis.set_major_locator(MaxNLocator(integer=True))
     top.set_title("elastic job: membership and validation over time")
     bpb = epochs[-1].val_bpb is not None
-    bottom.plot([r.extra["elapsed_s"] for r in epochs], [r.val_bpb if bpb else r.val_acc for r in epochs], marker="o")
+    bottom.plot([r.time["elapsed_s"] for r in epochs], [r.val_bpb if bpb else r.val_acc for r in epochs], marker="o")
     bottom.set_ylabel("validation bits per byte" if bpb else "validation accuracy")
     bottom.set_xlabel("seconds since the job started")
     fig.tight_layout()

@@ -26,11 +26,7 @@ launched workers all stay trains what `lowband train` of the same method trains,
 (tests/faults/test_elastic_equal.py). A round in which nobody contributes (round 0, or a round of
 receivers alone) runs no collective: there is no pseudo-gradient to average.
 
-For tests, LOWBAND_ELASTIC_FAULT="ID:ROUND:WHERE:ACTION[:SECONDS]" makes worker ID, in round ROUND,
-at WHERE (inner: after its first inner step before that round; exchange: after the quorum formed, before the
-collective) kill itself (SIGKILL), stop itself (SIGSTOP) for SECONDS, start `lowband join RUN_DIR` and
-wait (up to SECONDS) until the new worker is live, so that it arrives while the round is exchanging, or
-`fail`: raise an error at WHERE in that round and every one after it (a cause that does not go away).
+For tests, LOWBAND_ELASTIC_FAULT plans a fault per worker (run/elastic_faults.py).
 
 A worker's exchange that fails elastic.max_failed_rounds times in a row for the same cause (its first
 line, numbers aside) ends the job: the first worker to give up says why in one line, exit code 3. A
@@ -44,39 +40,35 @@ import contextlib
 import json
 import os
 import re
-import signal
 import socket
-import subprocess
-import sys
 import time
 
 import redis
 import torch
 from torch import nn
 
-from lowband.comm import BOOKKEEPING_TAGS, Communicator
+from lowband.comm import Communicator
 from lowband.comm.ledger import Ledger
 from lowband.comm.membership import ABORT, COMMIT, Arrival, Membership, Quorum, decide, wait_until
 from lowband.comm.rendezvous import RedisStore, check_bindable
 from lowband.config import Config
-from lowband.data.loader import Batch
 from lowband.data.metric import metric_for
 from lowband.errors import Diverged, Unavailable, UsageError
 from lowband.methods.base import Context, Method
 from lowband.methods.elastic_outer import ElasticOuter
 from lowband.models import build_for_task
-from lowband.records import EpochRecord
 from lowband.registry import METHODS
 from lowband.run import checkpoint
-from lowband.run.launch import die_with_parent, leave_now
-from lowband.run.metrics import human_bytes, setup_logging
-from lowband.run.reporter import set_scores
+from lowband.run.elastic_faults import Faults
+from lowband.run.elastic_order import EpochOrder, round_steps
+from lowband.run.elastic_records import checkpoint_state, epoch_record, reached_target
+from lowband.run.launch import leave_now
+from lowband.run.metrics import human_bytes, read_metrics, setup_logging
 from lowband.run.rundir import RunDir
 from lowband.run.schedule import MethodSchedule
-from lowband.run.trainer import WorkerData, checked_step, make_optimizer, model_metadata, model_scores, rank_batches, worker_data
+from lowband.run.trainer import checked_step, make_optimizer, model_metadata, model_scores, worker_data
 
 JOB_FILE = "elastic.json"
-EARLIER = "earlier"  # the ledger entry holding a resumed job's bytes from before the resume
 
 
 def read_job(run_dir: str) -> dict:
@@ -95,49 +87,6 @@ def read_job(run_dir: str) -> dict:
         raise UsageError(f"{path} is damaged (no coordinator URL and job id); continue the job with "
                          f"`lowband train --resume {run_dir}`, which writes it again")
     return job
-
-
-def round_steps(method_cfg) -> int:
-    """Inner steps between two rounds: tau, or tau / fragments for Streaming DiLoCo."""
-    return method_cfg.tau // getattr(method_cfg, "fragments", 1)
-
-
-class EpochOrder:
-    """The order of an elastic epoch's samples, from the trainer's data plan for the job's launched
-    workers (train.workers = K): each rank's shuffled shard, as the trainer's `Batches` takes it that
-    epoch, is cut into runs of `per_worker` samples (one round's inner steps) and the runs are laid
-    out round by round, rank 0 to K - 1 within a round. A quorum hands out consecutive slices of
-    `per_worker` from a cursor (comm/membership.py's `decide`), so while the K launched workers all
-    stay, member j's slice of a round is exactly the trainer's rank j's next inner steps; when the
-    membership changes the slices are still disjoint pieces of the one order. An epoch has
-    K x (the trainer's steps per epoch) x batch samples (the trainer leaves the same remainder out)."""
-
-    def __init__(self, cfg: Config, plan: WorkerData, per_worker: int):
-        self.data, self.per_worker = plan.data, per_worker
-        self.sources = [rank_batches(cfg, plan, r, torch.device("cpu")) for r in range(cfg.train.workers)]
-        self.per_rank = plan.steps * cfg.train.batch_size
-        self.samples = self.per_rank * len(self.sources)
-        # each position's place in its rank's epoch: how far the trainer's rank is when it takes it
-        self.local = self._lay_out([torch.arange(self.per_rank)] * len(self.sources))
-        self._epoch, self._ids = -1, torch.empty(0, dtype=torch.int64)
-
-    def _lay_out(self, orders: list[torch.Tensor]) -> torch.Tensor:
-        runs = [order.split(self.per_worker) for order in orders]
-        return torch.cat([run for row in zip(*runs, strict=True) for run in row])
-
-    def ids(self, epoch: int) -> torch.Tensor:
-        """The sample ids of epoch `epoch` (0-based; the trainer's epoch epoch + 1) in order."""
-        if epoch != self._epoch:
-            self._epoch = epoch
-            self._ids = self._lay_out([source.order(epoch + 1)[:self.per_rank] for source in self.sources])
-        return self._ids
-
-    def done(self, at: int) -> float:
-        """The share of the epoch the trainer's rank has trained when it takes position `at`."""
-        return int(self.local[at]) / self.per_rank
-
-    def batch(self, ids: torch.Tensor) -> Batch:
-        return Batch(self.data.x_train[ids], self.data.y_train[ids], ids)
 
 
 def main(run_dir: str, resume: str = "0", joiner: str = "0") -> None:
@@ -200,8 +149,9 @@ class ElasticWorker:
         self.epoch, self.cursor, self.epoch_loss, self.epoch_steps = 0, 0, 0.0, 0
         self.attempts: dict[int, int] = {}
         self.failed: tuple[str, int] = ("", 0)  # this worker's last exchange failure's cause, and how often in a row
-        self.started = time.monotonic()
-        self.fault = _fault_plan(self.id)
+        self.started = self.epoch_clock = time.monotonic()  # epoch_clock: when this worker saw the last epoch end
+        self.epoch_s = 0.0  # the seconds of the epoch that ended in the round just committed, on this clock
+        self.faults = Faults(self.id, self.members, run_dir, self.log)
 
     # ---- the loop --------------------------------------------------------------------------------
     def run(self, resume: bool) -> None:
@@ -220,7 +170,7 @@ class ElasticWorker:
                     self._see_finished(q)
                 self.log.info(f"worker {self.id}: finished with θ_global {self.outer.fingerprint()} "
                               f"(version {self.version})")
-                self._wait_for_joiner()
+                self.faults.wait_for_joiner()
                 return
             self._train(q)
 
@@ -322,7 +272,7 @@ class ElasticWorker:
         saved, opened = self.outer.state_dict(), list[RedisStore]()
         ok, cause, self.final = True, "", None
         try:
-            self._maybe_fault(q.round, "exchange")
+            self.faults.maybe(q.round, "exchange")
             contribute = self.id in q.contributors
             agree = self.id not in q.receivers
             if q.contributors:  # no pseudo-gradient anywhere (round 0): no collective
@@ -412,6 +362,9 @@ class ElasticWorker:
         self.trained, self.loss_sum = 0, 0.0
         self.epoch, self.cursor = q.epoch, q.next_cursor
         self.epoch_loss, self.epoch_steps = q.epoch_loss, q.epoch_steps
+        if q.epoch_end >= 0:
+            now = time.monotonic()
+            self.epoch_s, self.epoch_clock = now - self.epoch_clock, now
         if self.id == q.members[0]:
             self._record(q)
 
@@ -456,47 +409,31 @@ class ElasticWorker:
             self._finish_job()
 
     def _epoch_record(self, q: Quorum, elapsed: float) -> None:
-        """metrics.jsonl's record of epoch q.epoch_end: θ_global's scores, the epoch's loss, every worker's bytes."""
-        glob = self.global_model()
-        scores = model_scores(glob, self.data, self.cfg.train.eval_batch_size, torch.device("cpu"))
-        by_tag, workers = self._bytes_by_tag()
-        counted = [moved for t, moved in by_tag.items() if t not in BOOKKEEPING_TAGS]
-        total, recv = sum(m["sent"] for m in counted), sum(m["recv"] for m in counted)
-        per = max(workers, 1)
-        record = EpochRecord(
-            epoch=q.epoch_end, train_loss=q.ended_loss, bytes_sent_per_worker=total / per,
-            bytes_recv_per_worker=recv / per,
-            bytes={tag: {k: n / per for k, n in moved.items()} for tag, moved in by_tag.items()},  # the trainer's
-            bytes_total=by_tag,  # keys: per worker, and summed over the workers
-            lr=self.optimizer.param_groups[0]["lr"],
-            extra={"outer_steps": q.round // getattr(self.cfg.method, "fragments", 1),  # the trainer's count:
-                   # rounds of every fragment (round r ends inner step r·tau/P; round 0 trains nothing)
-                   "rounds": q.round + 1, "workers": len(q.members), "workers_seen": workers,
-                   "bytes_total_by_tag": {t: m["sent"] for t, m in by_tag.items()}, "bytes_sent_total": total,
-                   "elapsed_s": round(elapsed, 3)})
-        set_scores(record, scores, metric_for(self.cfg.data.name))
-        self.run_dir.stream("metrics").write(record.to_json(only_set=True))
+        """metrics.jsonl's record of epoch q.epoch_end (run/elastic_records.py) and its console line."""
+        t0 = time.monotonic()
+        scores = model_scores(self.global_model(), self.data, self.cfg.train.eval_batch_size, torch.device("cpu"))
+        metric = metric_for(self.cfg.data.name)
+        record = epoch_record(q, scores, metric, self._ledgers(), fragments=getattr(self.cfg.method, "fragments", 1),
+                              samples=(q.epoch_end) * self.samples, steps=self.steps,
+                              lr=self.optimizer.param_groups[0]["lr"], epoch_s=self.epoch_s + time.monotonic() - t0,
+                              eval_s=time.monotonic() - t0, elapsed_s=elapsed)
+        target = self.cfg.train.target_bpb if metric.from_loss else self.cfg.train.target_accuracy
+        record.corpus_sha256, record.corpus_bytes = self.data.meta.get("corpus_sha256"), self.data.meta.get("corpus_bytes")
+        record.reached_target_epoch = reached_target(read_metrics(self.run_dir.path), record, metric, target)
+        self.run_dir.stream("metrics").write(record.to_json())
         figure = (f"val bpb {record.val_bpb:.4f}" if record.val_bpb is not None
                   else f"val acc {record.val_acc if record.val_acc is not None else record.test_acc:.4f}")
         self.log.info(f"epoch {q.epoch_end}/{self.cfg.train.epochs}  round {q.round}  {len(q.members)} worker(s)  "
-                      f"loss {q.ended_loss:.4f}  {figure}  sent {human_bytes(total)} in all  {elapsed:.1f}s")
+                      f"loss {q.ended_loss:.4f}  {figure}  sent "
+                      f"{human_bytes(record.bytes_sent_per_worker * max(record.extra['workers_seen'], 1))} in all  "
+                      f"{elapsed:.1f}s")
 
-    def _bytes_by_tag(self) -> tuple[dict[str, dict[str, float]], int]:
-        """Every worker's bytes sent and received, summed by tag (those of a resumed job's earlier part
-        included), and how many workers moved them."""
-        ledgers = wait_until(self.members.ledgers, 30.0, poll_s=0.2) or {}
-        by_tag: dict[str, dict[str, float]] = {}
-        for ledger in ledgers.values():
-            for tag, moved in ledger.items():
-                moved = moved if isinstance(moved, dict) else {"sent": moved}  # a checkpoint's, from before recv
-                into = by_tag.setdefault(tag, {"sent": 0.0, "recv": 0.0})
-                for key in into:
-                    into[key] += moved.get(key, 0.0)
-        return by_tag, len([k for k in ledgers if k != EARLIER])
+    def _ledgers(self) -> dict:
+        """Every worker's published bytes by tag (a resumed job's earlier part under EARLIER)."""
+        return wait_until(self.members.ledgers, 30.0, poll_s=0.2) or {}
 
     def _checkpoint(self, q: Quorum) -> None:
-        state = {"version": q.version + 1, "round": q.round + 1, "epoch": q.epoch, "outer": self.outer.state_dict(),
-                 "model": self.model.state_dict(), "bytes_by_tag": self._bytes_by_tag()[0]}
+        state = checkpoint_state(q, self.outer.state_dict(), self.model, self._ledgers())
         checkpoint.save_state(state, checkpoint.job_path(self.run_dir.path, q.epoch_end))
 
     def _resume(self, said: bool) -> None:
@@ -530,46 +467,5 @@ class ElasticWorker:
             self.steps += 1
             self.trained, self.loss_sum = self.trained + 1, self.loss_sum + value
             if i == 0:
-                self._maybe_fault(q.round + 1, "inner")
-        self._maybe_fault(q.round + 1, "inner")  # a worker whose slice was empty meets its fault here
-
-    # ---- faults, for tests -----------------------------------------------------------------------
-    def _maybe_fault(self, round_no: int, where: str) -> None:
-        plan = self.fault
-        if plan is not None and plan[2] == "fail" and plan[0] <= round_no and plan[1] == where:
-            raise RuntimeError(f"LOWBAND_ELASTIC_FAULT: an injected failure at round {round_no}")
-        if plan is None or plan[0] != round_no or plan[1] != where:
-            return
-        self.fault = None
-        self.log.warning(f"worker {self.id}: LOWBAND_ELASTIC_FAULT: {plan[2]} at round {round_no} ({where})")
-        if plan[2] == "kill":
-            os.kill(os.getpid(), signal.SIGKILL)
-        if plan[2] == "join":  # start `lowband join` and go on once the joiner is live: it comes mid-exchange
-            self._join_now(plan[3] or 60.0)
-            return
-        subprocess.Popen(["sh", "-c", f"sleep {plan[3]}; kill -CONT {os.getpid()}"], start_new_session=True)
-        os.kill(os.getpid(), signal.SIGSTOP)
-
-    def _join_now(self, timeout_s: float) -> None:
-        before = self.members.live()
-        self.fault_joiner = subprocess.Popen([sys.executable, "-m", "lowband", "join", self.run_dir.path],
-                                       preexec_fn=die_with_parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-        wait_until(lambda: True if self.members.live() - before else None, timeout_s, poll_s=0.1)
-
-    def _wait_for_joiner(self, timeout_s: float = 30.0) -> None:
-        """A joiner this worker started (a fault) dies with it: let it finish the job it joined first."""
-        joiner = getattr(self, "fault_joiner", None)
-        if joiner is not None:
-            with contextlib.suppress(subprocess.TimeoutExpired):
-                joiner.wait(timeout=timeout_s)
-
-
-def _fault_plan(worker: int) -> tuple[int, str, str, float] | None:
-    spec = os.environ.get("LOWBAND_ELASTIC_FAULT", "")
-    for item in filter(None, spec.split(",")):
-        parts = item.split(":")
-        if int(parts[0]) == worker:
-            return int(parts[1]), parts[2], parts[3], float(parts[4]) if len(parts) > 4 else 0.0
-    return None
-
-
+                self.faults.maybe(q.round + 1, "inner")
+        self.faults.maybe(q.round + 1, "inner")  # a worker whose slice was empty meets its fault here

@@ -1,0 +1,79 @@
+"""What an elastic job writes when an epoch ends: `lowband train`'s record of θ_global, and the checkpoint.
+
+The source of the round that ends an epoch (run/elastic_worker.py) writes both. The record is the
+trainer's `EpochRecord` with the same keys as a `lowband train` run's, filled from the job: θ_global's
+scores (`set_scores`, the trainer's), the epoch's mean training loss over every slice trained, every
+worker's bytes per tag (their ledgers, published through the coordinator) under the trainer's `bytes`
+(per worker) and `bytes_total` (summed), the samples of the epochs so far, the source's optimizer
+steps and rate, and the epoch's seconds on the source's clock. Three figures are the job's own, in
+`extra`: `rounds`, `workers` (in the round that ended the epoch) and `workers_seen` (every worker that
+moved bytes). An elastic job has no fixed ranks, so the trainer's per-rank figures (`RANK_KEYS`) are
+null in its records; it has no site map, so every byte counts as crossing (`bytes_inter_per_worker`
+is the bytes sent), as in a `lowband train` run without one.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from lowband.comm import BOOKKEEPING_TAGS
+from lowband.comm.membership import Quorum
+from lowband.data.metric import Metric
+from lowband.records import EpochRecord, Scores
+from lowband.run.reporter import set_scores
+
+EARLIER = "earlier"  # the ledger entry holding a resumed job's bytes from before the resume
+#: the trainer's figures per rank, null in an elastic job's records
+RANK_KEYS = frozenset({"train_loss_ranks", "test_acc_ranks", "val_acc_ranks", "test_acc_L", "val_acc_L"})
+
+
+def bytes_by_tag(ledgers: dict) -> tuple[dict[str, dict[str, float]], int]:
+    """Every worker's bytes sent and received summed by tag (`ledgers`: worker -> {tag: {sent, recv}},
+    a resumed job's earlier part under EARLIER), and how many workers moved them."""
+    by_tag: dict[str, dict[str, float]] = {}
+    for ledger in ledgers.values():
+        for tag, moved in ledger.items():
+            moved = moved if isinstance(moved, dict) else {"sent": moved}  # a checkpoint's, from before recv
+            into = by_tag.setdefault(tag, {"sent": 0.0, "recv": 0.0})
+            for key in into:
+                into[key] += moved.get(key, 0.0)
+    return by_tag, len([k for k in ledgers if k != EARLIER])
+
+
+def epoch_record(q: Quorum, scores: Scores, metric: Metric, ledgers: dict, *, fragments: int, samples: int,
+                 steps: int, lr: float, epoch_s: float, eval_s: float, elapsed_s: float) -> EpochRecord:
+    """The record of epoch q.epoch_end. `samples`: trained in every epoch so far; `steps`: the source's
+    optimizer steps; `epoch_s`: the epoch's seconds on the source's clock, `eval_s` of them evaluating."""
+    by_tag, workers = bytes_by_tag(ledgers)
+    counted = [moved for t, moved in by_tag.items() if t not in BOOKKEEPING_TAGS]
+    total, recv = sum(m["sent"] for m in counted), sum(m["recv"] for m in counted)
+    per = max(workers, 1)
+    train_s = max(epoch_s - eval_s, 1e-9)
+    record = EpochRecord(
+        epoch=q.epoch_end, samples=samples, train_loss=q.ended_loss, steps=steps, lr=lr,
+        bytes_sent_per_worker=total / per, bytes_recv_per_worker=recv / per, bytes_inter_per_worker=total / per,
+        bytes={tag: {k: n / per for k, n in moved.items()} for tag, moved in by_tag.items()},
+        bytes_total=by_tag, samples_per_s=round(samples / max(q.epoch_end, 1) / train_s, 2),
+        time={"epoch_train_s": round(train_s, 4), "eval_s": round(eval_s, 4), "elapsed_s": round(elapsed_s, 4)},
+        extra={"outer_steps": q.round // fragments,  # the trainer's count: rounds of every fragment
+               # (round r ends inner step r·tau/P; round 0 trains nothing)
+               "rounds": q.round + 1, "workers": len(q.members), "workers_seen": workers})
+    set_scores(record, scores, metric)
+    return record
+
+
+def reached_target(earlier: list[EpochRecord], record: EpochRecord, metric: Metric, target: float) -> int | None:
+    """The first epoch whose validation figure reached `target` (0: none set), as the trainer records it."""
+    if not target:
+        return None
+    for r in [*earlier, record]:
+        value = r.value(metric.val_key)
+        if value is not None and metric.reaches(value, target):
+            return r.epoch
+    return None
+
+
+def checkpoint_state(q: Quorum, outer_state: dict, model: torch.nn.Module, ledgers: dict) -> dict:
+    """What the job resumes from after epoch q.epoch_end (checkpoint.job_path)."""
+    return {"version": q.version + 1, "round": q.round + 1, "epoch": q.epoch, "outer": outer_state,
+            "model": model.state_dict(), "bytes_by_tag": bytes_by_tag(ledgers)[0]}
