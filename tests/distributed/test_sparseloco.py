@@ -45,11 +45,12 @@ def np_message(e: np.ndarray, density: float, chunk: int) -> np.ndarray:
 
 
 def reference(ranks, steps, tau, lr, momentum, decay, density, chunk, decay_end=None, total=None,
-              flush=False, density_end=None, density_from=0.0, by_senders=False) -> dict:
+              flush=False, density_end=None, density_from=0.0, by_senders=False, lr_end=None, lr_from=0.0) -> dict:
     """θ_global after each sync from every rank's parameters before it: e <- β·e + Δ, send the
     message, e <- e - message, mean over ranks, Nesterov SGD (torch's form: the first step's buffer is
     the gradient); `by_senders` divides each coordinate's sum by the messages non-zero there (at
-    least 1), and the key "senders" holds the mean over syncs of (non-zeros / coordinates covered).
+    least 1); with `lr_end` the outer lr moves linearly from `lr` at `lr_from` of the run to `lr_end`
+    at its end, as the density does; the key "senders" holds the mean over syncs of (non-zeros / coordinates covered).
     β is `decay`, or with `decay_end` moves linearly to it over `total` steps (β at the
     sync after step s + 1 of `total`). With `flush`, the key "flush" holds θ_global after one more
     outer step on the mean of the buffers, sent dense in fp32. With `density_end`, the density moves
@@ -58,15 +59,16 @@ def reference(ranks, steps, tau, lr, momentum, decay, density, chunk, decay_end=
     anchor, buf, out, overlap = initial_model_vector(), None, {}, []
     errors = [np.zeros_like(anchor) for _ in ranks]
 
-    def outer(anchor, grad, buf):
+    def outer(anchor, grad, buf, rate=lr):
         buf = grad if buf is None else momentum * buf + grad
-        return anchor - lr * (grad + momentum * buf if momentum else grad), buf
+        return anchor - rate * (grad + momentum * buf if momentum else grad), buf
 
     for s in range(tau - 1, steps, tau):
         beta = decay if decay_end is None else decay + (decay_end - decay) * (s + 1) / total
         done = (s + 1) / total if total else 0.0
         share = density if density_end is None or done <= density_from else \
             density + (density_end - density) * (done - density_from) / (1 - density_from)
+        rate = lr if lr_end is None or done <= lr_from else lr + (lr_end - lr) * (done - lr_from) / (1 - lr_from)
         sent = []
         for r, rank in enumerate(ranks):
             errors[r] = beta * errors[r] + (anchor - rank["pre"][s].double().numpy())
@@ -75,11 +77,11 @@ def reference(ranks, steps, tau, lr, momentum, decay, density, chunk, decay_end=
         held = (np.array(sent) != 0).sum(axis=0)
         overlap.append(held.sum() / (held > 0).sum())
         mean = np.sum(sent, axis=0) / np.maximum(held, 1) if by_senders else np.mean(sent, axis=0)
-        anchor, buf = outer(anchor, mean, buf)
+        anchor, buf = outer(anchor, mean, buf, rate)
         out[s] = anchor
     out["senders"] = float(np.mean(overlap))
     if flush:
-        out["flush"] = outer(anchor, np.mean(errors, axis=0), buf)[0]
+        out["flush"] = outer(anchor, np.mean(errors, axis=0), buf, rate)[0]
     return out
 
 
@@ -151,6 +153,20 @@ def test_a_density_schedule_widens_the_messages_late_as_the_numpy_reference_does
     assert np.abs(constant[8] - expected[8]).max() > 1e-3  # the schedule changed what was sent
     sizes = [sparse_codec(SparseLoCoConfig(density=d, chunk=chunk)).payload_bytes(P) for d in (0.053, 0.087, 0.12)]
     assert ranks[0]["stats"]["params"]["sent"] == pytest.approx((world - 1) * sum(sizes))
+
+
+def test_an_outer_lr_schedule_matches_the_numpy_reference(tmp_path):
+    """outer lr 1 until 30% of a 9-step run, then linearly to 3 at its end: about 1.10, 2.05 and 3 at the
+    syncs after steps 3, 6 and 9."""
+    world, steps, tau, density, chunk = 3, 9, 3, 0.05, 1000
+    ranks = trace(tmp_path, world, steps, tau=tau, density=density, chunk=chunk, outer_lr=1.0, outer_lr_end=3.0,
+                  outer_lr_from=0.3, epochs=1)
+    expected = reference(ranks, steps, tau, 1.0, 0.0, 0.95, density, chunk, total=steps, lr_end=3.0, lr_from=0.3)
+    for s in (2, 5, 8):
+        for r in ranks:
+            np.testing.assert_allclose(r["post"][s].double().numpy(), expected[s], rtol=1e-4, atol=1e-5)
+    constant = reference(ranks, steps, tau, 1.0, 0.0, 0.95, density, chunk)
+    assert np.abs(constant[8] - expected[8]).max() > 1e-3  # the schedule moved θ_global
 
 
 def test_an_int8_flush_costs_the_dense_exchange_of_int8_segments(tmp_path):

@@ -132,7 +132,8 @@ CASES = {
                     ("chunk=100000000", "method.chunk"), ("codec='topk:0.1'", "method.codec"),
                     ("codec=int3", "method.codec"), ("ef_decay=1.5", "method.ef_decay"),
                     ("tau_schedule='8@0.5/4@0.6'", "method.tau_schedule"), ("tau_schedule=abc", "method.tau_schedule"),
-                    ("error_feedback=false", "method.error_feedback"), ("mean=median", "method.mean")]},
+                    ("error_feedback=false", "method.error_feedback"), ("mean=median", "method.mean"),
+                    ("outer_lr_end=0", "method.outer_lr_end"), ("outer_lr_from=1", "method.outer_lr_from")]},
     "model-beyond-memory": (["--model", "gpt", "--dataset", "text", "--set", "model.n_embd=1000000000000",
                              "--set", "model.n_head=1"], "does not fit in this machine's memory"),
 }

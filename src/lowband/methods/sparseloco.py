@@ -25,13 +25,16 @@ forgetting what it could not send while the inner rate is small); `flush` sends,
 model is made, what every error buffer still holds through a dense value codec (its bytes counted
 like any sync), so the final θ_global misses nothing the workers learnt. Every epoch's record says
 where the buffer's mass went (`ef`: the mean per sync of ‖Δ‖, ‖sent‖, ‖decayed‖ and ‖kept‖).
-`density_end` widens the channel late instead: from `density_from` of the run on, the share of each
+`outer_lr_end` moves the outer step the same way (from `outer_lr_from` of the run on, linearly from
+`outer_lr` to `outer_lr_end` at the last step; stop 48: a larger outer step loses less as the inner
+rate anneals). `density_end` widens the channel late instead: from `density_from` of the run on, the share of each
 chunk sent moves linearly from `density` to `density_end` at the last step (every rank computes the
 same share from the step count, so the messages keep one size per sync; the bytes are counted as sent).
 """
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 import torch
@@ -65,6 +68,10 @@ class SparseLoCoConfig(DiLoCoConfig):
                                    "from density_from of the run on (-1: density throughout)")
     density_from: float = opt(0.0, "the share of the run's steps, in [0, 1), after which the density moves "
                                    "towards density_end")
+    outer_lr_end: float = opt(-1.0, "the outer lr at the run's last step, > 0, reached linearly from outer_lr from "
+                                    "outer_lr_from of the run on (-1: outer_lr throughout)")
+    outer_lr_from: float = opt(0.0, "the share of the run's steps, in [0, 1), after which the outer lr moves "
+                                    "towards outer_lr_end")
 
     def __post_init__(self):
         require(isinstance(self.codec, str) and not self.codec.strip().startswith("topk"), "method.codec",
@@ -79,12 +86,22 @@ class SparseLoCoConfig(DiLoCoConfig):
         require(self.density_end == -1 or 0 < self.density_end <= 1, "method.density_end", self.density_end,
                 "must be in (0, 1], or -1 for density throughout")
         require(0 <= self.density_from < 1, "method.density_from", self.density_from, "must be in [0, 1)")
+        require(self.outer_lr_end == -1 or (math.isfinite(self.outer_lr_end) and self.outer_lr_end > 0),
+                "method.outer_lr_end", self.outer_lr_end, "must be > 0, or -1 for outer_lr throughout")
+        require(0 <= self.outer_lr_from < 1, "method.outer_lr_from", self.outer_lr_from, "must be in [0, 1)")
         require(isinstance(self.flush, str) and not self.flush.strip().startswith("topk"), "method.flush",
                 self.flush, f"must be '' (no flush) or a dense codec: {VALUE_SPECS}")
         if self.flush.strip():
             parse_codec(self.flush, "method.flush")
         require(self.error_feedback, "method.error_feedback", self.error_feedback,
                 "must be true: SparseLoCo's error buffer is the method (use diloco with codec=topk:F to go without)")
+
+
+def ramp(start: float, end: float, since: float, done: float) -> float:
+    """`start` until `done` (0..1 of the run) passes `since`, then linearly to `end` at 1 (-1 `end`: `start`)."""
+    if end == -1 or done <= since:
+        return start
+    return start + (end - start) * min((done - since) / (1 - since), 1.0)
 
 
 def sparse_codec(cfg: SparseLoCoConfig, seed: int = 0) -> Codec:
@@ -125,9 +142,12 @@ class SparseLoCo(DiLoCo):
         """The share of each chunk sent once `done` (0..1) of the run's steps are behind: `density`, then
         from `density_from` on linearly to `density_end` at the last step."""
         c = self.cfg
-        if c.density_end == -1 or done <= c.density_from:
-            return c.density
-        return c.density + (c.density_end - c.density) * min((done - c.density_from) / (1 - c.density_from), 1.0)
+        return ramp(c.density, c.density_end, c.density_from, done)
+
+    def outer_lr_at(self, done: float) -> float:
+        """The outer lr once `done` (0..1) of the run's steps are behind (`outer_lr`, then the ramp)."""
+        c = self.cfg
+        return ramp(c.outer_lr, c.outer_lr_end, c.outer_lr_from, done)
 
     def _outer_step(self, frag: Fragment, delay: int) -> None:
         done = self.steps / max(self.ctx.total_steps, 1)
@@ -135,6 +155,8 @@ class SparseLoCo(DiLoCo):
             frag.feedback.decay = self.decay_at(done)
         if self.cfg.density_end != -1 and isinstance(frag.codec, TopKCodec):
             frag.codec.set_fraction(self.density_at(done))
+        if self.cfg.outer_lr_end != -1:
+            frag.outer.param_groups[0]["lr"] = self.outer_lr_at(done)
         super()._outer_step(frag, delay)
 
     def end_epoch(self, epoch: int) -> dict:
