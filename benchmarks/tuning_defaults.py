@@ -271,12 +271,28 @@ def _gp(startup: int):
     return make
 
 
+def _adjacent(tune, fields):
+    """The axis search whose one-field changes are only the neighbouring values in each (ordered) list: a
+    pattern search that walks along a long list instead of polling all of it (stop 48's candidate)."""
+    from lowband.comparison.axis import AxisSampler
+
+    class Adjacent(AxisSampler):
+        def line(self, point, field):
+            values = list(self.space.values())[field]
+            at = values.index(point[field])
+            return [point[:field] + (v,) + point[field + 1:] for v in values[max(at - 1, 0):at + 2] if v != point[field]]
+
+    return Adjacent({f: list(tune.param(f).values) for f in fields}, seed=tune.seed)
+
+
 # name -> (sampler, pruner, trials: None = the sampler's default, a sampler factory in lowband's place or None);
 # a pruner of PRUNERS is put in lowband's place, "lowband-median" is lowband's own median pruner
 CANDIDATES = {
     "default": ("auto", "lowband-median", None, None),  # lowband's defaults: the axis search, the warmed-up median
     "axis": ("axis", "none", None, None),  # the axis search to its end, no pruning
     "axis-1poll+median-half": ("axis", "median-half", "poll", None),  # stopped after its first poll
+    "axis-adjacent": ("axis", "none", None, _adjacent),  # stop 48: one-field changes to neighbouring values only
+    "axis-adjacent+median-half": ("axis", "lowband-median", None, _adjacent),
     "grid": ("grid", "none", None, None),
     "grid+median": ("grid", "median", None, None),  # lowband's default before issue 44
     "grid+median-half": ("grid", "median-half", None, None),
