@@ -253,13 +253,23 @@ def ending_report(out: str) -> None:
 
 
 def ending_long(out: str) -> None:
-    """The best ending at ENDING_LONG epochs against Allreduce's at that length (seed 0)."""
+    """The best ending at ENDING_LONG epochs against Allreduce's at that length, per seed with both runs
+    (a seed with only the best ending's run prints its final figure alone)."""
     best = best_ending(out)
-    ref, run = (records(run_dir(out, spec, lr, 0, epochs=ENDING_LONG)) for spec, lr in (REFERENCE, (best, ENDING_LR)))
-    if best and ref and run and run[-1]["epoch"] >= ENDING_LONG:
+    if not best:
+        return
+    for seed in (0, *SEEDS):
+        ref, run = (records(run_dir(out, spec, lr, seed, epochs=ENDING_LONG))
+                    for spec, lr in (REFERENCE, (best, ENDING_LR)))
+        if not run or run[-1]["epoch"] < ENDING_LONG:
+            continue
+        if not ref:
+            print(f"\n{short(best)} at {ENDING_LONG} epochs (seed {seed}): {run[-1]['val_bpb']:.4f}; no Allreduce run "
+                  "of this seed and length")
+            continue
         gaps = " ".join(f"{100 * (r['val_bpb'] / q['val_bpb'] - 1):+.1f}%" for r, q in zip(run, ref, strict=False))
         ratio = ref[-1]["bytes_sent_per_worker"] / run[-1]["bytes_sent_per_worker"]
-        print(f"\n{short(best)} at {ENDING_LONG} epochs (seed 0): {run[-1]['val_bpb']:.4f} against "
+        print(f"\n{short(best)} at {ENDING_LONG} epochs (seed {seed}): {run[-1]['val_bpb']:.4f} against "
               f"{ref[-1]['val_bpb']:.4f}; per epoch {gaps}; {ratio:,.0f}x fewer bytes")
 
 
