@@ -83,3 +83,26 @@ def test_a_jobs_keys_expire_unless_kept_and_heartbeats_keep_their_own_life(url):
     m.keep_for(300)
     assert 100 < m.r.ttl(m.key("job")) <= 300
     assert all(0 < m.r.ttl(k) <= 300 for k in m.r.scan_iter(match=m.key("*")))
+
+
+def test_a_finished_jobs_launcher_waits_for_other_launchers_workers_before_its_coordinator_stops(url):
+    """A joiner (another launcher's worker) still live when the job finishes: the launcher that embeds the
+    coordinator waits until it leaves, not longer (and no longer than dead_after_s + 5 s when it never does)."""
+    import threading
+
+    from lowband.config import ElasticConfig
+    from lowband.run.elastic_job import let_others_leave
+
+    launcher = member(url, dead_after_s=1.0)
+    joiner = Membership(url, launcher.job, 1.0)
+    joiner.register({})
+    joiner.start_heartbeat(0.1)
+    threading.Timer(1.5, joiner.leave).start()  # it reads the finished status, then leaves
+    t0 = time.monotonic()
+    assert let_others_leave(launcher, ElasticConfig(dead_after_s=1.0, heartbeat_s=0.1))
+    assert 1.4 < time.monotonic() - t0 < 3.0
+    stuck = Membership(url, launcher.job, 30.0)  # a worker that never leaves and stays live: bounded
+    stuck.register({})
+    t0 = time.monotonic()
+    assert not let_others_leave(launcher, ElasticConfig(dead_after_s=0.5, heartbeat_s=0.1), poll_s=0.05)
+    assert 5.0 < time.monotonic() - t0 < 7.0

@@ -22,7 +22,7 @@ from typing import Any
 import redis
 
 from lowband import config as C
-from lowband.comm.membership import Membership, redact
+from lowband.comm.membership import Membership, redact, wait_until
 from lowband.comm.rendezvous import check_bindable
 from lowband.data import load_dataset
 from lowband.distill.redis_server import EmbeddedRedis
@@ -184,9 +184,11 @@ def supervise(procs, members: Membership, e: C.ElasticConfig, poll_s: float = 0.
                 finished_at = finished_at or time.monotonic()
                 if time.monotonic() - finished_at > e.dead_after_s + 10:  # a worker stopped for good: stop it
                     launch.stop(procs)
+                    let_others_leave(members, e)
                     return 0
             if all(c is not None for c in codes) and (status == "finished" or live == 0):
                 if status == "finished":
+                    let_others_leave(members, e)
                     return 0
                 failed = [c for c in codes if c]
                 print("lowband: every elastic worker left before the job finished; continue it with "
@@ -199,6 +201,13 @@ def supervise(procs, members: Membership, e: C.ElasticConfig, poll_s: float = 0.
         return 130
     finally:
         launch.stop(procs)
+
+
+def let_others_leave(members: Membership, e: C.ElasticConfig, poll_s: float = 0.1) -> bool:
+    """After the job finished, wait until no worker is live, at most elastic.dead_after_s + 5 s: a worker
+    another launcher started (`lowband join`) must read the finished status before this launcher stops
+    the coordinator it embeds, or it waits for a coordinator that is gone. True once none is live."""
+    return wait_until(lambda: True if not members.live() else None, e.dead_after_s + 5, poll_s=poll_s) is not None
 
 
 def _job_state(members: Membership, e: C.ElasticConfig) -> tuple[str | None, int]:
