@@ -26,8 +26,8 @@ model is made, what every error buffer still holds through a dense value codec (
 like any sync), so the final θ_global misses nothing the workers learnt. Every epoch's record says
 where the buffer's mass went (`ef`: the mean per sync of ‖Δ‖, ‖sent‖, ‖decayed‖ and ‖kept‖).
 `outer_lr_end` moves the outer step the same way (from `outer_lr_from` of the run on, linearly from
-`outer_lr` to `outer_lr_end` at the last step; stop 48: a larger outer step loses less as the inner
-rate anneals). `density_end` widens the channel late instead: from `density_from` of the run on, the share of each
+`outer_lr` to `outer_lr_end` at the last step; 3 rising to 6 over the second half bought nothing on the
+whole KJV, BENCHMARKS.md). `density_end` widens the channel late instead: from `density_from` of the run on, the share of each
 chunk sent moves linearly from `density` to `density_end` at the last step (every rank computes the
 same share from the step count, so the messages keep one size per sync; the bytes are counted as sent).
 """

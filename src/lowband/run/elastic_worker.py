@@ -64,6 +64,7 @@ from lowband.run.elastic_order import EpochOrder, round_steps
 from lowband.run.elastic_records import checkpoint_state, epoch_record, reached_target
 from lowband.run.launch import leave_now
 from lowband.run.metrics import human_bytes, read_metrics, setup_logging
+from lowband.run.reporter import set_corpus, target_of
 from lowband.run.rundir import RunDir
 from lowband.run.schedule import MethodSchedule
 from lowband.run.trainer import checked_step, make_optimizer, model_metadata, model_scores, worker_data
@@ -414,12 +415,12 @@ class ElasticWorker:
         scores = model_scores(self.global_model(), self.data, self.cfg.train.eval_batch_size, torch.device("cpu"))
         metric = metric_for(self.cfg.data.name)
         record = epoch_record(q, scores, metric, self._ledgers(), fragments=getattr(self.cfg.method, "fragments", 1),
-                              samples=(q.epoch_end) * self.samples, steps=self.steps,
+                              samples=q.epoch_end * self.samples, steps=self.steps,
                               lr=self.optimizer.param_groups[0]["lr"], epoch_s=self.epoch_s + time.monotonic() - t0,
                               eval_s=time.monotonic() - t0, elapsed_s=elapsed)
-        target = self.cfg.train.target_bpb if metric.from_loss else self.cfg.train.target_accuracy
-        record.corpus_sha256, record.corpus_bytes = self.data.meta.get("corpus_sha256"), self.data.meta.get("corpus_bytes")
-        record.reached_target_epoch = reached_target(read_metrics(self.run_dir.path), record, metric, target)
+        set_corpus(record, self.data.meta)
+        record.reached_target_epoch = reached_target(read_metrics(self.run_dir.path), record, metric,
+                                                     target_of(self.cfg.train, metric))
         self.run_dir.stream("metrics").write(record.to_json())
         figure = (f"val bpb {record.val_bpb:.4f}" if record.val_bpb is not None
                   else f"val acc {record.val_acc if record.val_acc is not None else record.test_acc:.4f}")

@@ -83,6 +83,18 @@ def set_scores(record: EpochRecord, scores: Scores, metric: Metric) -> None:
         record.val_bpb, record.test_bpb = bits_per_byte(record.val_loss), bits_per_byte(record.test_loss)
 
 
+def target_of(train, metric: Metric) -> float:
+    """The run's target in the workload's metric: train.target_bpb for a language model, else
+    train.target_accuracy (0: none)."""
+    return train.target_bpb if metric.from_loss else train.target_accuracy
+
+
+def set_corpus(record: EpochRecord, meta: dict) -> None:
+    """Which text a language model trained on (its sha256 and length, from the data's `meta`), so two
+    machines can tell; nothing for other data."""
+    record.corpus_sha256, record.corpus_bytes = meta.get("corpus_sha256"), meta.get("corpus_bytes")
+
+
 class EpochReporter:
     """Gathers `RankFigures` over `scope` and writes the scope's records to `run`'s metrics stream."""
 

@@ -35,7 +35,7 @@ from lowband.registry import METHODS
 from lowband.registry.catalog import load_all
 from lowband.run import checkpoint
 from lowband.run.metrics import setup_logging
-from lowband.run.reporter import EpochReporter, RankFigures, TrainingError, tag_bytes
+from lowband.run.reporter import EpochReporter, RankFigures, TrainingError, set_corpus, tag_bytes, target_of
 from lowband.run.rundir import RunDir
 from lowband.run.schedule import MethodSchedule
 
@@ -276,7 +276,7 @@ class Trainer:
         record = self.reporter.record(epoch, ranks, glob_accs)
         record.steps = self.step
         self._add_rates(record, ranks, times)
-        self._add_corpus(record)
+        set_corpus(record, self.plan.data.meta)
         self._check_target(epoch, record)
         record.reached_target_epoch, record.extra = self.reached_target, extra
         self.reporter.write(record)
@@ -285,11 +285,6 @@ class Trainer:
             self._save_checkpoint(epoch)
         if evaluate:  # the stopping epoch of an early stop is always evaluated
             self.final_global = glob
-
-    def _add_corpus(self, record: EpochRecord) -> None:
-        """Which text a language model trained on (its sha256 and length), so two machines can tell."""
-        meta = self.plan.data.meta
-        record.corpus_sha256, record.corpus_bytes = meta.get("corpus_sha256"), meta.get("corpus_bytes")
 
     def _add_rates(self, record: EpochRecord, ranks: list[RankFigures], times: dict) -> None:
         samples = sum(r.samples for r in ranks)
@@ -300,7 +295,7 @@ class Trainer:
 
     def _target(self) -> float:
         """train.target_accuracy, or train.target_bpb for a language model (0: none)."""
-        return self.cfg.train.target_bpb if self.metric.from_loss else self.cfg.train.target_accuracy
+        return target_of(self.cfg.train, self.metric)
 
     def _check_target(self, epoch: int, record: EpochRecord) -> None:
         """The first epoch whose validation figure reaches the target in the workload's metric (never the test set)."""
