@@ -422,6 +422,12 @@ def gloo_cuda_calls(out_dir: str) -> None:
     into = {p: torch.zeros(2, device=dev) for p in peers}
     comm.exchange({p: torch.full((2,), float(10 * r + p), device=dev) for p in peers}, into, tag="t")
     got["exchange"] = torch.stack([into[p] for p in peers])
+    sized = [("index", torch.full((r + 1,), r, dtype=torch.uint8)), ("params", torch.full((r + 2,), float(r), device=dev))]
+    parts, works = comm.exchange_sized_async(peers, sized, "index")  # TopK gossip: CPU indices, GPU values
+    for work in works:
+        work.wait()
+    assert all(not parts[p][0].is_cuda and parts[p][1].is_cuda for p in peers), "a sized part changed device"
+    got["sized"] = torch.cat([torch.cat([parts[p][0].float().to(dev), parts[p][1]]) for p in peers])
     assert all(t.is_cuda for t in got.values()), "a call returned a tensor off the GPU"
     torch.save({k: v.cpu() for k, v in got.items()}, os.path.join(out_dir, f"rank{r}.pt"))
     close(comm)

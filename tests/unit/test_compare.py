@@ -100,3 +100,30 @@ def test_a_suites_budget_is_used_unless_the_command_line_gives_one(tmp_path):
         suite.write_text(f'methods = ["allreduce"]\nbudget = {bad}\n')
         with pytest.raises(ConfigError, match=f"^budget=.* is invalid: .*{re.escape(allowed)}"):
             load_suite(path=str(suite))
+
+
+@pytest.mark.parametrize("name", ["quick", "lm", "edl", "sites"])
+def test_a_suites_teacher_is_trained_on_the_windows_its_students_read(tmp_path, name):
+    """A teacher prepared on other windows than the students' (a context of 128 for students of 64) is
+    skipped by every student as 'serves inputs [128], needs [64]': EDL then waits for a teacher in vain."""
+    import shlex
+
+    from lowband import cli
+    from lowband import config as C
+    from lowband.comparison.request import Request, plan_for
+    from lowband.run.runconfig import method_configs
+
+    plan, _ = plan_for(Request(suite=name, out=str(tmp_path)))
+    teacher = cli.config_from_args(cli.parser().parse_args(shlex.split(plan.prepare[0])))
+    for label, raw in plan.configs.items():
+        student = C.from_dict(raw, method_configs())
+        assert (teacher.data.name, teacher.data.context) == (student.data.name, student.data.context), label
+
+
+def test_a_suites_preparation_runs_for_the_picked_methods_that_read_what_it_writes(tmp_path):
+    """`--suite lm --methods edl` trains the teacher EDL reads from the folder; `--methods allreduce` does not."""
+    from lowband.comparison.request import Request, plan_for
+
+    for methods, prepared in ((["allreduce", "edl"], True), (["edl"], True), (["allreduce", "dpsgd"], False), (None, True)):
+        plan, _ = plan_for(Request(suite="lm", methods=methods, out=str(tmp_path)))
+        assert bool(plan.prepare) == prepared, methods

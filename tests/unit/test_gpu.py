@@ -104,3 +104,15 @@ def test_a_gloo_communicator_takes_cuda_tensors_in_every_call(tmp_path):
         assert got["exchange"].tolist() == [[float(10 * p + r)] * 2 for p in range(world) if p != r]
     assert ranks[0]["reduce"].tolist() == [6.0] * 3
     assert ranks[1]["sendrecv"].tolist() == [0.0, 1.0, 2.0, 3.0]
+    for r, got in enumerate(ranks):  # each peer p sent p+1 index bytes of p and p+2 values of p
+        assert got["sized"].tolist() == [float(p) for p in range(world) if p != r for _ in range(2 * p + 3)]
+
+
+def test_an_ensemble_of_cuda_members_runs_on_the_gpu():
+    from lowband.distill.ensemble import Ensemble
+
+    members = [torch.nn.Linear(3, 4).cuda() for _ in range(2)]
+    x = torch.randn(5, 3, device="cuda")
+    want = torch.stack([torch.softmax(m(x), -1) for m in members]).mean(0).log()
+    torch.testing.assert_close(Ensemble(members)(x), want)
+    torch.testing.assert_close(Ensemble(members, torch.tensor([0.5, 0.5]))(x), want)

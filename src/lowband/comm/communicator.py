@@ -267,15 +267,16 @@ class Communicator:
         """Send the same `parts` (tag, 1-d tensor) to every peer when their lengths differ per rank:
         first the lengths (one int64 each, under `tag`, waited for), then each part under its own tag.
 
+        Each part arrives on the device its sent tensor is on (indices on the CPU, values on the GPU).
         Returns each peer's received parts, in order, and the exchanges in flight (wait on all)."""
-        device = parts[0][1].device
+        device = parts[0][1].device  # the lengths travel beside the first part
         header = torch.tensor([t.numel() for _, t in parts], dtype=torch.int64, device=device)
         lengths = {j: torch.zeros(len(parts), dtype=torch.int64, device=device) for j in peers}
         self.exchange({j: header for j in peers}, lengths, tag)
         received: dict[int, list[torch.Tensor]] = {j: [] for j in peers}
         works = []
         for i, (part_tag, t) in enumerate(parts):
-            into = {j: torch.empty(int(n[i]), dtype=t.dtype, device=device) for j, n in lengths.items()}
+            into = {j: torch.empty(int(n[i]), dtype=t.dtype, device=t.device) for j, n in lengths.items()}
             works.append(self.exchange_async({j: t for j in peers}, into, part_tag))
             for j in peers:
                 received[j].append(into[j])

@@ -8,6 +8,8 @@ the built-in ones live in lowband/suites/.
 
 from __future__ import annotations
 
+import json
+
 import os
 import time
 from dataclasses import dataclass, field
@@ -50,13 +52,24 @@ def plan_for(request: Request) -> tuple[P.Plan, str]:
     methods = request.methods if request.methods is not None else suite["methods"]
     if not methods:
         raise UsageError("--methods names no method")
-    prepare = [] if request.methods is not None else suite["prepare"]  # a suite's preparation serves its methods
+    prepare = suite["prepare"] if request.methods is None or uses_the_folder(suite, methods) else []
     if request.methods is None:  # --methods may pick some of a suite's methods; the suite's own list must fit it
         check_per_method(suite.get("per_method") or {}, list(methods))
     folder = new_folder(request.out)
     plan = P.make_plan(list(methods), base, request.overrides, folder, seeds=request.seeds, tune=request.tune,
                        suite={**suite, "prepare": prepare}, budget=request.budget or suite.get("budget", "epochs"))
     return plan, folder
+
+
+def uses_the_folder(suite: dict, specs: list[str]) -> bool:
+    """Whether a chosen method's suite settings name "{folder}" (EDL's teacher, say): what the suite's
+    `prepare` commands write there. `--suite lm --methods edl` then still trains the teacher first;
+    `--suite lm --methods allreduce` does not."""
+    names = {P.parse_spec(spec)[0] for spec in specs}
+    tables = [t for n, t in (suite.get("method_defaults") or {}).items() if n in names]
+    tables += [t for key, t in (suite.get("per_method") or {}).items()
+               if key in specs or (":" not in key and key in names)]
+    return "{folder}" in json.dumps(tables)
 
 
 def check_per_method(per_method: dict, specs: list[str]) -> None:

@@ -12,9 +12,10 @@ class Ensemble(nn.Module):
     def __init__(self, members: list[nn.Module], weights: torch.Tensor | None = None):
         super().__init__()
         self.members = nn.ModuleList(members)
-        k = len(members)
+        k, device = len(members), next(members[0].parameters()).device  # the weights live with the members
         self.weights: torch.Tensor
-        self.register_buffer("weights", torch.full((k,), 1.0 / k) if weights is None else weights.clone().float())
+        self.register_buffer("weights", torch.full((k,), 1.0 / k, device=device) if weights is None
+                             else weights.detach().clone().float().to(device))
 
     @torch.no_grad()
     def member_probs(self, x: torch.Tensor) -> torch.Tensor:
