@@ -9,12 +9,14 @@ Checks, in order (each a real `lowband` process; a failure is printed and the sc
   agree    a short run (2 workers, gloo, 200 kB, 1 epoch) on the CPU and on CUDA: the validation bits
            per byte of the two, and their difference
   suite    `lowband compare --suite lm --epochs 1` on 300 kB: every method of the lm suite runs on the GPU
+           (--suite-methods picks some of them; the suite's teacher is still trained when EDL is picked)
   trio     Allreduce (lr 0.016), DiLoCo (tau 16, outer lr 1.0, lr 0.004) and SparseLoCo (tau 8, 1/64,
            lut2, outer lr 3: issue 40's best; lr 0.008) on the whole KJV for --trio-epochs epochs, side
            by side (--trio; the lm study's workload: GPT tiny, context 64, batch 16, 4 workers)
 
-Prints one line per check and a summary; writes every figure to --json. About 2 minutes without the
-trio on an H200; the trio at 16 epochs takes about 5 more.
+Prints one line per check and a summary; writes every figure to --json. On one GPU: the first four
+checks take about 2 minutes (H200); `suite` about 5 (15 methods at ~20 s each, H100); the trio at 16
+epochs about 7 (H100, 407 s beside `suite`).
 
 Run: python benchmarks/gpu_check.py [--checks one,shared,mps,agree,suite] [--trio] [--json gpu_check.json]
 """
@@ -129,10 +131,10 @@ def check_agree(work: str, k: int) -> list[dict]:
     return runs
 
 
-def check_suite(work: str, k: int) -> list[dict]:
+def check_suite(work: str, k: int, methods: str = "") -> list[dict]:
     out = os.path.join(work, "suite")
     code, secs, tail = lowband(["compare", "--suite", "lm", "--epochs", "1", "--set", "data.max_bytes=300000",
-                                "--out", out])
+                                "--out", out, *(["--methods", methods] if methods else [])])
     rows = []
     for folder in sorted(os.listdir(out)) if os.path.isdir(out) else []:
         summary = os.path.join(out, folder, "summary.csv")
@@ -181,6 +183,8 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--checks", default=",".join(CHECKS), help=f"which of {','.join(CHECKS)} to run")
     p.add_argument("--workers", type=int, default=4, help="K, the workers that share the GPU")
+    p.add_argument("--suite-methods", default="", metavar="M1,M2",
+                   help="suite: only these of the lm suite's methods (default: all of them)")
     p.add_argument("--trio", action="store_true", help="also the lm study's trio on the whole KJV")
     p.add_argument("--trio-epochs", type=int, default=16)
     p.add_argument("--json", default="gpu_check.json", help="where every figure is written")
@@ -193,7 +197,8 @@ def main() -> None:
     print(json.dumps(head), flush=True)
     work = args.work or tempfile.mkdtemp(prefix="gpu_check-")
     results: list[dict] = []
-    steps = {"one": check_one, "shared": check_shared, "mps": check_mps, "agree": check_agree, "suite": check_suite}
+    steps = {"one": check_one, "shared": check_shared, "mps": check_mps, "agree": check_agree,
+             "suite": lambda work, k: check_suite(work, k, args.suite_methods)}
     for name in [c for c in args.checks.split(",") if c]:
         for r in steps[name](work, args.workers):
             print(json.dumps(r), flush=True)

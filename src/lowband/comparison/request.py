@@ -9,7 +9,6 @@ the built-in ones live in lowband/suites/.
 from __future__ import annotations
 
 import json
-
 import os
 import time
 from dataclasses import dataclass, field
