@@ -120,6 +120,11 @@ ENDING = [  # issue 40: what SparseLoCo loses at the end of the run, one change 
 # no momentum). Not a candidate (32x SparseLoCo's bytes per sync), a bound: how much of SparseLoCo's gap
 # is its channel's, and how much the local steps' own.
 ENDING_BOUNDS = ["local_sgd:tau=8"]
+# stop 49, the best setting (outer lr 3) at another inner rate or sync shape, seed 0 (their own lr beside
+# the spec): outer lr 3 over ~1 sender of 4 steps at about 3/4 of the inner rate, and Allreduce at 3/4 of
+# its best rate ends behind the same way; and twice the syncs at half the density (the same bytes)
+ENDING_OTHER = [(f"{SPARSE}:tau=8:outer_lr=3.0", 0.016),
+                ("sparseloco:density=0.0078125:codec=lut2:tau=4:outer_lr=3.0", ENDING_LR)]
 ENDING_LONG = 8  # the best ending at twice the steps, against Allreduce's at that length
 DEVICE: list[str] = []  # --set options that put the runs on a device (main's --device)
 
@@ -208,7 +213,7 @@ def best_ending(out: str) -> str | None:
 def ending(out: str, parallel: int) -> None:
     """Issue 40's ablation on seed 0 beside Allreduce's reference, then the best on seeds 1, 2 and at 8 epochs."""
     out_ref = [(out, REFERENCE[0], REFERENCE[1], seed) for seed in (0, *SEEDS)]
-    train_all([out_ref[0]] + [(out, spec, ENDING_LR, 0) for spec in ENDING + ENDING_BOUNDS], parallel)
+    train_all([out_ref[0]] + [(out, spec, lr, 0) for spec, lr in ending_rows()], parallel)
     best = best_ending(out)
     assert best is not None, "no ending setting finished"
     later = out_ref[1:] + [(out, best, ENDING_LR, seed) for seed in SEEDS]
@@ -229,27 +234,37 @@ def ending_report(out: str) -> None:
           f"({len(ref)} seeds, {ref_bpb:.4f}):\n")
     print("| setting | seeds | val bpb (mean ± sd) | vs allreduce | MB sent/worker | ratio | within 1% |")
     print("|---|---|---|---|---|---|---|")
-    for spec in ENDING + ENDING_BOUNDS:
-        curves = [records(run_dir(out, spec, ENDING_LR, s)) for s in (0, *SEEDS)]
+    for spec, lr in ending_rows():
+        curves = [records(run_dir(out, spec, lr, s)) for s in (0, *SEEDS)]
         curves = [c for c in curves if c and c[-1]["epoch"] >= 4]
         if not curves:
             continue
         bpb = [c[-1]["val_bpb"] for c in curves]
         sent = statistics.mean(c[-1]["bytes_sent_per_worker"] for c in curves)
         gap = 100 * (statistics.mean(bpb) / ref_bpb - 1)
-        print(f"| {short(spec)} | {len(curves)} | {mean_sd(bpb)} | {gap:+.2f}% | {sent / 1e6:.3f} | "
+        print(f"| {row_label(spec, lr)} | {len(curves)} | {mean_sd(bpb)} | {gap:+.2f}% | {sent / 1e6:.3f} | "
               f"{ref_bytes / sent:,.0f} | {'yes' if gap <= 100 * MARGIN else 'no'} |")
     ref0 = ref[0]
     print("\nSeed 0 per epoch: gap to Allreduce (same epoch, same seed); the buffers' flows per sync "
           "as shares of ‖Δ‖ (sent / decayed / kept), then xN: the workers' messages per coordinate sent\n")
-    for spec in ENDING + ENDING_BOUNDS:
-        recs = records(run_dir(out, spec, ENDING_LR, 0))
+    for spec, lr in ending_rows():
+        recs = records(run_dir(out, spec, lr, 0))
         if not recs:
             continue
         gaps = " ".join(f"{100 * (r['val_bpb'] / q['val_bpb'] - 1):+.1f}%" for r, q in zip(recs, ref0, strict=False))
         flows = " ".join(_flow(r) for r in recs)
-        print(f"{short(spec)}: {gaps}; flows {flows}")
+        print(f"{row_label(spec, lr)}: {gaps}; flows {flows}")
     ending_long(out)
+
+
+def ending_rows() -> list[tuple[str, float]]:
+    """(spec, inner lr) of every ending row: the ablation, the other rates and shapes, the dense bound."""
+    return [(spec, ENDING_LR) for spec in ENDING] + ENDING_OTHER + [(spec, ENDING_LR) for spec in ENDING_BOUNDS]
+
+
+def row_label(spec: str, lr: float) -> str:
+    """The report's name of a row: its setting, and its inner rate where that is not ENDING_LR."""
+    return short(spec) + ("" if lr == ENDING_LR else f" lr={lr:g}")
 
 
 def ending_long(out: str) -> None:

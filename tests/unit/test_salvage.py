@@ -49,3 +49,19 @@ def test_nothing_lost_changes_nothing(tmp_path, capsys):
 def test_keep_going_still_returns_the_lost_workers_code():
     procs = [subprocess.Popen([sys.executable, "-c", f"import sys; sys.exit({c})"]) for c in (0, 3, 0)]
     assert launch.supervise(procs, keep_going=True) == 3
+
+
+def test_one_supervisor_two_memberships_decide_what_a_lost_worker_means():
+    """launch.Watch (fixed membership) and elastic_job.ElasticWatch are the only difference between the
+    two supervisors: which exits are churn (the job goes on) and which stop every worker."""
+    from lowband.run.elastic_job import ElasticWatch
+
+    fixed, keep, elastic = launch.Watch(), launch.Watch(keep_going=True), ElasticWatch(None, None)  # type: ignore[arg-type]
+    running = [None, 0, None]
+    assert not fixed.churn(1, [1, *running]) and not fixed.churn(-9, [-9, *running])  # fail fast
+    assert keep.churn(1, [1, *running]) and keep.churn(-9, [-9, *running])
+    assert not keep.churn(2, [2, *running]) and not keep.churn(1, [1, 4, None])  # every worker would meet these
+    assert not keep.churn(1, [1, 1])  # nobody left to carry on
+    assert elastic.churn(-9, [-9, *running]) and elastic.churn(143, [143, *running])  # a lost machine
+    assert not any(elastic.churn(c, [c, *running]) for c in (1, 2, 3, 4))  # an error every worker would meet
+    assert fixed.done([], [0, None]) is None and fixed.done([], [0, 0]) == 0 and keep.done([], [0, -9]) == 137

@@ -152,49 +152,57 @@ def _shown(url: str) -> str:
     return redact(url)
 
 
-def supervise(procs, members: Membership, e: C.ElasticConfig, poll_s: float = 0.2, crash_dir: str | None = None) -> int:
-    """Watch this launcher's workers until the job ends: 0 once it finished; a worker's error exit (1, a
-    usage error 2, a divergence 4) at once, the others stopped; a worker killed by a signal is churn,
-    and the job goes on without it until nobody is left. A crash is said in one line, with what the
-    worker's crash file in `crash_dir` says (lowband.run.launch)."""
-    since = time.time()
-    reported: set[int] = set()
-    finished_at: float | None = None
-    kept_at = 0.0
+class ElasticWatch(launch.Watch):
+    """launch.supervise's policy for an elastic job: a worker's error exit (1, a usage error 2, a give-up
+    3, a divergence 4) stops the job, since every worker would meet it; a worker killed by a signal is
+    churn, and the job goes on without it. The job is over once the coordinator says it finished, or
+    when every worker left before that (continue it with `lowband train --resume`)."""
+
+    goes_on = "the job goes on without it"
+    poll_s = 0.2
+
+    def __init__(self, members: Membership, e: C.ElasticConfig):
+        super().__init__()
+        self.members, self.e = members, e
+        self.finished_at: float | None = None
+        self.kept_at = 0.0
+
+    def churn(self, code: int, codes: list[int | None]) -> bool:
+        return not 0 < code < 128  # a signal (a lost machine), not an error the worker raised
+
+    def done(self, procs, codes: list[int | None]) -> int | None:
+        self._keep()
+        status, live = _job_state(self.members, self.e)
+        if status == "finished":
+            self.finished_at = self.finished_at or time.monotonic()
+            if time.monotonic() - self.finished_at > self.e.dead_after_s + 10:  # a worker stopped for good
+                launch.stop(procs)
+                let_others_leave(self.members, self.e)
+                return 0
+        if any(c is None for c in codes) or (status != "finished" and live != 0):
+            return None
+        if status == "finished":
+            let_others_leave(self.members, self.e)
+            return 0
+        failed = [c for c in codes if c]
+        print("lowband: every elastic worker left before the job finished; continue it with "
+              "`lowband train --resume RUN_DIR`", file=sys.stderr)
+        return launch._exit_code(failed[0]) if failed else 1
+
+    def _keep(self) -> None:
+        """Renew the job's keys in the coordinator every KEEP_EVERY_S (Membership.keep_for)."""
+        if time.monotonic() - self.kept_at > KEEP_EVERY_S:
+            self.kept_at = time.monotonic()
+            with contextlib.suppress(redis.RedisError):
+                self.members.keep_for()
+
+
+def supervise(procs, members: Membership, e: C.ElasticConfig, poll_s: float | None = None,
+              crash_dir: str | None = None) -> int:
+    """Watch this launcher's workers until the job ends (launch.supervise with an ElasticWatch); Ctrl-C
+    stops every worker."""
     try:
-        while True:
-            if time.monotonic() - kept_at > KEEP_EVERY_S:
-                kept_at = time.monotonic()
-                with contextlib.suppress(redis.RedisError):
-                    members.keep_for()
-            codes = [p.poll() for p in procs]
-            for i, code in enumerate(codes):
-                if code not in (None, 0) and i not in reported:
-                    reported.add(i)
-                    if 0 < code < 128:  # an error the worker raised (a bug, bad data, a divergence): every
-                        launch.stop(procs)  # worker would meet it; a signal (a lost machine) is churn
-                        if code not in (2, 3, 4):  # a usage error, a give-up, a divergence: said once already
-                            print(f"lowband: an elastic worker (pid {procs[i].pid}) exited with code {code}"
-                                  f"{launch.crash_note(crash_dir, i, since)}; stopped the others", file=sys.stderr)
-                        return code
-                    print(f"lowband: an elastic worker (pid {procs[i].pid}) {launch._describe(code)}; the job goes "
-                          "on without it", file=sys.stderr, flush=True)
-            status, live = _job_state(members, e)
-            if status == "finished":
-                finished_at = finished_at or time.monotonic()
-                if time.monotonic() - finished_at > e.dead_after_s + 10:  # a worker stopped for good: stop it
-                    launch.stop(procs)
-                    let_others_leave(members, e)
-                    return 0
-            if all(c is not None for c in codes) and (status == "finished" or live == 0):
-                if status == "finished":
-                    let_others_leave(members, e)
-                    return 0
-                failed = [c for c in codes if c]
-                print("lowband: every elastic worker left before the job finished; continue it with "
-                      "`lowband train --resume RUN_DIR`", file=sys.stderr)
-                return launch._exit_code(failed[0]) if failed else 1
-            time.sleep(poll_s)
+        return launch.supervise(procs, poll_s, crash_dir=crash_dir, watch=ElasticWatch(members, e))
     except KeyboardInterrupt:
         launch.stop(procs)
         print("lowband: interrupted; stopped every worker", file=sys.stderr)

@@ -238,38 +238,66 @@ def raise_interrupt(*_):  # a signal handler: SIGTERM then cleans up like Ctrl-C
     raise KeyboardInterrupt
 
 
-def supervise(procs: list[Worker], poll_s: float = 0.05, keep_going: bool = False,
-              crash_dir: str | None = None) -> int:
-    """Wait for the workers; the first failure stops the others (unless `keep_going`) and is reported in one
-    line, with what the crash files in `crash_dir` say (see the module doc)."""
+class Watch:
+    """What a job's membership makes of its workers' exits: the supervisor's one policy.
+
+    Fixed membership (`lowband train`): a failure stops every worker, or with `keep_going` the others
+    carry on (a failure that every worker would meet, a usage error or a divergence, still stops them);
+    the job is over when every worker has exited. An elastic job's watch (run/elastic_job.py) counts a
+    worker killed by a signal as churn and ends when the coordinator says the job finished."""
+
+    goes_on = "the others carry on without it"  # what the churn line ends with
+    poll_s = 0.05
+
+    def __init__(self, keep_going: bool = False):
+        self.keep_going = keep_going
+
+    def churn(self, code: int, codes: list[int | None]) -> bool:
+        """Whether the job goes on after a worker exited with `code` (not 0), all codes being `codes`."""
+        return self.keep_going and any(c in (None, 0) for c in codes) and not {2, 4} & set(codes)
+
+    def done(self, procs: list[Worker], codes: list[int | None]) -> int | None:
+        """The job's exit code once it is over, else None (asked every poll, after the exits are handled)."""
+        if any(c is None for c in codes):
+            return None
+        failed = [c for c in codes if c]
+        return _exit_code(failed[0]) if failed else 0  # with keep_going: the run still lost a worker
+
+
+def supervise(procs: list[Worker], poll_s: float | None = None, keep_going: bool = False,
+              crash_dir: str | None = None, watch: Watch | None = None) -> int:
+    """Wait for the workers until `watch` (default: fixed membership, fail fast unless `keep_going`) says
+    the job is over. A failure that is not churn stops the others and is reported in one line, with what
+    the crash files in `crash_dir` say (see the module doc); churn is said once per worker."""
+    watch = watch or Watch(keep_going)
+    poll_s = watch.poll_s if poll_s is None else poll_s
     since = time.time()
     reported: set[int] = set()
     while True:
         codes = [p.poll() for p in procs]
-        failed = [(r, c) for r, c in enumerate(codes) if c not in (None, 0)]
-        if keep_going and failed and any(c in (None, 0) for c in codes) and not {2, 4} & set(codes):
-            for rank, code in failed:
-                if rank not in reported:
-                    reported.add(rank)
-                    print(f"lowband: worker {rank} (pid {procs[rank].pid}) {_describe(code or 0)}"
-                          f"{crash_note(crash_dir, rank, since)}; the others carry on without it", file=sys.stderr)
-            if all(c is not None for c in codes):
-                rank, code = failed[0]  # the others finished; the run still lost a worker
-                return _exit_code(code)
-            time.sleep(poll_s)
-            continue
-        if failed:
-            rank, code = _cause(procs, poll_s)
-            others = sum(p.poll() is None for p in procs)
-            stop(procs)
-            if code not in (2, 4):  # a usage error the worker explained; a divergence the launcher's caller explains
-                print(f"lowband: worker {rank} (pid {procs[rank].pid}) {_describe(code or 0)}"
-                      f"{crash_note(crash_dir, rank, since)}; stopped the other {others} running worker(s)"
-                      f"{others_note(crash_dir, rank, len(procs), since)}", file=sys.stderr)
-            return _exit_code(code)
-        if all(c == 0 for c in codes):
-            return 0
+        for rank, code in [(r, c) for r, c in enumerate(codes) if c not in (None, 0) and r not in reported]:
+            assert code is not None
+            if not watch.churn(code, codes):
+                return _stop_for(procs, poll_s, crash_dir, since)
+            reported.add(rank)
+            print(f"lowband: worker {rank} (pid {procs[rank].pid}) {_describe(code)}"
+                  f"{crash_note(crash_dir, rank, since)}; {watch.goes_on}", file=sys.stderr, flush=True)
+        code = watch.done(procs, codes)
+        if code is not None:
+            return code
         time.sleep(poll_s)
+
+
+def _stop_for(procs: list[Worker], poll_s: float, crash_dir: str | None, since: float) -> int:
+    """Stop every worker for a failure; say which worker's exit caused it, once; its exit code."""
+    rank, code = _cause(procs, poll_s)
+    others = sum(p.poll() is None for p in procs)
+    stop(procs)
+    if code not in (2, 3, 4):  # a usage error, a service gone, a divergence: the worker (or its starter) said it
+        print(f"lowband: worker {rank} (pid {procs[rank].pid}) {_describe(code or 0)}"
+              f"{crash_note(crash_dir, rank, since)}; stopped the other {others} running worker(s)"
+              f"{others_note(crash_dir, rank, len(procs), since)}", file=sys.stderr)
+    return _exit_code(code)
 
 
 def crash_path(folder: str, rank: int) -> str:
