@@ -123,7 +123,7 @@ ENDING_BOUNDS = ["local_sgd:tau=8"]
 # stop 49, the best setting (outer lr 3) at another inner rate or sync shape, seed 0 (their own lr beside
 # the spec): outer lr 3 over ~1 sender of 4 steps at about 3/4 of the inner rate, and Allreduce at 3/4 of
 # its best rate ends behind the same way; and twice the syncs at half the density (the same bytes)
-ENDING_OTHER = [(f"{SPARSE}:tau=8:outer_lr=3.0", 0.016),
+ENDING_OTHER = [(f"{SPARSE}:tau=8:outer_lr=3.0", 0.016), (f"{SPARSE}:tau=8:outer_lr=3.0", 0.032),
                 ("sparseloco:density=0.0078125:codec=lut2:tau=4:outer_lr=3.0", ENDING_LR)]
 ENDING_LONG = 8  # the best ending at twice the steps, against Allreduce's at that length
 DEVICE: list[str] = []  # --set options that put the runs on a device (main's --device)
@@ -203,10 +203,12 @@ def train_all(jobs: list[tuple], parallel: int) -> None:
         list(pool.map(lambda job: train(*job), jobs))
 
 
-def best_ending(out: str) -> str | None:
-    """The ENDING setting with the lowest final validation bits per byte on seed 0 (None: none finished)."""
-    done = [(records(run_dir(out, spec, ENDING_LR, 0)), spec) for spec in ENDING]
-    done = [(r[-1]["val_bpb"], spec) for r, spec in done if r and r[-1]["epoch"] >= 4]
+def best_ending(out: str) -> tuple[str, float] | None:
+    """The ending row (spec, inner lr) with the lowest final validation bits per byte on seed 0 (None: none
+    finished); the dense bound is not a candidate."""
+    rows = [(spec, lr) for spec, lr in ending_rows() if spec not in ENDING_BOUNDS]
+    done = [(records(run_dir(out, spec, lr, 0)), (spec, lr)) for spec, lr in rows]
+    done = [(r[-1]["val_bpb"], row) for r, row in done if r and r[-1]["epoch"] >= 4]
     return min(done)[1] if done else None
 
 
@@ -216,9 +218,9 @@ def ending(out: str, parallel: int) -> None:
     train_all([out_ref[0]] + [(out, spec, lr, 0) for spec, lr in ending_rows()], parallel)
     best = best_ending(out)
     assert best is not None, "no ending setting finished"
-    later = out_ref[1:] + [(out, best, ENDING_LR, seed) for seed in SEEDS]
+    later = out_ref[1:] + [(out, *best, seed) for seed in SEEDS]
     train_all(later, parallel)
-    train_all([(out, *REFERENCE, 0, 4, ENDING_LONG), (out, best, ENDING_LR, 0, 4, ENDING_LONG)], parallel)
+    train_all([(out, *REFERENCE, 0, 4, ENDING_LONG), (out, *best, 0, 4, ENDING_LONG)], parallel)
 
 
 def ending_report(out: str) -> None:
@@ -268,24 +270,23 @@ def row_label(spec: str, lr: float) -> str:
 
 
 def ending_long(out: str) -> None:
-    """The best ending at ENDING_LONG epochs against Allreduce's at that length, per seed with both runs
-    (a seed with only the best ending's run prints its final figure alone)."""
-    best = best_ending(out)
-    if not best:
-        return
-    for seed in (0, *SEEDS):
-        ref, run = (records(run_dir(out, spec, lr, seed, epochs=ENDING_LONG))
-                    for spec, lr in (REFERENCE, (best, ENDING_LR)))
-        if not run or run[-1]["epoch"] < ENDING_LONG:
-            continue
-        if not ref:
-            print(f"\n{short(best)} at {ENDING_LONG} epochs (seed {seed}): {run[-1]['val_bpb']:.4f}; no Allreduce run "
-                  "of this seed and length")
-            continue
-        gaps = " ".join(f"{100 * (r['val_bpb'] / q['val_bpb'] - 1):+.1f}%" for r, q in zip(run, ref, strict=False))
-        ratio = ref[-1]["bytes_sent_per_worker"] / run[-1]["bytes_sent_per_worker"]
-        print(f"\n{short(best)} at {ENDING_LONG} epochs (seed {seed}): {run[-1]['val_bpb']:.4f} against "
-              f"{ref[-1]['val_bpb']:.4f}; per epoch {gaps}; {ratio:,.0f}x fewer bytes")
+    """Every ending row run at ENDING_LONG epochs against Allreduce's at that length, per seed with both runs
+    (a seed with only the ending's run prints its final figure alone)."""
+    for row in ending_rows():
+        for seed in (0, *SEEDS):
+            ref, run = (records(run_dir(out, spec, lr, seed, epochs=ENDING_LONG)) for spec, lr in (REFERENCE, row))
+            if run and run[-1]["epoch"] >= ENDING_LONG:
+                print("\n" + long_line(row, seed, run, ref))
+
+
+def long_line(row: tuple[str, float], seed: int, run: list[dict], ref: list[dict]) -> str:
+    """One ending row's run at ENDING_LONG epochs: its final figure, and against Allreduce's run per epoch."""
+    head = f"{row_label(*row)} at {ENDING_LONG} epochs (seed {seed}): {run[-1]['val_bpb']:.4f}"
+    if not ref:
+        return head + "; no Allreduce run of this seed and length"
+    gaps = " ".join(f"{100 * (r['val_bpb'] / q['val_bpb'] - 1):+.1f}%" for r, q in zip(run, ref, strict=False))
+    ratio = ref[-1]["bytes_sent_per_worker"] / run[-1]["bytes_sent_per_worker"]
+    return f"{head} against {ref[-1]['val_bpb']:.4f}; per epoch {gaps}; {ratio:,.0f}x fewer bytes"
 
 
 def _flow(record: dict) -> str:

@@ -293,6 +293,8 @@ CANDIDATES = {
     "axis-1poll+median-half": ("axis", "median-half", "poll", None),  # stopped after its first poll
     "axis-adjacent": ("axis", "none", None, _adjacent),  # stop 48: one-field changes to neighbouring values only
     "axis-adjacent+median-half": ("axis", "lowband-median", None, _adjacent),
+    # stop 49: the adjacent axis search, keeping at half a trial only what is in the best quarter so far
+    "axis-adjacent+p25-half": ("axis", "p25-half", None, _adjacent),
     "grid": ("grid", "none", None, None),
     "grid+median": ("grid", "median", None, None),  # lowband's default before issue 44
     "grid+median-half": ("grid", "median-half", None, None),
