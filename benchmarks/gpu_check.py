@@ -11,8 +11,9 @@ Checks, in order (each a real `lowband` process; a failure is printed and the sc
   suite    `lowband compare --suite lm --epochs 1` on 300 kB: every method of the lm suite runs on the GPU
            (--suite-methods picks some of them; the suite's teacher is still trained when EDL is picked)
   trio     Allreduce (lr 0.016), DiLoCo (tau 16, outer lr 1.0, lr 0.004) and SparseLoCo (tau 8, 1/64,
-           lut2, outer lr 3: issue 40's best; lr 0.008) on the whole KJV for --trio-epochs epochs, side
-           by side (--trio; the lm study's workload: GPT tiny, context 64, batch 16, 4 workers)
+           lut2, outer lr 3 and lr 0.016: issue 40's best, stop 49; the H100's run used lr 0.008) on the
+           whole KJV for --trio-epochs epochs, side by side (--trio; the lm study's workload: GPT tiny,
+           context 64, batch 16, 4 workers)
 
 Prints one line per check and a summary; writes every figure to --json. On one GPU: the first four
 checks take about 2 minutes (H200); `suite` about 5 (15 methods at ~20 s each, H100); the trio at 16
@@ -38,7 +39,7 @@ LM = ["--dataset", "text", "--model", "gpt", "--set", "model.size='tiny'", "--se
       "--batch-size", "16", "--set", "optim.name='adamw'", "--set", "optim.weight_decay=0.1",
       "--set", "optim.warmup_epochs=0.25", "--set", "optim.lr_scaling='none'"]
 TRIO = [("allreduce", "allreduce", 0.016), ("diloco", "diloco:tau=16:outer_lr=1.0", 0.004),
-        ("sparseloco", "sparseloco:density=0.015625:codec=lut2:tau=8:outer_lr=3.0", 0.008)]
+        ("sparseloco", "sparseloco:density=0.015625:codec=lut2:tau=8:outer_lr=3.0", 0.016)]
 CHECKS = ("one", "shared", "mps", "agree", "suite")
 
 
