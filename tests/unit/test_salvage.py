@@ -65,3 +65,20 @@ def test_one_supervisor_two_memberships_decide_what_a_lost_worker_means():
     assert elastic.churn(-9, [-9, *running]) and elastic.churn(143, [143, *running])  # a lost machine
     assert not any(elastic.churn(c, [c, *running]) for c in (1, 2, 3, 4))  # an error every worker would meet
     assert fixed.done([], [0, None]) is None and fixed.done([], [0, 0]) == 0 and keep.done([], [0, -9]) == 137
+
+
+def test_a_failure_after_churn_is_blamed_on_itself_not_on_the_worker_lost_earlier(capsys):
+    """With a policy that lets a killed worker go (an elastic job's), a later error exit stops the job
+    with its own code and names its own worker, not the one lost before."""
+    class SignalsAreChurn(launch.Watch):
+        def churn(self, code, codes):
+            return code < 0
+
+    body = ["import os, signal; os.kill(os.getpid(), signal.SIGKILL)", "import sys, time; time.sleep(1.5); sys.exit(1)",
+            "import time; time.sleep(30)"]
+    procs = [subprocess.Popen([sys.executable, "-c", b]) for b in body]
+    assert launch.supervise(procs, watch=SignalsAreChurn()) == 1
+    assert all(p.poll() is not None for p in procs)
+    err = capsys.readouterr().err
+    assert f"worker 0 (pid {procs[0].pid}) was killed by SIGKILL; the others carry on" in err
+    assert f"worker 1 (pid {procs[1].pid}) exited with code 1" in err

@@ -32,7 +32,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Sequence
+from collections.abc import Collection, Sequence
 from typing import NoReturn
 
 from lowband.atomic import process_running
@@ -278,7 +278,7 @@ def supervise(procs: list[Worker], poll_s: float | None = None, keep_going: bool
         for rank, code in [(r, c) for r, c in enumerate(codes) if c not in (None, 0) and r not in reported]:
             assert code is not None
             if not watch.churn(code, codes):
-                return _stop_for(procs, poll_s, crash_dir, since)
+                return _stop_for(procs, poll_s, crash_dir, since, reported)
             reported.add(rank)
             print(f"lowband: worker {rank} (pid {procs[rank].pid}) {_describe(code)}"
                   f"{crash_note(crash_dir, rank, since)}; {watch.goes_on}", file=sys.stderr, flush=True)
@@ -288,9 +288,11 @@ def supervise(procs: list[Worker], poll_s: float | None = None, keep_going: bool
         time.sleep(poll_s)
 
 
-def _stop_for(procs: list[Worker], poll_s: float, crash_dir: str | None, since: float) -> int:
-    """Stop every worker for a failure; say which worker's exit caused it, once; its exit code."""
-    rank, code = _cause(procs, poll_s)
+def _stop_for(procs: list[Worker], poll_s: float, crash_dir: str | None, since: float,
+              churned: Collection[int] = ()) -> int:
+    """Stop every worker for a failure; say which worker's exit caused it, once; its exit code. Workers
+    already `churned` (lost earlier, the job went on) are not candidates for the cause."""
+    rank, code = _cause(procs, poll_s, churned=churned)
     others = sum(p.poll() is None for p in procs)
     stop(procs)
     if code not in (2, 3, 4):  # a usage error, a service gone, a divergence: the worker (or its starter) said it
@@ -337,24 +339,25 @@ def record_crash(error: BaseException) -> None:
         f.write(f"{peer or said}\n\n{text}")
 
 
-def _failures(procs: list[Worker]) -> list[tuple[int, int]]:
-    """(rank, exit status) of each worker that has ended in failure."""
-    return [(r, c) for r, c in enumerate(p.poll() for p in procs) if c is not None and c != 0]
+def _failures(procs: list[Worker], churned: Collection[int] = ()) -> list[tuple[int, int]]:
+    """(rank, exit status) of each worker that has ended in failure, but for the `churned` ones."""
+    return [(r, c) for r, c in enumerate(p.poll() for p in procs) if c is not None and c != 0 and r not in churned]
 
 
 KILLED = -signal.SIGKILL  # a Popen return code
 
 
-def _cause(procs: list[Worker], poll_s: float, settle_s: float = 0.5) -> tuple[int, int]:
+def _cause(procs: list[Worker], poll_s: float, settle_s: float = 0.5, churned: Collection[int] = ()) -> tuple[int, int]:
     """The failure that explains the others: a worker's usage error (2) or divergence (4) before a
     peer's crash, which often follows from it (a collective cut short by the leaver). The peers get
     `settle_s` to show their codes, since the crash may be seen before the cause. Without one, the
-    failure seen first: a peer that aborts after a worker was killed is not the cause."""
-    first = _failures(procs)
+    failure seen first: a peer that aborts after a worker was killed is not the cause. Workers `churned`
+    earlier (lost while the job went on) are not candidates."""
+    first = _failures(procs, churned)
     deadline, failed = time.monotonic() + settle_s, first
     while not any(c in (2, 4, KILLED) for _, c in failed) and time.monotonic() < deadline:
         time.sleep(poll_s)
-        failed = _failures(procs)
+        failed = _failures(procs, churned)
     explained = [f for f in failed if f[1] in (2, 4)]
     # a worker killed from outside (SIGKILL) explains its peers' crashes seen with it; a SIGABRT is how a
     # backend's crash ends, a consequence, not a cause
