@@ -61,14 +61,11 @@ def plan_for(request: Request) -> tuple[P.Plan, str]:
 
 
 def uses_the_folder(suite: dict, specs: list[str]) -> bool:
-    """Whether a chosen method's suite settings name "{folder}" (EDL's teacher, say): what the suite's
-    `prepare` commands write there. `--suite lm --methods edl` then still trains the teacher first;
-    `--suite lm --methods allreduce` does not."""
-    names = {P.parse_spec(spec)[0] for spec in specs}
-    tables = [t for n, t in (suite.get("method_defaults") or {}).items() if n in names]
-    tables += [t for key, t in (suite.get("per_method") or {}).items()
-               if key in specs or (":" not in key and key in names)]
-    return "{folder}" in json.dumps(tables)
+    """Whether a chosen method's settings from the suite (plan.spec_config's) name "{folder}" (EDL's
+    teacher, say): what the suite's `prepare` commands write there. `--suite lm --methods edl` then
+    still trains the teacher first; `--suite lm --methods allreduce` does not."""
+    return any("{folder}" in json.dumps(P.spec_config(spec, suite.get("config") or {}, {}, suite.get("per_method"),
+                                                      suite.get("method_defaults"))) for spec in specs)
 
 
 def check_per_method(per_method: dict, specs: list[str]) -> None:
