@@ -34,7 +34,7 @@ FIXED = ["--elastic", "--set", "elastic.min_workers=2", "--set", "elastic.max_wo
 
 
 def train(run_dir, *args) -> list[dict]:
-    out = subprocess.run([sys.executable, "-m", "lowband", "train", *args, *SIZES, "--run-dir", str(run_dir)],
+    out = subprocess.run([sys.executable, "-m", "lowband", "train", *SIZES, *args, "--run-dir", str(run_dir)],
                          capture_output=True, text=True, timeout=200, env={**os.environ, "LOWBAND_QUIET": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
@@ -93,3 +93,27 @@ def test_a_fixed_membership_elastic_job_trains_as_lowband_train(tmp_path, method
     else:  # the trainer's final average of already equal models: one more round's bytes in the last epoch
         per_round = sent_elastic[0] / 5
         assert sent_plain[1] == sent_elastic[1] + per_round, (sent_plain, sent_elastic)
+
+
+def test_an_elastic_job_evaluates_checkpoints_and_logs_on_the_epochs_lowband_train_does(tmp_path):
+    """train.eval_every, train.checkpoint_every and train.loggers mean in an elastic job what they mean in
+    `lowband train` (the trainer's `due` rule; its metrics sink feeding the loggers)."""
+    every = ["--epochs", "3", "--set", "train.eval_every=2", "--set", "train.checkpoint_every=2",
+             "--set", 'train.loggers=["tests.fake_logger:FakeLogger"]']
+    plain = train(tmp_path / "plain", "--method", "local_sgd", *every)
+    elastic = train(tmp_path / "elastic", "--method", "local_sgd", *every, *FIXED)
+    assert [r["epoch"] for r in elastic] == [1, 2, 3]
+    for p, e in zip(plain, elastic, strict=True):
+        evaluated = e["epoch"] != 1
+        assert (e["val_acc"] is not None) == (p["val_acc"] is not None) == evaluated, (p, e)
+        assert close(p["train_loss"], e["train_loss"])
+        if evaluated:
+            assert close(p["val_acc"], e["val_acc"]) and close(p["test_loss"], e["test_loss"])
+    saved = sorted(os.listdir(tmp_path / "elastic" / "checkpoints"))
+    assert [n for n in saved if n.endswith(".pt")] == ["elastic-epoch2.pt", "elastic-epoch3.pt"], saved
+    for run in ("plain", "elastic"):
+        with open(tmp_path / run / "fake_logger.rank0.jsonl") as f:
+            logged = [json.loads(line) for line in f]
+        assert [r["epoch"] for r in logged] == [1, 2, 3] and {r["method"] for r in logged} == {"local_sgd"}
+        assert ("accuracy/val_acc" in logged[1]["scalars"]) and "accuracy/val_acc" not in logged[0]["scalars"]
+        assert (tmp_path / run / "fake_logger.rank0.closed").exists()

@@ -21,9 +21,7 @@ import hashlib
 
 import torch
 from torch import nn
-from torch.nn.utils import parameters_to_vector
 
-from lowband.comm.reduce import compressed_mean
 from lowband.comm.value_codecs import parse_codec
 from lowband.methods.outer import Fragment, OuterStep, split_fragments, with_anchors
 
@@ -79,11 +77,7 @@ class ElasticOuter:
     @torch.no_grad()
     def _average(self, comm, parts: list[Fragment], contributors: int, contribute: bool, step: bool) -> None:
         for frag in parts:
-            local = parameters_to_vector(frag.params)
-            delta = frag.anchor.detach() - local if contribute else torch.zeros_like(local)
-            mean = compressed_mean(comm, delta, frag.codec, "params", frag.feedback if contribute else None)
-            if step and contributors:
-                frag.step(mean * (comm.world / contributors))
+            frag.reduce_and_step(comm, "params", contributors, contribute, holds_global=step)
 
     @torch.no_grad()
     def final_model(self, comm, round_no: int, contributors: int, contribute: bool, model: nn.Module) -> nn.Module:

@@ -153,9 +153,23 @@ class Fragment:
     @torch.no_grad()
     def sync(self, comm, tag: str, step: int, delay: int) -> None:
         """Average the pseudo-gradient over `comm`'s ranks and take one outer step; merge at step + delay."""
-        delta = self.anchor.detach() - parameters_to_vector(self.params)
-        self.step(compressed_mean(comm, delta, self.codec, tag, self.feedback, self.by_senders))
+        self.reduce_and_step(comm, tag)
         self.schedule(step, delay)
+
+    @torch.no_grad()
+    def reduce_and_step(self, comm, tag: str, contributors: int | None = None, contribute: bool = True,
+                   holds_global: bool = True) -> None:
+        """The outer step, for a fixed membership and an elastic one alike: every rank of `comm` sends its
+        pseudo-gradient Δ = θ_global - θ_local (zeros unless it `contribute`s: a rank that trained nothing
+        since it last received θ_global), the mean is taken over the `contributors` (None: every rank), and
+        θ_global steps with it where this rank `holds_global` (an elastic receiver gets θ_global afterwards
+        instead). The collective runs on every rank either way."""
+        local = parameters_to_vector(self.params)
+        delta = self.anchor.detach() - local if contribute else torch.zeros_like(local)
+        mean = compressed_mean(comm, delta, self.codec, tag, self.feedback if contribute else None, self.by_senders)
+        contributors = comm.world if contributors is None else contributors
+        if holds_global and contributors:
+            self.step(mean if contributors == comm.world else mean * (comm.world / contributors))
 
     @torch.no_grad()
     def step(self, mean: torch.Tensor) -> None:

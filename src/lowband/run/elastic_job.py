@@ -70,11 +70,6 @@ def check(cfg: C.Config) -> None:
         raise ConfigError("train.device", "cuda", "elastic jobs train on the CPU (their quorums are gloo groups)")
     if cfg.train.stop_at_target:
         raise ConfigError("train.stop_at_target", True, "is not supported with --elastic")
-    for field, value, default in (("train.loggers", cfg.train.loggers, []), ("train.eval_every", cfg.train.eval_every, 1),
-                                  ("train.checkpoint_every", cfg.train.checkpoint_every, 1)):
-        if value != default:  # an elastic job evaluates and checkpoints every epoch, and writes metrics.jsonl only
-            raise ConfigError(field, value, f"must be {default} with --elastic (an elastic job evaluates and "
-                                            "checkpoints every epoch, and writes its records to metrics.jsonl only)")
     check_bindable(e.host, "elastic.host")
 
 

@@ -40,10 +40,11 @@ def bytes_by_tag(ledgers: dict) -> tuple[dict[str, dict[str, float]], int]:
     return by_tag, len([k for k in ledgers if k != EARLIER])
 
 
-def epoch_record(q: Quorum, scores: Scores, metric: Metric, ledgers: dict, *, fragments: int, samples: int,
+def epoch_record(q: Quorum, scores: Scores | None, metric: Metric, ledgers: dict, *, fragments: int, samples: int,
                  steps: int, lr: float, epoch_s: float, eval_s: float, elapsed_s: float) -> EpochRecord:
     """The record of epoch q.epoch_end. `samples`: trained in every epoch so far; `steps`: the source's
-    optimizer steps; `epoch_s`: the epoch's seconds on the source's clock, `eval_s` of them evaluating."""
+    optimizer steps; `epoch_s`: the epoch's seconds on the source's clock, `eval_s` of them evaluating;
+    `scores`: θ_global's, None for an epoch that was not evaluated."""
     by_tag, workers = bytes_by_tag(ledgers)
     counted = [moved for t, moved in by_tag.items() if t not in BOOKKEEPING_TAGS]
     total, recv = sum(m["sent"] for m in counted), sum(m["recv"] for m in counted)
@@ -58,7 +59,8 @@ def epoch_record(q: Quorum, scores: Scores, metric: Metric, ledgers: dict, *, fr
         extra={"outer_steps": q.round // fragments,  # the trainer's count: rounds of every fragment
                # (round r ends inner step r·tau/P; round 0 trains nothing)
                "rounds": q.round + 1, "workers": len(q.members), "workers_seen": workers})
-    set_scores(record, scores, metric)
+    if scores is not None:  # None: an epoch train.eval_every leaves unevaluated, as the trainer's
+        set_scores(record, scores, metric)
     return record
 
 

@@ -8,8 +8,10 @@ The loop, per round (one outer step; comm/membership.py says how a quorum forms 
             source's θ_global to the receivers (tag "join"); vote; an aborted round (a member died or
             went silent, a collective failed) is undone and met again without the lost member
   commit    merge θ_global into the local model; the source writes the round to quorums.jsonl and,
-            when an epoch ended, evaluates θ_global (metrics.jsonl), checkpoints and, after the
-            last epoch, writes model.safetensors and marks the job finished
+            when an epoch ended, its record (metrics.jsonl and train.loggers, θ_global evaluated
+            on the epochs train.eval_every names) and, on those train.checkpoint_every names, a
+            checkpoint (`due`, the trainer's rule: the last epoch always); after the last epoch
+            it writes model.safetensors and marks the job finished
   train     this worker's slice of the epoch's order: tau steps (tau / fragments for Streaming DiLoCo)
 
 An epoch is one pass over one order of the training set (`EpochOrder`): every round hands each
@@ -20,8 +22,10 @@ many workers there were. Worker ids count up from 0 in the order workers registe
 What is not elastic is the trainer's (run/trainer.py): the data plan of the job's `train.workers`
 launched workers (`worker_data`, `rank_batches`) gives the epoch's order, `checked_step` is the inner
 step, schedule.py's `MethodSchedule` with the method's own rules (its lr scale for the launched width,
-its warm-up, its lr factor) gives the rate, `model_scores`, `set_scores` and `model_metadata` make the
-records and the saved model; the method (its `outer_step`) says how θ_global steps. So a job whose
+its warm-up, its lr factor) gives the rate, `model_scores`, `set_scores`, `due`, the metrics sink
+(`MetricsSink.publish`: the stream and the experiment loggers) and `model_metadata` make the records
+and the saved model; the method's `outer_step` says how θ_global steps, and `Fragment.reduce_and_step`
+takes it, over the quorum's contributors, as `lowband train` takes it over every rank. So a job whose
 launched workers all stay trains what `lowband train` of the same method trains, step for step
 (tests/faults/test_elastic_equal.py). A round in which nobody contributes (round 0, or a round of
 receivers alone) runs no collective: there is no pseudo-gradient to average.
@@ -51,7 +55,7 @@ from lowband.comm import Communicator
 from lowband.comm.ledger import Ledger
 from lowband.comm.membership import ABORT, COMMIT, Arrival, Membership, Quorum, decide, wait_until
 from lowband.comm.rendezvous import RedisStore, check_bindable
-from lowband.config import Config
+from lowband.config import Config, to_dict
 from lowband.data.metric import metric_for
 from lowband.errors import Diverged, Unavailable, UsageError
 from lowband.methods.base import Context, Method
@@ -63,11 +67,12 @@ from lowband.run.elastic_faults import Faults
 from lowband.run.elastic_order import EpochOrder, round_steps
 from lowband.run.elastic_records import checkpoint_state, epoch_record, reached_target
 from lowband.run.launch import leave_now
-from lowband.run.metrics import human_bytes, read_metrics, setup_logging
+from lowband.run.loggers import build as build_loggers
+from lowband.run.metrics import MetricsSink, human_bytes, read_metrics, setup_logging
 from lowband.run.reporter import set_corpus, target_of
 from lowband.run.rundir import RunDir
 from lowband.run.schedule import MethodSchedule
-from lowband.run.trainer import checked_step, make_optimizer, model_metadata, model_scores, worker_data
+from lowband.run.trainer import checked_step, due, make_optimizer, model_metadata, model_scores, worker_data
 
 JOB_FILE = "elastic.json"
 
@@ -153,6 +158,7 @@ class ElasticWorker:
         self.started = self.epoch_clock = time.monotonic()  # epoch_clock: when this worker saw the last epoch end
         self.epoch_s = 0.0  # the seconds of the epoch that ended in the round just committed, on this clock
         self.faults = Faults(self.id, self.members, run_dir, self.log)
+        self.sink: MetricsSink | None = None  # opened when this worker first writes an epoch's record
 
     # ---- the loop --------------------------------------------------------------------------------
     def run(self, resume: bool) -> None:
@@ -176,7 +182,11 @@ class ElasticWorker:
             self._train(q)
 
     def close(self) -> None:
-        self.members.leave()
+        try:
+            if self.sink is not None:
+                self.sink.close()
+        finally:
+            self.members.leave()
 
     # ---- meet ------------------------------------------------------------------------------------
     def _arrival(self) -> Arrival:
@@ -382,7 +392,8 @@ class ElasticWorker:
             "elapsed_s": round(elapsed, 3)})
         if q.epoch_end >= 0:
             self._epoch_record(q, elapsed)
-            self._checkpoint(q)
+            if due(q.epoch_end, self.cfg.train.checkpoint_every, self.cfg.train.epochs):
+                self._checkpoint(q)
         if q.finished:
             self._finish_job()
 
@@ -412,7 +423,8 @@ class ElasticWorker:
     def _epoch_record(self, q: Quorum, elapsed: float) -> None:
         """metrics.jsonl's record of epoch q.epoch_end (run/elastic_records.py) and its console line."""
         t0 = time.monotonic()
-        scores = model_scores(self.global_model(), self.data, self.cfg.train.eval_batch_size, torch.device("cpu"))
+        scores = (model_scores(self.global_model(), self.data, self.cfg.train.eval_batch_size, torch.device("cpu"))
+                  if due(q.epoch_end, self.cfg.train.eval_every, self.cfg.train.epochs) else None)
         metric = metric_for(self.cfg.data.name)
         record = epoch_record(q, scores, metric, self._ledgers(), fragments=getattr(self.cfg.method, "fragments", 1),
                               samples=q.epoch_end * self.samples, steps=self.steps,
@@ -421,13 +433,23 @@ class ElasticWorker:
         set_corpus(record, self.data.meta)
         record.reached_target_epoch = reached_target(read_metrics(self.run_dir.path), record, metric,
                                                      target_of(self.cfg.train, metric))
-        self.run_dir.stream("metrics").write(record.to_json())
+        self._sink().publish(record)
         figure = (f"val bpb {record.val_bpb:.4f}" if record.val_bpb is not None
-                  else f"val acc {record.val_acc if record.val_acc is not None else record.test_acc:.4f}")
+                  else f"val acc {record.val_acc:.4f}" if record.val_acc is not None
+                  else f"test acc {record.test_acc:.4f}" if record.test_acc is not None else "not evaluated")
         self.log.info(f"epoch {q.epoch_end}/{self.cfg.train.epochs}  round {q.round}  {len(q.members)} worker(s)  "
                       f"loss {q.ended_loss:.4f}  {figure}  sent "
                       f"{human_bytes(record.bytes_sent_per_worker * max(record.extra['workers_seen'], 1))} in all  "
                       f"{elapsed:.1f}s")
+
+    def _sink(self) -> MetricsSink:
+        """The job's metrics stream and experiment loggers (train.loggers), as `lowband train`'s reporter
+        feeds them. Each worker that writes an epoch's record opens the loggers once, for the job as a
+        whole (rank 0's folders): TensorBoard then reads one curve from every writer's event file."""
+        if self.sink is None:
+            built = build_loggers(list(self.cfg.train.loggers), self.run_dir.path, 0, to_dict(self.cfg))
+            self.sink = MetricsSink(self.run_dir.stream("metrics"), True, self.cfg.train.epochs, self.log, built)
+        return self.sink
 
     def _ledgers(self) -> dict:
         """Every worker's published bytes by tag (a resumed job's earlier part under EARLIER)."""

@@ -80,10 +80,16 @@ class MetricsSink:
                     dynamic_ncols=True, file=sys.stderr)
 
     def write(self, record: EpochRecord) -> None:
+        """The record to metrics.jsonl and every experiment logger, and its line on the console."""
         if not self.active:
             return
-        self.stream.write(record.to_json())
+        self.publish(record)
         self.log.info(format_record(record, self.total_epochs) + "  " + self.progress(record.epoch))
+
+    def publish(self, record: EpochRecord) -> None:
+        """The record to metrics.jsonl and every experiment logger, without a console line (an elastic
+        job's source says its own: the round and the workers)."""
+        self.stream.write(record.to_json())
         if self.loggers:
             figures = scalars(record)
             for logger in self.loggers:

@@ -6,7 +6,8 @@ epoch reporter (reporter.py), which owns the metrics records.
 
 An elastic job's worker (elastic_worker.py) shares this module's pieces rather than copying them:
 the data plan (`worker_data`, `rank_batches`), the step (`checked_step`), the rate (schedule.py's
-`MethodSchedule`), the evaluation (`model_scores`) and the saved model's metadata (`model_metadata`).
+`MethodSchedule`), the evaluation (`model_scores`), which epochs are evaluated and checkpointed (`due`)
+and the saved model's metadata (`model_metadata`).
 """
 
 from __future__ import annotations
@@ -40,7 +41,7 @@ from lowband.run.rundir import RunDir
 from lowband.run.schedule import MethodSchedule
 
 __all__ = ["Trainer", "TrainingError", "train_step", "checked_step", "worker_data", "rank_batches", "accuracy", "scores",
-           "model_scores", "model_metadata", "task_loss"]
+           "model_scores", "model_metadata", "task_loss", "due"]
 
 
 @dataclass
@@ -65,6 +66,12 @@ def rank_batches(cfg: Config, plan: WorkerData, rank: int, device: torch.device)
     """Rank `rank`'s minibatches: its shard, shuffled each epoch by a seed of its own."""
     return Batches(plan.data, plan.shards[rank], cfg.train.batch_size, plan.steps, seed=cfg.train.seed * 131 + rank,
                    augment=wants_augment(cfg, plan.data), device=device)
+
+
+def due(epoch: int, every: int, epochs: int) -> bool:
+    """Whether epoch `epoch` of `epochs` is evaluated (train.eval_every) or checkpointed
+    (train.checkpoint_every, 0: only the last): every `every`-th epoch and the last, in every kind of run."""
+    return epoch == epochs or bool(every and epoch % every == 0)
 
 
 def resolve_device(requested: str) -> torch.device:
@@ -259,7 +266,7 @@ class Trainer:
     def _finish_epoch(self, epoch: int, loss: float, times: dict, t_start: float, extra: dict) -> None:
         t_eval = time.perf_counter()
         last = epoch == self.cfg.train.epochs
-        evaluate = epoch % self.cfg.train.eval_every == 0 or last
+        evaluate = due(epoch, self.cfg.train.eval_every, self.cfg.train.epochs)
         mine = RankFigures(loss=loss, samples=self.plan.steps * self.cfg.train.batch_size, seen=self.samples)
         glob, glob_accs = None, None
         if evaluate:
@@ -280,8 +287,7 @@ class Trainer:
         self._check_target(epoch, record)
         record.reached_target_epoch, record.extra = self.reached_target, extra
         self.reporter.write(record)
-        every = self.cfg.train.checkpoint_every
-        if (every and epoch % every == 0) or last:
+        if due(epoch, self.cfg.train.checkpoint_every, self.cfg.train.epochs):
             self._save_checkpoint(epoch)
         if evaluate:  # the stopping epoch of an early stop is always evaluated
             self.final_global = glob
