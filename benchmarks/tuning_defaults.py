@@ -250,11 +250,36 @@ def _hyperband(eta: int):
     return lambda epochs: T.optuna().pruners.HyperbandPruner(min_resource=1, max_resource=epochs, reduction_factor=eta)
 
 
+def _incumbent(warm_share: float):
+    """Stop a trial, from `warm_share` of its epochs on, when it is behind the best completed trial at the
+    same epoch (stop 50's candidate: the compass search's own yardstick, its centre, instead of the median)."""
+    def make(epochs: int):
+        optuna = T.optuna()
+        warm = min(max(1, math.ceil(warm_share * epochs)), epochs - 1)
+
+        class Incumbent(optuna.pruners.BasePruner):
+            def prune(self, study, trial) -> bool:
+                step = trial.last_step
+                done = study.get_trials(deepcopy=False, states=(optuna.trial.TrialState.COMPLETE,))
+                if step is None or step < warm or not done:
+                    return False
+                best = study.best_trial
+                ahead = best.intermediate_values.get(step)
+                value = trial.intermediate_values[step]
+                if ahead is None:
+                    return False
+                return value < ahead if study.direction.name == "MAXIMIZE" else value > ahead
+
+        return Incumbent()
+    return make
+
+
 PRUNERS = {
     "none": lambda epochs: T.optuna().pruners.NopPruner(),
     "median": _median(2, 0.0),  # lowband's default before issue 44: may stop a trial after its first epoch
     "median-half": _median(2, 0.5),  # no decision before half the trial's epochs
     "p25-half": _percentile(25.0, 2, 0.5),  # keep the best quarter, from half the trial on
+    "incumbent-half": _incumbent(0.5),  # behind the best completed trial at the same epoch, from half the trial
     "halving3": _halving(3),
     "hyperband3": _hyperband(3),
 }
@@ -295,6 +320,9 @@ CANDIDATES = {
     "axis-adjacent+median-half": ("axis", "lowband-median", None, _adjacent),
     # stop 49: the adjacent axis search, keeping at half a trial only what is in the best quarter so far
     "axis-adjacent+p25-half": ("axis", "p25-half", None, _adjacent),
+    # stop 50: the adjacent axis search, stopping a trial behind the best completed one from half a trial
+    "axis-adjacent+incumbent-half": ("axis", "incumbent-half", None, _adjacent),
+    "axis+incumbent-half": ("axis", "incumbent-half", None, None),
     "grid": ("grid", "none", None, None),
     "grid+median": ("grid", "median", None, None),  # lowband's default before issue 44
     "grid+median-half": ("grid", "median-half", None, None),
