@@ -3,8 +3,10 @@
 `write_atomic(path, write)` lets `write(tmp)` fill a temporary file beside `path` (same directory,
 so the rename cannot cross file systems), flushes it to disk, and renames it over `path`: a reader,
 or a crash, sees the old file or the new one, never half of one. The temporary is removed when
-`write` fails; one that a killed writer left (its process gone) is removed by the next write of the same
-file. Run directories, checkpoints, the data-set cache and calibrations all write this way.
+`write` fails; a process that leaves at once (a worker's `launch.leave_now`, say while a second signal
+interrupts the first one's clean-up) removes the ones it was writing (`discard_pending`); one that a
+killed writer left (its process gone) is removed by the next write of the same file. Run directories,
+checkpoints, the data-set cache and calibrations all write this way.
 """
 
 from __future__ import annotations
@@ -14,11 +16,14 @@ import os
 import shutil
 from collections.abc import Callable
 
+_pending: set[str] = set()  # this process's temporaries not yet renamed or removed
+
 
 def write_atomic(path: str, write: Callable[[str], object]) -> None:
     """Fill a temporary file with `write(tmp)`, fsync it, and rename it to `path`."""
     os.makedirs(os.path.dirname(path) or ".", exist_ok=True)
     tmp = f"{path}.tmp-{os.getpid()}"
+    _pending.add(tmp)
     try:
         write(tmp)
         with open(tmp, "rb") as f:
@@ -27,7 +32,17 @@ def write_atomic(path: str, write: Callable[[str], object]) -> None:
     finally:
         if os.path.exists(tmp):
             os.remove(tmp)
+        _pending.discard(tmp)
     _remove_orphans(path)
+
+
+def discard_pending() -> None:
+    """Remove every temporary this process is still writing: called by a process about to leave without
+    unwinding (os._exit), whose `write_atomic` may have been interrupted before its clean-up ran."""
+    for tmp in list(_pending):
+        with contextlib.suppress(OSError):
+            os.remove(tmp)
+        _pending.discard(tmp)
 
 
 def _remove_orphans(path: str) -> None:

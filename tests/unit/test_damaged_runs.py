@@ -184,3 +184,23 @@ def test_the_temporary_of_a_killed_writer_is_removed_by_the_next_write(tmp_path)
     write_text_atomic(str(tmp_path / "summary.csv"), "whole\n")
     assert (tmp_path / "summary.csv").read_text() == "whole\n"
     assert not orphan.exists() and other.exists() and alive.exists()
+
+
+def test_a_worker_that_leaves_mid_write_removes_its_temporary(tmp_path):
+    """A worker leaves through launch.leave_now (os._exit: no finally runs), for instance when a second
+    signal interrupts the first one's clean-up: the file it was writing must not stay half-written
+    beside its final name (test_processes' Ctrl-C test once found rank1-epoch0001.pt.sha256.tmp-PID)."""
+    import subprocess
+    import sys
+
+    script = ("import sys\n"
+              "from lowband.atomic import write_atomic\n"
+              "from lowband.run.launch import leave_now\n"
+              "def write(tmp):\n"
+              "    open(tmp, 'w').write('half')\n"
+              "    leave_now(130)\n"
+              "write_atomic(sys.argv[1], write)\n")
+    target = tmp_path / "rank1-epoch0001.pt.sha256"
+    code = subprocess.run([sys.executable, "-c", script, str(target)], timeout=60).returncode
+    assert code == 130
+    assert os.listdir(tmp_path) == [], os.listdir(tmp_path)

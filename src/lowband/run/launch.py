@@ -35,7 +35,7 @@ import uuid
 from collections.abc import Collection, Sequence
 from typing import NoReturn
 
-from lowband.atomic import process_running
+from lowband.atomic import discard_pending, process_running
 from lowband.errors import Diverged, Unavailable, UsageError
 
 GRACE_S = 5.0
@@ -398,7 +398,9 @@ def _remove(path: str) -> None:
 
 def leave_now(code: int) -> NoReturn:
     """Exit at once with `code`, skipping interpreter teardown: a rank that leaves while its peers
-    are mid-collective must not destroy its process group, which makes gloo abort (SIGABRT)."""
+    are mid-collective must not destroy its process group, which makes gloo abort (SIGABRT). A file it
+    was writing is not left half-written beside its final name (atomic.discard_pending)."""
+    discard_pending()
     logging.shutdown()
     with contextlib.suppress(Exception):  # a closed stream must not keep the process from leaving
         sys.stdout.flush()
