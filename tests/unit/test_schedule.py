@@ -62,3 +62,27 @@ def test_the_inner_lr_factor_scales_every_rate_of_the_schedule():
     full, half = schedule(1.0), schedule(0.5)
     for epoch in (0.1, 0.5, 1.0, 2.5, 3.9):
         assert half.at(epoch) == pytest.approx(0.5 * full.at(epoch)) and full.at(epoch) > 0
+
+
+def test_the_inner_lr_factor_moves_linearly_to_its_end_over_the_run():
+    """method.inner_lr_factor_end: the factor goes from inner_lr_factor at step 0 to the end value at the last
+    step, linearly in the steps taken, and multiplies the schedule's rate there; bad ends are refused."""
+    from types import SimpleNamespace
+
+    from lowband.config import Config, OptimConfig, TrainConfig
+    from lowband.errors import ConfigError
+    from lowband.methods.diloco import DiLoCo, DiLoCoConfig
+    from lowband.run.schedule import MethodSchedule
+
+    cfg = Config(method=DiLoCoConfig(inner_lr_factor=0.5, inner_lr_factor_end=1.0), train=TrainConfig(epochs=4),
+                 optim=OptimConfig(lr=0.1, warmup_epochs=0, schedule="constant"))
+    method = DiLoCo.__new__(DiLoCo)
+    method.cfg, method.ctx = cfg.method, SimpleNamespace(total_steps=200)
+    schedule = MethodSchedule(cfg, method)
+    for steps, factor in ((0, 0.5), (50, 0.625), (100, 0.75), (200, 1.0)):
+        method.steps = steps
+        assert method.lr_factor() == pytest.approx(factor)
+        assert schedule.at(steps / 50) == pytest.approx(0.1 * factor)
+    for bad in (0.0, -2.0, math.inf, 101.0):
+        with pytest.raises(ConfigError, match="method.inner_lr_factor_end"):
+            DiLoCoConfig(inner_lr_factor_end=bad)

@@ -9,7 +9,8 @@ Every worker runs `tau` inner steps with the configured optimizer. Then the pseu
 the codec is lossy) and an outer SGD with Nesterov momentum (`outer_lr`, `outer_momentum`;
 `outer_nesterov=false` for heavy-ball) steps θ_global; every worker continues from θ_global.
 Floating buffers (BatchNorm) are averaged. `tau_schedule` lets tau grow during the run and
-`inner_lr_factor` sets the inner rate against the synchronous one (methods/outer.py, OuterConfig).
+`inner_lr_factor` sets the inner rate against the synchronous one (methods/outer.py, OuterConfig);
+with `inner_lr_factor_end` the factor moves linearly to that value over the run's steps.
 With one worker (M = 1) the outer step is a lookahead on one trajectory (Charles et al. 2025 find
 it beats plain training), which separates that gain from parallelism.
 Outer lr 1 with momentum 0 is local SGD exactly. The inner learning rate is not scaled with the
@@ -37,7 +38,7 @@ from lowband.comm.value_codecs import SPEC_HELP, parse_codec
 from lowband.config import opt
 from lowband.errors import ConfigError, require
 from lowband.methods.base import Method
-from lowband.methods.outer import Fragment, OuterConfig, OuterStep, TauSchedule, split_fragments, with_anchors
+from lowband.methods.outer import Fragment, OuterConfig, OuterStep, TauSchedule, ramp, split_fragments, with_anchors
 from lowband.methods.rounds import RoundLog
 from lowband.registry import METHODS
 
@@ -117,7 +118,11 @@ class DiLoCo(Method):
                         nesterov=c.outer_nesterov)
 
     def lr_factor(self) -> float:
-        return self.cfg.inner_lr_factor
+        """inner_lr_factor, moving linearly to inner_lr_factor_end over the run's steps when that is set."""
+        c = self.cfg
+        if c.inner_lr_factor_end == -1:
+            return c.inner_lr_factor
+        return ramp(c.inner_lr_factor, c.inner_lr_factor_end, 0.0, getattr(self, "steps", 0) / self.ctx.total_steps)
 
     def lr_scale(self) -> float:
         """A replica's update averages its g ranks' batches, as Allreduce's averages K."""

@@ -74,6 +74,8 @@ class OuterConfig(RoundsConfig):
     tau_schedule: str = opt("", f"a tau that grows during the run: {SCHEDULE_HELP}")
     inner_lr_factor: float = opt(1.0, "the inner rate is optim.lr times this (Charles et al. 2025 find DiLoCo's "
                                       "best inner rate about half the synchronous one)")
+    inner_lr_factor_end: float = opt(-1.0, "the factor at the run's last step, > 0, reached linearly from "
+                                           "inner_lr_factor over the run (-1: inner_lr_factor throughout)")
 
     def __post_init__(self):
         super().__post_init__()
@@ -81,6 +83,9 @@ class OuterConfig(RoundsConfig):
         require(0 <= self.outer_momentum < 1, "method.outer_momentum", self.outer_momentum, "must be in [0, 1)")
         require(math.isfinite(self.inner_lr_factor) and self.inner_lr_factor > 0, "method.inner_lr_factor",
                 self.inner_lr_factor, "must be > 0")
+        end = self.inner_lr_factor_end
+        require(end == -1 or (math.isfinite(end) and 0 < end <= 100), "method.inner_lr_factor_end", end,
+                "must be -1 (off) or in (0, 100]")
         parse_tau_schedule(self.tau_schedule, self.tau)
 
 
@@ -97,6 +102,13 @@ class OuterStep:
     #: True: floating buffers (BatchNorm) are averaged apart, in fp32, every round (DiLoCo); False: they
     #: travel in the parameters' vector through the codec (local SGD's model average)
     buffers_apart: bool = True
+
+
+def ramp(start: float, end: float, since: float, done: float) -> float:
+    """`start` until `done` (0..1 of the run) passes `since`, then linearly to `end` at 1 (-1 `end`: `start`)."""
+    if end == -1 or done <= since:
+        return start
+    return start + (end - start) * min((done - since) / (1 - since), 1.0)
 
 
 def split_fragments(params: list[nn.Parameter], parts: int) -> list[list[nn.Parameter]]:

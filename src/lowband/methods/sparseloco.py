@@ -50,7 +50,7 @@ from lowband.comm.value_codecs import VALUE_SPECS, Codec, TopKCodec, parse_codec
 from lowband.config import opt
 from lowband.errors import ConfigError, require
 from lowband.methods.diloco import DiLoCo, DiLoCoConfig
-from lowband.methods.outer import Fragment, OuterStep
+from lowband.methods.outer import Fragment, OuterStep, ramp
 from lowband.registry import METHODS
 
 
@@ -101,13 +101,6 @@ class SparseLoCoConfig(DiLoCoConfig):
             parse_codec(self.flush, "method.flush")
         require(self.error_feedback, "method.error_feedback", self.error_feedback,
                 "must be true: SparseLoCo's error buffer is the method (use diloco with codec=topk:F to go without)")
-
-
-def ramp(start: float, end: float, since: float, done: float) -> float:
-    """`start` until `done` (0..1 of the run) passes `since`, then linearly to `end` at 1 (-1 `end`: `start`)."""
-    if end == -1 or done <= since:
-        return start
-    return start + (end - start) * min((done - since) / (1 - since), 1.0)
 
 
 def sparse_codec(cfg: SparseLoCoConfig, seed: int = 0) -> Codec:

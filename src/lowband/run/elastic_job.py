@@ -50,6 +50,9 @@ def check(cfg: C.Config) -> None:
                                                  "steps)")
     if getattr(m, "tau_schedule", ""):
         raise ConfigError("method.tau_schedule", m.tau_schedule, "must be '' with --elastic (rounds keep one tau)")
+    if getattr(m, "inner_lr_factor_end", -1.0) != -1.0:
+        raise ConfigError("method.inner_lr_factor_end", m.inner_lr_factor_end, "must be -1 with --elastic (set "
+                                                                               "optim.lr instead)")
     if getattr(m, "inner_lr_factor", 1.0) != 1.0:
         raise ConfigError("method.inner_lr_factor", m.inner_lr_factor, "must be 1 with --elastic (set optim.lr instead)")
     if getattr(m, "outer_nesterov", True) is not True:
