@@ -128,7 +128,9 @@ ENDING_OTHER = [(f"{SPARSE}:tau=8:outer_lr=3.0", 0.016), (f"{SPARSE}:tau=8:outer
                 ("sparseloco:density=0.0078125:codec=lut2:tau=4:outer_lr=3.0", ENDING_LR),
                 # stop 50: 0.008 led early and lost late, 0.016 the other way round: the inner rate's factor
                 # rises over the run from half (0.008 at the peak) to whole (0.016's cosine at the end)
-                (f"{SPARSE}:tau=8:outer_lr=3.0:inner_lr_factor=0.5:inner_lr_factor_end=1.0", 0.016)]
+                (f"{SPARSE}:tau=8:outer_lr=3.0:inner_lr_factor=0.5:inner_lr_factor_end=1.0", 0.016),
+                # and the other way: 0.016 closes its gap late, so the factor rises from 1 to 2 (a flatter end)
+                (f"{SPARSE}:tau=8:outer_lr=3.0:inner_lr_factor_end=2.0", 0.016)]
 ENDING_LONG = 8  # the best ending at twice the steps, against Allreduce's at that length
 DEVICE: list[str] = []  # --set options that put the runs on a device (main's --device)
 
