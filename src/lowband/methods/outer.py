@@ -170,7 +170,7 @@ class Fragment:
 
     @torch.no_grad()
     def reduce_and_step(self, comm, tag: str, contributors: int | None = None, contribute: bool = True,
-                   holds_global: bool = True) -> None:
+                        holds_global: bool = True) -> None:
         """The outer step, for a fixed membership and an elastic one alike: every rank of `comm` sends its
         pseudo-gradient Δ = θ_global - θ_local (zeros unless it `contribute`s: a rank that trained nothing
         since it last received θ_global), the mean is taken over the `contributors` (None: every rank), and
