@@ -6,7 +6,7 @@ data order, step, learning rate and records from the trainer (run/elastic_worker
 the same record per epoch: training loss, learning rate and evaluation of the global model to float
 tolerance (the averages sum in another order), and the same bytes sent per worker. Sizes divide
 evenly: 360 training samples (of 500: test and validation aside), 2 workers, batch 9, tau 4: 20 steps
-per epoch, 5 rounds.
+per epoch, 5 rounds (Streaming DiLoCo: tau 4 over 2 or 4 fragments, or tau 6 over 3, a round of 2 steps).
 
 Two byte differences are the trainer's and stay (its figures must not move): its ranks check with an
 8-byte fingerprint each that they start alike (tag "init"; elastic workers compare theirs through the
@@ -69,6 +69,8 @@ def assert_same_keys(plain: list[dict], elastic: list[dict]) -> None:
     ("diloco", ["--set", "method.outer_lr=0.7", "--set", "method.outer_momentum=0.9"]),
     ("diloco", ["--set", "method.outer_lr=0.7", "--set", "method.outer_momentum=0.9", "--set", "method.fragments=2"]),
     ("diloco", ["--set", "method.outer_lr=0.7", "--set", "method.outer_momentum=0.9", "--set", "method.fragments=4"]),
+    ("diloco", ["--set", "method.outer_lr=0.7", "--set", "method.outer_momentum=0.9", "--set", "method.fragments=3",
+                "--set", "method.tau=6"]),  # rounds of 2 steps, 10 an epoch
 ])
 def test_a_fixed_membership_elastic_job_trains_as_lowband_train(tmp_path, method, extra):
     plain = train(tmp_path / "plain", "--method", method, *extra)
