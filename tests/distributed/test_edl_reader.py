@@ -157,7 +157,9 @@ def test_buffer_stays_under_the_upper_threshold(env, group):
     teacher()
     r = reader(initial=1, ut=6, lt=2, depth=2, group=group)
     r.feed(1, batches(40))
-    time.sleep(1.0)  # the student does not consume: the reader must stop sending
+    # the student does not consume: the reader must stop sending once the buffer passes ut
+    wait_for(lambda: len(r.ready) > 6, 20, "the buffer never filled past ut")
+    time.sleep(0.5)  # time to overshoot, were the reader to go on sending
     # it stops once the buffer exceeds ut; what was in flight then still lands
     assert 6 < len(r.ready) <= 6 + group * 3 and r.stats["batches_sent"] == len(r.ready)
     assert drain(r, 40) == list(range(40 * BS))
@@ -165,8 +167,10 @@ def test_buffer_stays_under_the_upper_threshold(env, group):
 
 def test_killed_teacher_in_flight_batches_are_resent(env):
     teacher, reader = env
-    gate = threading.Event()
-    stuck, other = teacher(gate=gate), teacher()  # `stuck` takes work and answers none of it
+    gate, held = threading.Event(), threading.Event()
+    # `stuck` takes work and answers none of it; `other` holds its first requests until `stuck` has
+    # some, so a fast `other` cannot fill the buffer before `stuck` is connected (a loaded machine)
+    stuck, other = teacher(gate=gate), teacher(gate=held)
     r = reader(initial=2, depth=2)
     try:
         r.feed(1, batches(80))
@@ -176,11 +180,13 @@ def test_killed_teacher_in_flight_batches_are_resent(env):
                 link = r.links.get(stuck.info.id)
                 return len(link.inflight) if link is not None else 0
 
-        wait_for(in_flight_at_stuck, 10, "the stuck teacher was never sent a request")
+        wait_for(in_flight_at_stuck, 20, "the stuck teacher was never sent a request")
+        held.set()
         stuck.crash()  # dies holding requests: no timing decides whether it had work
         ids = drain(r, 80)
     finally:
         gate.set()
+        held.set()
     assert sorted(ids) == ids == list(range(80 * BS))  # nothing lost, nothing twice
     group = ReaderConfig().group
     assert r.stats["teacher_failures"] == 1 and r.stats["resent"] in (group, 2 * group)  # its 1 or 2 requests
