@@ -310,6 +310,56 @@ def _adjacent(tune, fields):
     return Adjacent({f: list(tune.param(f).values) for f in fields}, seed=tune.seed)
 
 
+def _pattern(adjacent: bool):
+    """The axis search with Hooke and Jeeves' pattern move (stop 51's candidate): once every one-field change
+    of the centre has run, it runs next the setting that takes, in every field where one improved on the
+    centre, that field's best change, when that combines two fields or more; then it goes on as before."""
+    def make(tune, fields):
+        from optuna.trial import TrialState
+
+        base = type(_adjacent(tune, fields)) if adjacent else __import__(
+            "lowband.comparison.axis", fromlist=["AxisSampler"]).AxisSampler
+
+        class Pattern(base):
+            def poll(self, trials, maximize):
+                run, values = self.run(trials), self.values(trials)
+                center, best = self.middle(), self.best(trials, maximize)
+                while True:
+                    if center not in run:
+                        return center
+                    untried = [p for p in self.neighbours(center) if p not in run]
+                    if untried:
+                        return untried[0]
+                    jump = self.jump(center, values, maximize)
+                    if jump is not None and jump not in run:
+                        return jump
+                    if best is None or best == center:
+                        return None
+                    center = best
+
+            def values(self, trials):
+                return {self.point(t.params): float(t.value) for t in trials
+                        if t.state == TrialState.COMPLETE and t.value is not None and self.covers(t.params)}
+
+            def jump(self, center, values, maximize):
+                """The pattern move from `center`: each field's best improving change, combined (None: fewer
+                than two fields improved, or the centre has no complete figure)."""
+                if center not in values:
+                    return None
+                sign = 1 if maximize else -1
+                moved = list(center)
+                for field in range(len(self.space)):
+                    done = [p for p in self.line(center, field) if p in values]
+                    top = max(done, key=lambda p: sign * values[p], default=None)
+                    if top is not None and sign * values[top] > sign * values[center]:
+                        moved[field] = top[field]
+                changed = sum(a != b for a, b in zip(moved, center, strict=True))
+                return tuple(moved) if changed >= 2 else None
+
+        return Pattern({f: list(tune.param(f).values) for f in fields}, seed=tune.seed)
+    return make
+
+
 # name -> (sampler, pruner, trials: None = the sampler's default, a sampler factory in lowband's place or None);
 # a pruner of PRUNERS is put in lowband's place, "lowband-median" is lowband's own median pruner
 CANDIDATES = {
@@ -323,6 +373,10 @@ CANDIDATES = {
     # stop 50: the adjacent axis search, stopping a trial behind the best completed one from half a trial
     "axis-adjacent+incumbent-half": ("axis", "incumbent-half", None, _adjacent),
     "axis+incumbent-half": ("axis", "incumbent-half", None, None),
+    # stop 51: the pattern move (Hooke and Jeeves) after each full poll
+    "pattern+median-half": ("axis", "lowband-median", None, _pattern(False)),
+    "pattern+incumbent-half": ("axis", "incumbent-half", None, _pattern(False)),
+    "pattern-adjacent+incumbent-half": ("axis", "incumbent-half", None, _pattern(True)),
     "grid": ("grid", "none", None, None),
     "grid+median": ("grid", "median", None, None),  # lowband's default before issue 44
     "grid+median-half": ("grid", "median-half", None, None),
