@@ -137,6 +137,8 @@ ENDING_OTHER = [(f"{SPARSE}:tau=8:outer_lr=3.0", 0.016), (f"{SPARSE}:tau=8:outer
                 ("sparseloco:density=0.015380859375:codec=lut4:tau=8:outer_lr=3.0", 0.016),
                 # half the syncs at twice the density: the same bytes (tau 4 at 1/128 lost to tau 8 at 1/64)
                 ("sparseloco:density=0.03125:codec=lut2:tau=16:outer_lr=3.0", 0.016)]
+BEST = (f"{SPARSE}:tau=8:outer_lr=3.0", 0.016)  # SparseLoCo's best ending (stop 49), on five seeds (stop 51)
+MORE_SEEDS = (3, 4)  # the best and the reference beyond seeds 0-2: is the gap more than the seeds' spread?
 ENDING_LONG = 8  # the best ending at twice the steps, against Allreduce's at that length
 DEVICE: list[str] = []  # --set options that put the runs on a device (main's --device)
 
@@ -269,6 +271,26 @@ def ending_report(out: str) -> None:
         flows = " ".join(_flow(r) for r in recs)
         print(f"{row_label(spec, lr)}: {gaps}; flows {flows}")
     ending_long(out)
+    best_seeds_report(out)
+
+
+def best_seeds_report(out: str) -> None:
+    """BEST against Allreduce paired by seed, over every seed both finished (0-2, then MORE_SEEDS): the gap per
+    seed, its mean with the standard error, and the gap of the means."""
+    pairs = []
+    for seed in (0, *SEEDS, *MORE_SEEDS):
+        run, ref = records(run_dir(out, *BEST, seed)), records(run_dir(out, *REFERENCE, seed))
+        if run and ref and run[-1]["epoch"] >= 4 and ref[-1]["epoch"] >= 4:
+            pairs.append((seed, run[-1]["val_bpb"], ref[-1]["val_bpb"]))
+    if len(pairs) < 2:
+        return
+    gaps = [100 * (bpb / ref - 1) for _, bpb, ref in pairs]
+    se = statistics.stdev(gaps) / math.sqrt(len(gaps))
+    means = 100 * (statistics.mean(b for _, b, _ in pairs) / statistics.mean(r for _, _, r in pairs) - 1)
+    each = ", ".join(f"seed {seed} {g:+.2f}%" for (seed, _, _), g in zip(pairs, gaps, strict=True))
+    print(f"\n{row_label(*BEST)} against {label(*REFERENCE)}, paired by seed at 4 epochs: {each}; within 1% on "
+          f"{sum(g <= 100 * MARGIN for g in gaps)} of {len(gaps)}; mean gap {statistics.mean(gaps):+.2f}% "
+          f"(standard error {se:.2f}); gap of the means {means:+.2f}%")
 
 
 def fewer(ratio: float) -> str:
@@ -480,7 +502,8 @@ def plot(rows, ref_bpb: float, figure: str) -> None:
 def main() -> None:
     global RESULTS
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    p.add_argument("--phase", choices=("tune", "trend", "seeds", "lookahead", "long", "ending", "all"), default="all")
+    p.add_argument("--phase", choices=("tune", "trend", "seeds", "lookahead", "long", "ending", "best-seeds", "all"),
+                   default="all", help="best-seeds: SparseLoCo's best ending and Allreduce on seeds 3 and 4")
     p.add_argument("--device", choices=("cpu", "cuda"), default=None,
                    help="put every new run on this device (cuda: the workers share it through gloo)")
     p.add_argument("--parallel", type=int, default=1, help="runs at once in the ending phase (a machine with cores to spare)")
@@ -529,8 +552,12 @@ def main() -> None:
             seeds(args.out)
         if args.phase in ("ending", "all"):
             ending(args.out, args.parallel)
+        if args.phase in ("best-seeds", "all"):
+            for seed in MORE_SEEDS:
+                for spec, lr in (BEST, REFERENCE):
+                    train(args.out, spec, lr, seed)
         print(f"\nstudy wall time this call: {(time.time() - t0) / 60:.1f} min")
-    if args.phase == "ending":
+    if args.phase in ("ending", "best-seeds"):
         ending_report(args.out)
     else:
         report(args.out, args.figure)
