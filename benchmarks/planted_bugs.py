@@ -48,7 +48,7 @@ PLANTS = [
      ["tests/unit/test_ledger.py", "tests/distributed/test_allreduce.py"]),
     ("auto picks NCCL for workers sharing a GPU", "src/lowband/comm/placement.py",
      "    if gpus >= local_world:\n", "    if gpus >= 1:\n", ["tests/unit/test_placement.py"]),
-    ("a forked worker always exits 0", "src/lowband/run/launch.py",
+    ("a forked worker always exits 0", "src/lowband/run/workers.py",
      "        code = worker_main([entry, *args])\n", "        worker_main([entry, *args])\n        code = 0\n",
      ["tests/unit/test_launch.py", "tests/faults/test_processes.py"]),
     ("the decay schedule runs backwards", "src/lowband/methods/sparseloco.py",

@@ -54,8 +54,8 @@ from lowband.comparison.space import parse_tune
 from lowband.data.base import load_dataset
 from lowband.data.metric import ACCURACY, BITS_PER_BYTE, Metric
 from lowband.registry.catalog import load_all
-from lowband.run.launch import can_fork
 from lowband.run.metrics import read_metrics
+from lowband.run.workers import can_fork
 
 RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "tuning_defaults")
 

@@ -1,4 +1,4 @@
-"""Functions that run inside launched worker processes (via lowband.run.launch) for the tests, and
+"""Functions that run inside launched worker processes (via lowband.run.workers) for the tests, and
 `run_workers`, which launches them from a test with a deadline.
 
 Every wait here is bounded: the launcher by `run_workers`' deadline, collectives by the process

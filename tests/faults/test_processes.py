@@ -110,10 +110,11 @@ def test_a_stopped_worker_timing_out_is_one_line_and_the_traceback_goes_to_the_c
 
 def test_a_crash_file_names_the_cause_once_and_the_errors_it_caused(tmp_path, capsys):
     # worker 1 crashes with its own error; worker 0 then fails on the collective: one line names both files
-    from lowband.run.launch import crash_path, supervise
+    from lowband.run.launch import supervise
+    from lowband.run.workers import crash_path
 
     crash = ("import os, sys; os.environ['LOWBAND_INIT_FILE'] = sys.argv[1] + '/.rendezvous-x'; "
-             "os.environ['RANK'] = sys.argv[2]; from lowband.run.launch import worker_main; "
+             "os.environ['RANK'] = sys.argv[2]; from lowband.run.workers import worker_main; "
              "sys.exit(worker_main([sys.argv[3]]))")
     after_rank_1 = ("import os, sys, time\nwhile not os.path.exists(os.path.join(sys.argv[1], 'crash.rank1.txt')): "
                     "time.sleep(0.01)\n")  # an event, not a head start: worker 0 fails once worker 1 has crashed

@@ -195,7 +195,7 @@ def test_a_worker_that_leaves_mid_write_removes_its_temporary(tmp_path):
 
     script = ("import sys\n"
               "from lowband.atomic import write_atomic\n"
-              "from lowband.run.launch import leave_now\n"
+              "from lowband.run.workers import leave_now\n"
               "def write(tmp):\n"
               "    open(tmp, 'w').write('half')\n"
               "    leave_now(130)\n"

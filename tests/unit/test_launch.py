@@ -7,13 +7,13 @@ import time
 
 import pytest
 
-from lowband.run import launch
+from lowband.run import launch, workers
 
 
 @pytest.mark.parametrize("what, code", [("ok", 0), ("usage", 2), ("unavailable", 3), ("interrupt", 130), ("crash", 1)])
 def test_a_forked_worker_exits_with_its_ending_s_code(tmp_path, what, code):
-    env = launch.worker_env(0, 1, str(tmp_path / ".rendezvous-x"))
-    worker = launch.fork_worker("tests.distributed.helpers:ends_with", [what], env)
+    env = workers.worker_env(0, 1, str(tmp_path / ".rendezvous-x"))
+    worker = workers.fork_worker("tests.distributed.helpers:ends_with", [what], env)
     assert worker.wait(timeout=30) == code and worker.poll() == code
     assert os.path.exists(tmp_path / "crash.rank0.txt") == (what == "crash")  # a crash is written down
 
@@ -22,8 +22,8 @@ def test_a_forked_worker_is_named_and_stopped_like_a_process(tmp_path):
     """Named lowband-r0 (what `ps` and the fault tests see), and stop() ends it through SIGTERM (exit 143)."""
     from tests.conftest import worker_rank
 
-    env = launch.worker_env(0, 1, str(tmp_path / ".rendezvous-x"))
-    sleeper = launch.fork_worker("tests.distributed.helpers:sleep_for", ["30"], env)
+    env = workers.worker_env(0, 1, str(tmp_path / ".rendezvous-x"))
+    sleeper = workers.fork_worker("tests.distributed.helpers:sleep_for", ["30"], env)
     deadline = time.monotonic() + 20
     while worker_rank(sleeper.pid) is None and time.monotonic() < deadline:
         time.sleep(0.01)

@@ -95,7 +95,7 @@ LAYERS: list[list[str]] = [
     ["lowband.comm", "lowband.data", "lowband.models"],  # the communicator; data sets; models
     # a run's files and processes, which methods and services use: run directory, checkpoints,
     # worker processes, records, loggers, the lr schedule
-    ["lowband.run.rundir", "lowband.run.checkpoint", "lowband.run.launch", "lowband.run.metrics",
+    ["lowband.run.rundir", "lowband.run.checkpoint", "lowband.run.launch", "lowband.run.workers", "lowband.run.metrics",
      "lowband.run.reporter", "lowband.run.loggers", "lowband.run.schedule"],
     ["lowband.distill"],  # losses, ensembles, and EDL-Dist's teacher service
     ["lowband.methods", "lowband.registry.catalog"],  # one file per method; the catalog imports them all

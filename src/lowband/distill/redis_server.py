@@ -17,7 +17,7 @@ import time
 import redis
 
 from lowband.errors import UsageError
-from lowband.run.launch import die_with_parent
+from lowband.run.workers import die_with_parent
 
 
 def redis_binary(which: str = "auto") -> str | None:

@@ -18,7 +18,8 @@ import time
 from lowband.distill.coordinator import Coordinator
 from lowband.distill.redis_server import EmbeddedRedis
 from lowband.errors import UsageError
-from lowband.run.launch import die_with_parent, stop
+from lowband.run.launch import stop
+from lowband.run.workers import die_with_parent
 
 ENV = "LOWBAND_COORDINATOR"
 

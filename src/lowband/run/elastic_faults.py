@@ -17,7 +17,7 @@ import subprocess
 import sys
 
 from lowband.comm.membership import Membership, wait_until
-from lowband.run.launch import die_with_parent
+from lowband.run.workers import die_with_parent
 
 
 def fault_plan(worker: int) -> tuple[int, str, str, float] | None:

@@ -29,7 +29,7 @@ from lowband.distill.redis_server import EmbeddedRedis
 from lowband.errors import ConfigError, UsageError
 from lowband.records import EpochRecord
 from lowband.registry import METHODS
-from lowband.run import checkpoint, launch
+from lowband.run import checkpoint, launch, workers
 from lowband.run.elastic_records import EARLIER
 from lowband.run.elastic_worker import JOB_FILE, read_job
 from lowband.run.metrics import human_bytes, read_metrics
@@ -111,7 +111,7 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
             members.publish_ledger(earlier, entry=EARLIER)
         print(f"lowband: elastic job {members.job}: {cfg.train.workers} worker(s), coordinator {_shown(url)}; "
               f"add one with `lowband join {run_dir}`", file=sys.stderr, flush=True)
-        procs = launch.spawn(ENTRY, [run_dir, "1" if resume else "0"], cfg.train.workers, run_dir, cfg.train.threads)
+        procs = workers.spawn(ENTRY, [run_dir, "1" if resume else "0"], cfg.train.workers, run_dir, cfg.train.threads)
         code = supervise(procs, members, cfg.elastic, crash_dir=run_dir)
     finally:
         if server is not None:
@@ -255,7 +255,7 @@ def join(run_dir: str, host: str | None = None) -> int:
     print(f"lowband: joining elastic job {job['job']} in {run_dir}", file=sys.stderr, flush=True)
     if host:
         os.environ["LOWBAND_ELASTIC_HOST"] = host  # the worker inherits it
-    procs = launch.spawn(ENTRY, [run_dir, "0", "1"], 1, run_dir, cfg.train.threads)
+    procs = workers.spawn(ENTRY, [run_dir, "0", "1"], 1, run_dir, cfg.train.threads)
     try:
         return launch._exit_code(procs[0].wait())
     except KeyboardInterrupt:

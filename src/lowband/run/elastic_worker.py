@@ -64,11 +64,11 @@ from lowband.registry import METHODS
 from lowband.run.elastic_faults import Faults
 from lowband.run.elastic_files import JobFiles
 from lowband.run.elastic_order import EpochOrder, round_steps
-from lowband.run.launch import leave_now
 from lowband.run.metrics import MetricsSink, setup_logging
 from lowband.run.rundir import RunDir
 from lowband.run.schedule import MethodSchedule
 from lowband.run.trainer import checked_step, make_optimizer, worker_data
+from lowband.run.workers import leave_now
 
 JOB_FILE = "elastic.json"
 
@@ -92,7 +92,7 @@ def read_job(run_dir: str) -> dict:
 
 
 def main(run_dir: str, resume: str = "0", joiner: str = "0") -> None:
-    """Entry point of an elastic worker process (`lowband.run.launch` calls it); `joiner` "1": started by
+    """Entry point of an elastic worker process (`lowband.run.workers` calls it); `joiner` "1": started by
     `lowband join`."""
     from lowband.run.runconfig import read_run_config
 

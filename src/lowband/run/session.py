@@ -22,13 +22,13 @@ from lowband.comm.placement import Placement, here, local_rank, local_world
 from lowband.errors import Diverged, LowbandError, UsageError
 from lowband.registry import METHODS
 from lowband.run import checkpoint, launch, loggers
-from lowband.run.launch import leave_now
 from lowband.run.metrics import read_metrics
 from lowband.run.reshard import reshard
 from lowband.run.runconfig import check_model, new_run_dir, prepare_run_dir, read_run_config, write_config
 from lowband.run.rundir import RunDir
 from lowband.run.spec import RunSpec, resolve
 from lowband.run.trainer import Trainer, worker_data
+from lowband.run.workers import leave_now
 
 
 def check_resume_world(run_dir: str, world: int, allow_change: bool = False) -> int:

@@ -15,7 +15,7 @@ when a signal ended it, as subprocess gives it) and its CPU seconds, its workers
 server dies with the caller and a child with the server (PR_SET_PDEATHSIG): no command outlives a
 killed comparison. A server that cannot start leaves the command to start cold, with one warning.
 
-Where workers may not be forked (launch.can_fork: a CUDA build of torch, whose driver a forked child
+Where workers may not be forked (workers.can_fork: a CUDA build of torch, whose driver a forked child
 cannot use; LOWBAND_START=exec), a command starts cold: `python -m lowband.run.warm run ENTRY ARGV`.
 """
 
@@ -31,7 +31,7 @@ import socket
 import subprocess
 import sys
 
-from lowband.run.launch import can_fork, die_with_parent, leave_now
+from lowband.run.workers import can_fork, die_with_parent, leave_now
 
 PRELOAD = ["torch", "torch._dynamo", "lowband.run.session", "lowband.run.trainer", "lowband.registry.catalog"]
 MESSAGE_BYTES = 1 << 20  # a command (its environment included) fits; a larger one is refused by the caller
