@@ -277,13 +277,20 @@ def ending_report(out: str) -> None:
 def best_seeds_report(out: str) -> None:
     """BEST against Allreduce paired by seed, over every seed both finished (0-2, then MORE_SEEDS): the gap per
     seed, its mean with the standard error, and the gap of the means."""
-    pairs = []
+    pairs, curves = [], []
     for seed in (0, *SEEDS, *MORE_SEEDS):
         run, ref = records(run_dir(out, *BEST, seed)), records(run_dir(out, *REFERENCE, seed))
         if run and ref and run[-1]["epoch"] >= 4 and ref[-1]["epoch"] >= 4:
             pairs.append((seed, run[-1]["val_bpb"], ref[-1]["val_bpb"]))
+            curves.append((seed, run, ref))
     if len(pairs) < 2:
         return
+    print(f"\n{row_label(*BEST)} against {label(*REFERENCE)} per epoch, by seed: the gap in validation bits per "
+          "byte; the gap in training loss\n")
+    for seed, run, ref in curves:
+        val = " ".join(f"{100 * (r['val_bpb'] / q['val_bpb'] - 1):+.2f}%" for r, q in zip(run, ref, strict=False))
+        fit = " ".join(f"{100 * (r['train_loss'] / q['train_loss'] - 1):+.1f}%" for r, q in zip(run, ref, strict=False))
+        print(f"seed {seed}: val {val}; train loss {fit}")
     gaps = [100 * (bpb / ref - 1) for _, bpb, ref in pairs]
     se = statistics.stdev(gaps) / math.sqrt(len(gaps))
     means = 100 * (statistics.mean(b for _, b, _ in pairs) / statistics.mean(r for _, _, r in pairs) - 1)
