@@ -221,3 +221,23 @@ def _tuning_panel(ax, field: str, points: list[tuple[float, float, str, bool]]) 
     if xs and min(xs) > 0 and max(xs) >= 10 * min(xs):
         ax.set_xscale("log")
     ax.set_xlabel(field)
+
+
+def distill(timelines: list[tuple[str, list[dict]]], path: str) -> None:
+    """EDL-Dist's rank 0 over time, one line per run: the unused soft labels its reader holds (top) and
+    the teachers it holds (bottom)."""
+    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5), dpi=100, sharex=True)
+    for label, points in timelines:
+        ts = [p["t"] for p in points]
+        top.plot(ts, [p["buffer"] for p in points], label=label, linewidth=1)
+        bottom.step(ts, [p["teachers"] for p in points], where="post", label=label)
+    top.set_ylabel("unused soft labels (batches)")
+    bottom.set_ylabel("teachers held")
+    bottom.set_ylim(bottom=0, top=max((p["teachers"] for _, pts in timelines for p in pts), default=1) + 1)
+    bottom.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
+    bottom.set_xlabel("time since the reader started (s), rank 0")
+    for ax in (top, bottom):
+        ax.grid(alpha=0.3)
+    top.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
+    fig.savefig(path, bbox_inches="tight")
+    plt.close(fig)

@@ -15,23 +15,14 @@ can be overlaid, their labels prefixed by names given with `labels` (default: di
 
 from __future__ import annotations
 
-import base64
-import html
 import os
 import platform
-import re
 from pathlib import Path
-
-import matplotlib
-
-matplotlib.use("Agg")
-import matplotlib.pyplot as plt
-import matplotlib.ticker
 
 from lowband import config as C
 from lowband.atomic import write_text_atomic
 from lowband.comm.links import LinkSpec, parse_link
-from lowband.comparison import coverage, plots, projection, table, tuning_report
+from lowband.comparison import coverage, plots, projection, report_html, table, tuning_report
 from lowband.comparison.folder import ComparisonDir
 from lowband.comparison.summary import SummaryRow
 from lowband.comparison.table import TableRow
@@ -228,24 +219,6 @@ def distill_timelines(runs: list[SummaryRow]) -> list[tuple[str, list[dict]]]:
     return out
 
 
-def plot_distill(timelines: list[tuple[str, list[dict]]], path: str) -> None:
-    fig, (top, bottom) = plt.subplots(2, 1, figsize=(7, 5), dpi=100, sharex=True)
-    for label, points in timelines:
-        ts = [p["t"] for p in points]
-        top.plot(ts, [p["buffer"] for p in points], label=label, linewidth=1)
-        bottom.step(ts, [p["teachers"] for p in points], where="post", label=label)
-    top.set_ylabel("unused soft labels (batches)")
-    bottom.set_ylabel("teachers held")
-    bottom.set_ylim(bottom=0, top=max((p["teachers"] for _, pts in timelines for p in pts), default=1) + 1)
-    bottom.yaxis.set_major_locator(matplotlib.ticker.MaxNLocator(integer=True))
-    bottom.set_xlabel("time since the reader started (s), rank 0")
-    for ax in (top, bottom):
-        ax.grid(alpha=0.3)
-    top.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False)
-    fig.savefig(path, bbox_inches="tight")
-    plt.close(fig)
-
-
 def machine() -> str:
     import torch
 
@@ -295,7 +268,7 @@ def build(folders: list[str], out: str | None = None, target: float | None = Non
     md += ["## Plots", "", *plot_sections(runs, rows, groups, target, out)]
     folder = ComparisonDir(out)
     write_text_atomic(folder.report_path("md"), "\n".join(md) + "\n")
-    write_html(folder.report_path("html"), md, out)
+    report_html.write_html(folder.report_path("html"), md, out)
     return folder.report_path("md")
 
 
@@ -423,41 +396,6 @@ def plot_sections(runs: list[SummaryRow], rows: list[TableRow], groups: dict[str
         names.append(name)
     timelines = distill_timelines(runs)
     if timelines:
-        plot_distill(timelines, ComparisonDir(out).plot_path("distill"))
+        plots.distill(timelines, ComparisonDir(out).plot_path("distill"))
         names.append("distill")
     return [f"![{name}]({name}.png)" for name in names]
-
-
-def write_html(path: str, md: list[str], folder: str) -> None:
-    """report.md's lines as HTML (headings, bullets, tables, images inlined, paragraphs)."""
-    parts, table_rows = [], []
-    for line in md + [""]:
-        if line.startswith("|"):
-            if "---|" not in line:
-                table_rows.append([html.escape(c.strip()) for c in line.strip().strip("|").split("|")])
-            continue
-        if table_rows:
-            head, *body = table_rows
-            parts.append("<table><tr>" + "".join(f"<th>{c}</th>" for c in head) + "</tr>"
-                         + "".join("<tr>" + "".join(f"<td>{c}</td>" for c in r) + "</tr>" for r in body) + "</table>")
-            table_rows = []
-        parts.append(_html_line(line, folder))
-    page = ("<!doctype html><meta charset='utf-8'><title>lowband comparison</title>"
-            "<style>body{font-family:sans-serif;max-width:1100px;margin:2em auto}table{border-collapse:collapse}"
-            "td,th{border:1px solid #ccc;padding:3px 8px;text-align:right}td:first-child{text-align:left}"
-            "img{max-width:100%;display:block;margin:1em 0}</style>" + "".join(parts))
-    write_text_atomic(path, page)
-
-
-def _html_line(line: str, folder: str) -> str:
-    image = re.fullmatch(r"!\[(\w+)\]\((\S+)\)", line)
-    if image:
-        with open(os.path.join(folder, image.group(2)), "rb") as f:
-            data = base64.b64encode(f.read()).decode()
-        return f'<img alt="{image.group(1)}" src="data:image/png;base64,{data}">'
-    level = len(line) - len(line.lstrip("#"))
-    if level:
-        return f"<h{level}>{html.escape(line[level:].strip())}</h{level}>"
-    if line.startswith("- "):
-        return f"<li>{html.escape(line[2:])}</li>"
-    return f"<p>{html.escape(line)}</p>" if line else ""
