@@ -101,7 +101,7 @@ LAYERS: list[list[str]] = [
     ["lowband.methods", "lowband.registry.catalog"],  # one file per method; the catalog imports them all
     ["lowband.run"],  # one run: session (start, resume), trainer, reshard
     ["lowband.comparison"],  # a comparison of runs
-    ["lowband.api", "lowband.cli", "lowband.__main__", "lowband.distill.commands"],  # what users call
+    ["lowband.api", "lowband.cli", "lowband.cli_parser", "lowband.__main__", "lowband.distill.commands"],  # what users call
 ]
 
 
