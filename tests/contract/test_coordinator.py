@@ -40,11 +40,15 @@ def test_register_then_listed(coord):
 
 def test_registration_expires_without_heartbeats_and_lives_with_them(coord):
     a, b = teacher(), teacher()
-    coord.register(a)
+    # a beats through a coordinator of its own with a 1 s life: a loaded machine may stall this loop a
+    # few tenths of a second, never a whole life; b's 0.4 s ends while a beats on past its own life
+    keeper = Coordinator(coord.url, ttl_s=1.0, lease_s=1.0, prefix=coord.prefix)
+    keeper.register(a)
     coord.register(b)
-    for _ in range(6):
-        time.sleep(0.1)
-        assert coord.heartbeat(a)
+    start = time.monotonic()
+    while time.monotonic() - start < 1.5:
+        time.sleep(0.05)
+        assert keeper.heartbeat(a)
     assert [t.id for t in coord.teachers()] == [a.id]
 
 
