@@ -272,6 +272,7 @@ def ending_report(out: str) -> None:
         print(f"{row_label(spec, lr)}: {gaps}; flows {flows}")
     ending_long(out)
     best_seeds_report(out)
+    to_target_report(out)
 
 
 def best_seeds_report(out: str) -> None:
@@ -298,6 +299,36 @@ def best_seeds_report(out: str) -> None:
     print(f"\n{row_label(*BEST)} against {label(*REFERENCE)}, paired by seed at 4 epochs: {each}; within 1% on "
           f"{sum(g <= 100 * MARGIN for g in gaps)} of {len(gaps)}; mean gap {statistics.mean(gaps):+.2f}% "
           f"(standard error {se:.2f}); gap of the means {means:+.2f}%")
+
+
+def to_target_report(out: str) -> None:
+    """Issue 40's item 4 on the whole text, from BEST's ENDING_LONG-epoch runs: a `--budget target:2` run is
+    that run (its cosine planned over the cap, twice Allreduce's 4 epochs) stopped at the first epoch whose
+    validation bits per byte reach Allreduce's 4-epoch figure of the same seed, within the metric's 1%
+    (lowband.data.metric: BITS_PER_BYTE.reaches). Per seed: that epoch, its samples and its bytes."""
+    from lowband.data.metric import BITS_PER_BYTE
+
+    lines = []
+    for seed in (0, *SEEDS, *MORE_SEEDS):
+        run, ref = records(run_dir(out, *BEST, seed, epochs=ENDING_LONG)), records(run_dir(out, *REFERENCE, seed))
+        if not (run and ref and run[-1]["epoch"] >= ENDING_LONG and ref[-1]["epoch"] >= 4):
+            continue
+        target, ref_bytes = ref[-1]["val_bpb"], ref[-1]["bytes_sent_per_worker"]
+        hit = next((r for r in run if BITS_PER_BYTE.reaches(r["val_bpb"], target)), None)
+        exact = next((r for r in run if r["val_bpb"] <= target), None)
+        if hit is None:
+            lines.append(f"seed {seed}: target {target:.4f}; not reached in {ENDING_LONG} epochs")
+            continue
+        lines.append(f"seed {seed}: target {target:.4f} (Allreduce, 4 epochs, {ref_bytes / 1e6:,.0f} MB); reached "
+                     f"within 1% at epoch {hit['epoch']} ({hit['val_bpb']:.4f}; {hit['epoch'] / 4:g}x the samples, "
+                     f"{hit['bytes_sent_per_worker'] / 1e6:.2f} MB, {fewer(ref_bytes / hit['bytes_sent_per_worker'])}x "
+                     f"fewer bytes); at or below it at epoch "
+                     + (f"{exact['epoch']} ({exact['val_bpb']:.4f}, {exact['bytes_sent_per_worker'] / 1e6:.2f} MB, "
+                        f"{fewer(ref_bytes / exact['bytes_sent_per_worker'])}x)" if exact else "none"))
+    if lines:
+        print(f"\n{row_label(*BEST)} under --budget target:2 on the whole text (its {ENDING_LONG}-epoch runs, "
+              "stopped where they reach the target):\n")
+        print("\n".join(lines))
 
 
 def fewer(ratio: float) -> str:
