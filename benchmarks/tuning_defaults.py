@@ -321,21 +321,8 @@ def _pattern(adjacent: bool):
             "lowband.comparison.axis", fromlist=["AxisSampler"]).AxisSampler
 
         class Pattern(base):
-            def poll(self, trials, maximize):
-                run, values = self.run(trials), self.values(trials)
-                center, best = self.middle(), self.best(trials, maximize)
-                while True:
-                    if center not in run:
-                        return center
-                    untried = [p for p in self.neighbours(center) if p not in run]
-                    if untried:
-                        return untried[0]
-                    jump = self.jump(center, values, maximize)
-                    if jump is not None and jump not in run:
-                        return jump
-                    if best is None or best == center:
-                        return None
-                    center = best
+            def after_poll(self, center, trials, maximize):
+                return self.jump(center, self.values(trials), maximize)
 
             def values(self, trials):
                 return {self.point(t.params): float(t.value) for t in trials

@@ -53,6 +53,17 @@ def test_the_search_polls_the_middle_moves_to_the_best_and_ends_at_a_local_optim
     assert sweep_size({"lr": LRS, "tau": TAUS}) == 6  # the first poll
 
 
+def test_a_variants_after_poll_setting_runs_once_the_centres_poll_is_done(tmp_path, monkeypatch):
+    class Diagonal(AxisSampler):  # a pattern move of sorts: one setting two fields away from the middle
+        def after_poll(self, center, trials, maximize):
+            return (0.02, 32) if center == (0.1, 8) else None
+
+    monkeypatch.setattr(T, "sampler", lambda tune, fields: Diagonal({f: list(tune.param(f).values) for f in fields}))
+    seen, _ = search(tmp_path, monkeypatch, separable)
+    assert seen[:7] == [(0.1, 8), (0.02, 8), (0.05, 8), (0.2, 8), (0.1, 2), (0.1, 32), (0.02, 32)]
+    assert len(seen) == len(set(seen))  # run once: the search then goes on as the axis search does
+
+
 def test_past_a_local_optimum_every_other_setting_runs_once_in_a_seeded_order(tmp_path, monkeypatch):
     def trap(lr, tau):  # the middle is best along both fields; the true best sits diagonally away
         return 0.9 if (lr, tau) == (0.02, 32) else 0.5 if (lr, tau) == (0.1, 8) else 0.1

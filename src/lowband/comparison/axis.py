@@ -76,9 +76,17 @@ class AxisSampler(BaseSampler):
             untried = [p for p in self.neighbours(center) if p not in run]
             if untried:
                 return untried[0]
+            extra = self.after_poll(center, trials, maximize)
+            if extra is not None and extra not in run:
+                return extra
             if best is None or best == center:
                 return None
             center = best
+
+    def after_poll(self, center: Point, trials: list[FrozenTrial], maximize: bool) -> Point | None:
+        """A setting to run once every one-field change of `center` has run, before moving on (None: none).
+        The axis search has none; a variant may (benchmarks/tuning_defaults.py replays a pattern move)."""
+        return None
 
     def run(self, trials: list[FrozenTrial]) -> set[Point]:
         """The settings of every trial so far (finished, running or being asked)."""
