@@ -111,8 +111,10 @@ def test_an_elastic_job_evaluates_checkpoints_and_logs_on_the_epochs_lowband_tra
         assert close(p["train_loss"], e["train_loss"])
         if evaluated:
             assert close(p["val_acc"], e["val_acc"]) and close(p["test_loss"], e["test_loss"])
-    saved = sorted(os.listdir(tmp_path / "elastic" / "checkpoints"))
-    assert [n for n in saved if n.endswith(".pt")] == ["elastic-epoch2.pt", "elastic-epoch3.pt"], saved
+    saved = sorted(os.listdir(tmp_path / "elastic" / "checkpoints"))  # the job's state is rank 0's, in its layout
+    assert [n for n in saved if n.endswith(".pt")] == ["rank0-epoch0002.pt", "rank0-epoch0003.pt"], saved
+    assert [n for n in sorted(os.listdir(tmp_path / "plain" / "checkpoints")) if n.startswith("rank0-")] == [
+        n for n in saved if n.startswith("rank0-")]  # the same files, checksum sidecars included
     for run in ("plain", "elastic"):
         with open(tmp_path / run / "fake_logger.rank0.jsonl") as f:
             logged = [json.loads(line) for line in f]

@@ -2,7 +2,9 @@
 
 Resumable state goes to checkpoints/rank{R}-epoch{E}.pt (torch.save, read back with
 weights_only=True), each with a sidecar rank{R}-epoch{E}.pt.sha256 holding the file's SHA-256;
-resume uses the newest epoch whose files every rank has and whose checksums match (`resumable_epoch`).
+resume uses the newest epoch whose files every rank has and whose checksums match (`resumable_epoch`);
+the newest KEEP of each rank's are kept. An elastic job has one state, not one per worker: the round's
+source writes it as rank 0's file, and the job resumes from rank 0's newest intact one (`newest_intact`).
 The final model goes to model.safetensors. Every write goes to a temporary name in the same
 directory and is renamed into place, so a reader sees the old file or the new one.
 """
@@ -134,20 +136,11 @@ def resumable_epoch(run_dir: str, ranks: list[int]) -> tuple[int, list[str]]:
     return 0, passed
 
 
-def job_path(run_dir: str, epoch: int) -> str:
-    """An elastic job's checkpoint after `epoch` (one per job, written by the round's source)."""
-    return os.path.join(RunDir(run_dir).checkpoint_dir, f"elastic-epoch{epoch}.pt")
-
-
-def latest_job_checkpoint(run_dir: str) -> str | None:
-    """The newest intact elastic-epoch{E}.pt (checksum matching), or None."""
-    folder = RunDir(run_dir).checkpoint_dir
-    names = os.listdir(folder) if os.path.isdir(folder) else []
-    found = (re.fullmatch(r"elastic-epoch(\d+)\.pt", n) for n in names)
-    for epoch in sorted((int(m.group(1)) for m in found if m), reverse=True):
-        if damage(job_path(run_dir, epoch)) is None:
-            return job_path(run_dir, epoch)
-    return None
+def newest_intact(run_dir: str, rank: int = 0) -> tuple[str | None, list[str]]:
+    """`rank`'s newest intact checkpoint (None: none) and why each newer one was passed over: what an
+    elastic job resumes from, its rank 0's file being the job's."""
+    epoch, passed = resumable_epoch(run_dir, [rank])
+    return (rank_path(run_dir, rank, epoch) if epoch else None), passed
 
 
 def prune(run_dir: str, rank: int, keep: int = KEEP) -> None:

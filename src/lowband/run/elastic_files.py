@@ -141,11 +141,14 @@ class JobFiles:
 
     def _checkpoint(self, q: Quorum) -> None:
         state = checkpoint_state(q, self.outer.state_dict(), self.model, self._ledgers())
-        checkpoint.save_state(state, checkpoint.job_path(self.run_dir.path, q.epoch_end))
+        checkpoint.save_state(state, checkpoint.rank_path(self.run_dir.path, 0, q.epoch_end))  # the job's: rank 0's
+        checkpoint.prune(self.run_dir.path, 0)
 
     def _resume(self, said: bool) -> None:
         """Start from the job's newest intact checkpoint, if any (`said`: a resume, which warns without one)."""
-        path = checkpoint.latest_job_checkpoint(self.run_dir.path)
+        path, passed = checkpoint.newest_intact(self.run_dir.path)
+        if passed:
+            self.log.warning(f"worker {self.id}: passed over newer checkpoints: {'; '.join(passed)}")
         if path is None:
             if said:
                 self.log.warning(f"worker {self.id}: no elastic checkpoint in {self.run_dir.path}; starting from "

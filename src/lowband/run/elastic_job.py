@@ -130,7 +130,7 @@ def finished(run_dir: str, epochs: int) -> bool:
 def _resume_point(run_dir: str) -> tuple[int, dict]:
     """The round the job's newest intact checkpoint resumes at (0: none, from scratch) and the bytes moved
     until then by tag; the job's records past it are dropped, so nothing is written twice."""
-    path = checkpoint.latest_job_checkpoint(run_dir)
+    path, _ = checkpoint.newest_intact(run_dir)  # a worker that resumes says what it passed over
     state: dict = checkpoint.load_state(path) if path else {"round": 0, "epoch": 0}
     run = RunDir(run_dir)
     for name, keep in (("quorums", lambda r: r["round"] < state["round"]),

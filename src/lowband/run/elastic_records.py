@@ -76,6 +76,6 @@ def reached_target(earlier: list[EpochRecord], record: EpochRecord, metric: Metr
 
 
 def checkpoint_state(q: Quorum, outer_state: dict, model: torch.nn.Module, ledgers: dict) -> dict:
-    """What the job resumes from after epoch q.epoch_end (checkpoint.job_path)."""
+    """What the job resumes from after epoch q.epoch_end (rank 0's checkpoint of that epoch: run/checkpoint.py)."""
     return {"version": q.version + 1, "round": q.round + 1, "epoch": q.epoch, "outer": outer_state,
             "model": model.state_dict(), "bytes_by_tag": bytes_by_tag(ledgers)[0]}
