@@ -144,3 +144,16 @@ def test_pruning_removes_the_checksum_files_too(tmp_path):
     checkpoint.prune(run, 0, keep=2)
     assert sorted(os.listdir(os.path.join(run, "checkpoints"))) == [
         "rank0-epoch0002.pt", "rank0-epoch0002.pt.sha256", "rank0-epoch0003.pt", "rank0-epoch0003.pt.sha256"]
+
+
+def test_an_elastic_jobs_old_checkpoints_are_adopted_as_rank_0s_and_still_verify(tmp_path):
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    for e in (1, 2):  # the layout before stop 51: one file per epoch, elastic-epoch{E}.pt, and its checksum
+        checkpoint.save_state({"w": torch.full((50,), float(e))}, str(folder / f"elastic-epoch{e}.pt"))
+    assert checkpoint.newest_intact(str(tmp_path)) == (None, [])
+    assert checkpoint.adopt_old_job_checkpoints(str(tmp_path)) == ["rank0-epoch0001.pt", "rank0-epoch0002.pt"]
+    path, passed = checkpoint.newest_intact(str(tmp_path))
+    assert path == checkpoint.rank_path(str(tmp_path), 0, 2) and passed == []  # the checksum is of the bytes
+    assert torch.equal(checkpoint.load_state(path)["w"], torch.full((50,), 2.0))
+    assert checkpoint.adopt_old_job_checkpoints(str(tmp_path)) == []  # once

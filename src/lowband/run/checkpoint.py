@@ -136,6 +136,22 @@ def resumable_epoch(run_dir: str, ranks: list[int]) -> tuple[int, list[str]]:
     return 0, passed
 
 
+def adopt_old_job_checkpoints(run_dir: str) -> list[str]:
+    """Rename an elastic job's checkpoints of the layout before rank 0's (elastic-epoch{E}.pt, lowband up to
+    stop 50) to rank 0's names, sidecars included (a checksum is of the bytes, not the name); the new names."""
+    folder = RunDir(run_dir).checkpoint_dir
+    names = os.listdir(folder) if os.path.isdir(folder) else []
+    found = sorted((m for m in map(re.compile(r"elastic-epoch(\d+)\.pt$").match, names) if m), key=lambda m: int(m[1]))
+    renamed = []
+    for m in found:
+        new = rank_path(run_dir, 0, int(m.group(1)))
+        for suffix in ("", SIDECAR):
+            if os.path.exists(os.path.join(folder, m.group(0) + suffix)):
+                os.replace(os.path.join(folder, m.group(0) + suffix), new + suffix)
+        renamed.append(os.path.basename(new))
+    return renamed
+
+
 def newest_intact(run_dir: str, rank: int = 0) -> tuple[str | None, list[str]]:
     """`rank`'s newest intact checkpoint (None: none) and why each newer one was passed over: what an
     elastic job resumes from, its rank 0's file being the job's."""

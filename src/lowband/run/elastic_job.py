@@ -130,6 +130,10 @@ def finished(run_dir: str, epochs: int) -> bool:
 def _resume_point(run_dir: str) -> tuple[int, dict]:
     """The round the job's newest intact checkpoint resumes at (0: none, from scratch) and the bytes moved
     until then by tag; the job's records past it are dropped, so nothing is written twice."""
+    renamed = checkpoint.adopt_old_job_checkpoints(run_dir)
+    if renamed:
+        print(f"lowband: renamed this job's checkpoints to lowband train's layout: {', '.join(renamed)}",
+              file=sys.stderr)
     path, _ = checkpoint.newest_intact(run_dir)  # a worker that resumes says what it passed over
     state: dict = checkpoint.load_state(path) if path else {"round": 0, "epoch": 0}
     run = RunDir(run_dir)
