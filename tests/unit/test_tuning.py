@@ -206,3 +206,13 @@ def test_tuning_csv_has_a_column_per_field_and_the_plot_a_panel_per_field(tmp_pa
     tuning_report.section(rows, str(tmp_path))
     assert set(drawn) == {"optim.lr", "method.tau"}
     assert sorted(drawn["method.tau"]) == [(8.0, 0.6, "pruned", False), (8.0, 0.7, "ok", False), (16.0, 0.8, "ok", True)]
+
+
+@pytest.mark.parametrize("epochs", [1, 2])
+def test_a_search_whose_trials_have_one_epoch_says_they_are_never_pruned(tmp_path, monkeypatch, capsys, epochs):
+    p = P.make_plan(["local_sgd"], {"train": {"workers": 2, "epochs": 3}}, {}, str(tmp_path),
+                    tune=parse_tune(["optim.lr=0.1,0.2"], epochs))
+    monkeypatch.setattr(T, "run_trial", lambda folder, run, trial, metric: T.Outcome("ok", 0.5, epochs))
+    T.tune_label(str(tmp_path), p, "local_sgd", ACCURACY)
+    said = "local_sgd: trials of one epoch are never pruned" in capsys.readouterr().out
+    assert said == (epochs == 1)

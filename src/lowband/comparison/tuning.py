@@ -168,6 +168,9 @@ def tune_label(folder: str, plan: P.Plan, label: str, metric: Metric) -> tuple[l
     assert plan.tune is not None
     fields = (plan.tuned or {}).get(label, [])
     study, wanted = open_study(folder, plan, label, metric), plan.tune.trial_count(fields)
+    if plan.tune.pruner != "none" and P.trial_run(plan, label, 0, {}).config.train.epochs < 2:
+        print(f"{label}: trials of one epoch are never pruned (a pruner decides at the end of an epoch before the "
+              "last); --tune-epochs 2 or more lets it stop losing trials", flush=True)
     retry_interrupted(study)
     asked = 0
     while counted(study) < wanted and asked < REPEATS * wanted and not converged(study, plan.tune):
