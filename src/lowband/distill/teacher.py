@@ -87,9 +87,9 @@ class TeacherServer:
                 if got is None:
                     return
                 reply = self.answer(*got)
+                self.answered(got[0], got[1], len(reply))  # counted before the asker can hold it
                 wire.send(conn, reply)
                 self.served += 1
-                self.answered(got[0], got[1], len(reply))
         except (wire.WireError, RequestError, PermissionError, TimeoutError) as e:
             self.rejected += 1
             log.warning(f"rejected a request and closed its connection: {e}")
@@ -120,7 +120,9 @@ class TeacherServer:
         return wire.encode("logits", frame.id, [self.infer(frame.tensors[0])])
 
     def answered(self, frame: wire.Frame, request_bytes: int, reply_bytes: int) -> None:
-        """Called after each reply has been sent (a hook for servers that count their bytes)."""
+        """Called with each reply just before it is sent (a hook for servers that count their bytes): once an
+        asker holds an answer, its bytes are counted, so a rank that takes its server's count after every
+        asker's last answer (a barrier) misses none."""
 
     def infer(self, x: torch.Tensor) -> torch.Tensor:
         self.check(x)
