@@ -6,12 +6,13 @@ script runs each space's whole grid once, for real (`lowband train` per setting,
 lowband.comparison.tuning, no pruning), and records per setting its validation curve, its CPU
 seconds (user + system of the trial and its workers, as tuning counts them) and its wall times
 (start-up, and the trainer's elapsed seconds at each epoch). Trials start warm (lowband.run.warm):
-the server's own start-up, its imports, is measured once and charged once to every search, the
-grid's included. Then it replays a search: lowband's own `tune_label`, with
-its real sampler, pruner, repeat rule and choice, where a trial reads its curve from the record
-instead of training. A trial stopped after epoch k is charged its start-up and the first k epochs'
-share of the setting's CPU (CPU taken proportional to wall time within a trial). `--live SEED` runs
-the chosen default for real on one sampler seed, to check the replay against it.
+the server's own start-up, its imports, is charged once to every search, the grid's included; it
+is measured when the replay runs (the median of three), so every record is charged the same.
+Then it replays a search: lowband's own `tune_label`, with its real sampler, pruner, repeat rule
+and choice, where a trial reads its curve from the record instead of training. A trial stopped
+after epoch k is charged its start-up and the first k epochs' share of the setting's CPU (CPU
+taken proportional to wall time within a trial). `--live SEED` runs the chosen default for real on
+one sampler seed, to check the replay against it.
 
 Spaces (the two of issue 44):
 - `mnist1d`: local SGD on MNIST-1D (cnn1d), 2 workers, 3,000 samples, 4 epochs a trial,
@@ -25,9 +26,16 @@ validation sample), the distinct settings tried and pruned, and the CPU share of
 per candidate the seeds within the margin and the mean and worst CPU share. Goal (issue 44): within
 the margin on at least 4 of 5 seeds, at no more than half the grid's CPU.
 
-Run: python benchmarks/tuning_defaults.py --space mnist1d [--seeds 20] [--candidates A,B] [--out DIR] [--live SEED]
-The grid's record is kept in benchmarks/results/tuning_defaults/SPACE.json (reused when present:
-delete it to measure afresh). The mnist1d grid takes about 3 minutes on 2 cores, the lm grid 25.
+A deterministic sampler (the axis search) has one outcome whatever its seed, so sampler seeds alone say
+nothing of how it fares against the noise of training. `--train-seeds 0,1,2,3,4` records the grid
+once per train.seed (a trial's initialisation and data order) and replays every candidate on each:
+the last lines say on how many training seeds each candidate finds that seed's grid's best.
+
+Run: python benchmarks/tuning_defaults.py --space mnist1d [--seeds 20] [--train-seeds 0,1] [--candidates A,B]
+     [--out DIR] [--live SEED]
+The grid's record is kept in benchmarks/results/tuning_defaults/SPACE.json (train.seed 0) and
+SPACE-seedN.json (reused when present: delete one to measure afresh). The mnist1d grid takes about 3
+minutes on 2 cores, the lm grid 25.
 """
 
 from __future__ import annotations
@@ -92,21 +100,30 @@ def warm_server_cpu() -> float:
     return T.children_cpu() - before
 
 
+def priced(table: dict, server: float) -> dict:
+    """`table` with the server's CPU as measured now (`server`) and the grid's CPU (server + every trial)."""
+    trials = sum(s["cpu_s"] for s in table["settings"].values())
+    return {**table, "recorded_server_cpu_s": table.get("server_cpu_s"), "server_cpu_s": server,
+            "grid_cpu_s": server + trials}
+
+
 def key(values: dict) -> str:
     return T.describe(dict(sorted(values.items())))
 
 
-def new_plan(space: Space, out: str, sampler: str, pruner: str, seed: int, trials: int | None = None):
-    """A comparison folder under `out` tuning the space's label (nothing else runs)."""
+def new_plan(space: Space, out: str, sampler: str, pruner: str, seed: int, trials: int | None = None,
+             train_seed: int = 0):
+    """A comparison folder under `out` tuning the space's label (nothing else runs); its trials train with
+    train.seed=`train_seed` (the sampler's seed is `seed`)."""
     tune = parse_tune(list(space.tune), space.epochs, trials, sampler, seed, pruner)
-    plan, folder = plan_for(Request(methods=[space.label], suite=space.suite, overrides=space.overrides, seeds=[0],
-                                    tune=tune, out=out))
+    plan, folder = plan_for(Request(methods=[space.label], suite=space.suite, overrides=space.overrides,
+                                    seeds=[train_seed], tune=tune, out=out))
     ComparisonDir(folder).save_plan(plan)
     return plan, folder
 
 
 # ---- the grid, run once for real --------------------------------------------------------------
-def record_grid(space: Space, path: str, out: str) -> dict:
+def record_grid(space: Space, path: str, out: str, train_seed: int = 0) -> dict:
     """Run every setting (no pruning), recording each trial's curve, CPU and wall; the record is saved
     after every trial."""
     table: dict = {"settings": {}}
@@ -125,7 +142,7 @@ def record_grid(space: Space, path: str, out: str) -> dict:
             save(path, table)
         return outcome
 
-    plan, folder = new_plan(space, out, "grid", "none", 0)
+    plan, folder = new_plan(space, out, "grid", "none", 0, train_seed=train_seed)
     T.run_trial = timed
     try:
         rows, _ = T.tune_label(folder, plan, space.label, space.metric) or ([], {})
@@ -133,6 +150,7 @@ def record_grid(space: Space, path: str, out: str) -> dict:
         T.run_trial = real
     server = warm_server_cpu()
     table.update(space=space.label, epochs=space.epochs, commit=commit(), val_samples=val_samples(plan, space),
+                 train_seed=train_seed,
                  server_cpu_s=round(server, 2),
                  grid_cpu_s=round(server + sum(s["cpu_s"] for s in table["settings"].values()), 1))
     save(path, table)
@@ -246,6 +264,12 @@ def _halving(eta: int):
     return lambda epochs: T.optuna().pruners.SuccessiveHalvingPruner(min_resource=1, reduction_factor=eta)
 
 
+def _halving_from(share: float, eta: int):
+    """Successive halving whose first rung is `share` of the trial's epochs (halving3 decides at epoch 1)."""
+    return lambda epochs: T.optuna().pruners.SuccessiveHalvingPruner(
+        min_resource=max(1, math.ceil(share * epochs)), reduction_factor=eta)
+
+
 def _hyperband(eta: int):
     return lambda epochs: T.optuna().pruners.HyperbandPruner(min_resource=1, max_resource=epochs, reduction_factor=eta)
 
@@ -280,7 +304,10 @@ PRUNERS = {
     "median-half": _median(2, 0.5),  # no decision before half the trial's epochs
     "p25-half": _percentile(25.0, 2, 0.5),  # keep the best quarter, from half the trial on
     "incumbent-half": _incumbent(0.5),  # behind the best completed trial at the same epoch, from half the trial
+    "incumbent-quarter": _incumbent(0.25),  # the same from a quarter of the trial (epoch 1 of 4)
+    "median-quarter": _median(2, 0.25),
     "halving3": _halving(3),
+    "halving3-half": _halving_from(0.5, 3),  # its first rung at half the trial
     "hyperband3": _hyperband(3),
 }
 
@@ -360,6 +387,12 @@ CANDIDATES = {
     # stop 50: the adjacent axis search, stopping a trial behind the best completed one from half a trial
     "axis-adjacent+incumbent-half": ("axis", "incumbent-half", None, _adjacent),
     "axis+incumbent-half": ("axis", "incumbent-half", None, None),
+    # stop 52: the axis search, then every other setting (a whole grid, the axis search's settings first)
+    "axis-then-grid+median-half": ("axis", "lowband-median", "all", None),
+    "axis-then-grid+incumbent-half": ("axis", "incumbent-half", "all", None),
+    # stop 52: deciding from a quarter of the trial (epoch 1 of 4; lm's 2-epoch trials: epoch 1, as above)
+    "axis-adjacent+incumbent-quarter": ("axis", "incumbent-quarter", None, _adjacent),
+    "axis-adjacent+median-quarter": ("axis", "median-quarter", None, _adjacent),
     # stop 51: the pattern move (Hooke and Jeeves) after each full poll
     "pattern+median-half": ("axis", "lowband-median", None, _pattern(False)),
     "pattern+incumbent-half": ("axis", "incumbent-half", None, _pattern(False)),
@@ -369,6 +402,8 @@ CANDIDATES = {
     "grid+median-half": ("grid", "median-half", None, None),
     "grid+p25-half": ("grid", "p25-half", None, None),
     "grid+halving3": ("grid", "halving3", None, None),
+    "grid+incumbent-half": ("grid", "incumbent-half", None, None),  # stop 52
+    "grid+halving3-half": ("grid", "halving3-half", None, None),  # stop 52
     "grid+hyperband3": ("grid", "hyperband3", None, None),
     "half-grid": ("grid", "none", "half", None),  # half the settings, at random
     "tpe-half+median": ("tpe", "median", "half", None),  # the issue's search (6 TPE trials of 12)
@@ -379,25 +414,30 @@ DETAIL = ("default", "tpe-half+median")
 
 
 def trials_of(space: Space, trials) -> int | None:
-    """A candidate's trial count: None (the sampler's default), 'half' the settings, or one 'poll' (the axis
-    search's first: the middle and every one-field change of it)."""
+    """A candidate's trial count: None (the sampler's default), 'half' the settings, one 'poll' (the axis
+    search's first: the middle and every one-field change of it) or 'all' the settings."""
     sizes = [len(spec.split("=", 1)[1].split(",")) for spec in space.tune]
     if trials == "half":
         return math.ceil(math.prod(sizes) / 2)
     if trials == "poll":
         return 1 + sum(n - 1 for n in sizes)
+    if trials == "all":
+        return math.prod(sizes)
     return trials
 
 
 # ---- main ---------------------------------------------------------------------------------------
-def report(space_name: str, space: Space, table: dict, seeds: int, scratch: str, names: list[str]) -> None:
-    """Every candidate over `seeds` sampler seeds: a line per seed for the DETAIL ones, a summary for all."""
+def report(space_name: str, space: Space, table: dict, seeds: int, scratch: str, names: list[str]) -> list[dict]:
+    """Every candidate over `seeds` sampler seeds on one recorded grid: a line per seed for the DETAIL ones,
+    a summary for all; returns per candidate its hits (within the margin, per sampler seed) and CPU shares."""
     best_at, best = grid_best(space, table)
     unit = "pts" if space.metric.higher_is_better else "%"
-    print(f"\n{space_name}: {len(table['settings'])} settings x {space.epochs} epochs, grid CPU "
-          f"{table['grid_cpu_s']:.0f} s (recorded at {table['commit']}); grid's best {space.metric.val_key} "
-          f"{best:.4f} at {best_at}; margin {margin(space, table):.4g}"
+    print(f"\n{space_name}, train.seed {table.get('train_seed', 0)}: {len(table['settings'])} settings x "
+          f"{space.epochs} epochs, grid CPU {table['grid_cpu_s']:.1f} s (trials recorded at {table['commit']}; the "
+          f"server's {table['server_cpu_s']:.2f} s measured now); grid's best "
+          f"{space.metric.val_key} {best:.4f} at {best_at}; margin {margin(space, table):.4g}"
           f"{' (relative)' if unit == '%' else ' (accuracy)'}; replayed at {commit()}, sampler seeds 0-{seeds - 1}")
+    out = []
     for name in names:
         results = [replay(space, table, name, s, scratch) for s in range(seeds)]
         hits = []
@@ -413,6 +453,27 @@ def report(space_name: str, space: Space, table: dict, seeds: int, scratch: str,
         print(f"  {name:<24} => within the margin on {sum(hits):>2}/{seeds} seeds ({sum(hits[:5])}/5 on seeds 0-4); "
               f"CPU mean {statistics.mean(shares):.2f}x, worst {max(shares):.2f}x; settings tried "
               f"{statistics.mean(r['tried'] for r in results):.1f}")
+        out.append({"name": name, "hits": hits, "shares": shares})
+    return out
+
+
+def across(space_name: str, by_seed: dict[int, list[dict]]) -> None:
+    """Per candidate, over every recorded training seed: on how many the search finds that grid's best on
+    most sampler seeds, and the CPU share's mean and worst (the training seed is the noise a real search
+    meets; a deterministic sampler has the same outcome on every sampler seed)."""
+    if len(by_seed) < 2:
+        return
+    print(f"\n{space_name}: over train.seed {', '.join(map(str, by_seed))} (a seed counts when the search is "
+          "within the margin on at least half its sampler seeds)")
+    names = [row["name"] for row in next(iter(by_seed.values()))]
+    for i, name in enumerate(names):
+        rows = [rows[i] for rows in by_seed.values()]
+        found = [sum(r["hits"]) * 2 >= len(r["hits"]) for r in rows]
+        shares = [x for r in rows for x in r["shares"]]
+        per = " ".join(f"{sum(r['hits'])}/{len(r['hits'])}" for r in rows)
+        pairs = sum(sum(r["hits"]) for r in rows)
+        print(f"  {name:<28} => found on {sum(found)}/{len(rows)} training seeds, {pairs}/{len(shares)} searches "
+              f"(sampler seeds within: {per}); CPU mean {statistics.mean(shares):.2f}x, worst {max(shares):.2f}x")
 
 
 def live(space: Space, table: dict, seed: int, out: str) -> None:
@@ -430,36 +491,55 @@ def live(space: Space, table: dict, seed: int, out: str) -> None:
           f"{replayed['tried']}, pruned {replayed['pruned']}, CPU {replayed['share']:.2f}x ({folder})")
 
 
+def grid_path(space_name: str, train_seed: int) -> str:
+    """Where a space's grid at `train_seed` is recorded (seed 0 keeps the first records' name)."""
+    return os.path.join(RESULTS, f"{space_name}.json" if train_seed == 0 else f"{space_name}-seed{train_seed}.json")
+
+
+def grid(space_name: str, train_seed: int, out: str) -> dict:
+    """The recorded grid of `space_name` at `train_seed`, run and recorded first when there is none."""
+    path = grid_path(space_name, train_seed)
+    if os.path.isfile(path):
+        with open(path) as f:
+            return json.load(f)
+    print(f"running the {space_name} grid at train.seed {train_seed} in {out} (recorded in {path})", file=sys.stderr)
+    return record_grid(SPACES[space_name], path, os.path.join(out, f"seed{train_seed}"), train_seed)
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--space", choices=sorted(SPACES), required=True)
     p.add_argument("--seeds", type=int, default=20, help="sampler seeds replayed per candidate (0..N-1)")
+    p.add_argument("--train-seeds", default="0", help="comma-separated train.seed values: one recorded grid each "
+                   "(recorded first when missing), every candidate replayed on each (default: 0)")
     p.add_argument("--candidates", default=",".join(CANDIDATES), help="comma-separated, of: " + ", ".join(CANDIDATES))
     p.add_argument("--out", default=None, help="where the grid's comparison folder goes (default: temporary)")
     p.add_argument("--record-only", action="store_true", help="run and record the grid, replay nothing")
     p.add_argument("--live", type=int, default=None, metavar="SEED",
-                   help="also run lowband's default search for real on this sampler seed, beside its replay")
+                   help="also run lowband's default search for real on this sampler seed, beside its replay "
+                        "(on the first of --train-seeds)")
     args = p.parse_args()
-    load_all()
-    space = SPACES[args.space]
-    path = os.path.join(RESULTS, f"{args.space}.json")
-    out = args.out or tempfile.mkdtemp(prefix="tuning_defaults-")
-    if os.path.isfile(path):
-        with open(path) as f:
-            table = json.load(f)
-    else:
-        print(f"running the {args.space} grid in {out} (recorded in {path})", file=sys.stderr)
-        table = record_grid(space, path, out)
-    if args.record_only:
-        return
     names = [n for n in args.candidates.split(",") if n]
     unknown = [n for n in names if n not in CANDIDATES]
     if unknown:
         p.error(f"--candidates: unknown {', '.join(unknown)}; one of {', '.join(CANDIDATES)}")
+    try:
+        train_seeds = [int(x) for x in args.train_seeds.split(",")]
+    except ValueError:
+        p.error(f"--train-seeds: {args.train_seeds!r} is not a comma-separated list of integers")
+    load_all()
+    space = SPACES[args.space]
+    out = args.out or tempfile.mkdtemp(prefix="tuning_defaults-")
+    tables = {seed: grid(args.space, seed, out) for seed in train_seeds}
+    if args.record_only:
+        return
+    server = statistics.median(warm_server_cpu() for _ in range(3))  # measured now, the same for every record
+    tables = {seed: priced(table, server) for seed, table in tables.items()}
     with tempfile.TemporaryDirectory(prefix="tuning_replay-") as scratch:
-        report(args.space, space, table, args.seeds, scratch, names)
+        by_seed = {seed: report(args.space, space, table, args.seeds, scratch, names) for seed, table in tables.items()}
+    across(args.space, by_seed)
     if args.live is not None:
-        live(space, table, args.live, out)
+        live(space, tables[train_seeds[0]], args.live, out)
 
 
 if __name__ == "__main__":

@@ -112,7 +112,20 @@ def test_the_report_counts_tried_pruned_and_never_tried_settings_and_names_untri
     assert "optim.lr=0.02; optim.lr=0.05; optim.lr=0.2; method.tau=32" in lines[2]
     done = coverage.sentences(rows_of(settings + [(0.1, 32)], (0.1, 8)), params, "axis")
     assert done[-1].startswith("Every one-field change of the chosen setting was tried")
+    assert "among the 6 never tried" in done[-1] and "--tune-sampler grid" in done[-1]  # 12 settings, 6 ran
+    assert "CPU s more" not in done[-1]  # no trial's CPU known: no estimate
     assert not any(line.startswith("Edge") for line in done)  # 0.1 and 8 are inside their lists
+
+
+def test_the_local_caveat_prices_the_settings_never_tried_and_is_silent_after_a_whole_grid():
+    params = [Param("optim.lr", [0.1, 0.2]), Param("method.tau", [2, 8], integer=True)]
+    rows = rows_of([(0.1, 8), (0.2, 8), (0.1, 2)], (0.1, 8), {(0.2, 8): "pruned"})
+    for row, cpu in zip(rows, (3.0, 1.0, 5.0), strict=True):
+        row.cpu_s = cpu
+    line = coverage.sentences(rows, params, "axis")[-1]
+    assert "among the 1 never tried" in line and "about 4 CPU s more" in line  # the finished trials' mean: 4 s
+    every = rows_of([(0.1, 8), (0.2, 8), (0.1, 2), (0.2, 2)], (0.1, 8))
+    assert coverage.sentences(every, params, "axis")[-1].endswith("it is the best along each field.")
 
 
 def test_the_space_sentence_adds_the_trials_cpu_when_every_trial_counted_it():

@@ -103,6 +103,19 @@ def edge_side(p: Param, value: float) -> str:
     return "low" if share <= EDGE_SHARE else "high" if share >= 1 - EDGE_SHARE else ""
 
 
+def local_caveat(ran: list[TuningRow], params: list[Param]) -> str:
+    """After an axis search that ended by itself with settings never tried: that it is a local search, what
+    running the rest would cost, and how (nothing when every setting ran)."""
+    never = math.prod(len(p.values) for p in params) - len({r.value for r in ran})
+    if never <= 0:
+        return ""
+    whole = [r.cpu_s for r in ran if r.status == "ok" and r.cpu_s is not None]
+    price = f", about {never * sum(whole) / len(whole):.0f} CPU s more" if whole else ""
+    return (f" A better setting two fields away or more may be among the {never} never tried: the axis search "
+            "moves one field at a time (BENCHMARKS.md, 'Tuning defaults': it missed the grid's best on 2 of 5 "
+            f"training seeds of the lm space). `--tune-sampler grid` runs them all{price}.")
+
+
 def neighbours(best: TuningRow, ran: list[TuningRow], params: list[Param]) -> list[str]:
     """Under the axis search: the chosen setting's one-field changes that never ran (none: it is the best
     along every field)."""
@@ -112,7 +125,8 @@ def neighbours(best: TuningRow, ran: list[TuningRow], params: list[Param]) -> li
     tried = [r.values for r in ran]
     missing = untried_neighbours(space, best.values, tried)
     if not missing:
-        return ["Every one-field change of the chosen setting was tried: it is the best along each field."]
+        return ["Every one-field change of the chosen setting was tried: it is the best along each field."
+                + local_caveat(ran, params)]
     shown = "; ".join(" ".join(f"{f}={v}" for f, v in m.items() if v != best.values.get(f)) for m in missing)
     return [f"Not tried, one field away from the chosen setting: {shown} (a larger --tune-trials runs them; "
             "--tune-sampler grid runs every setting)."]
