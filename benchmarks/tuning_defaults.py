@@ -378,6 +378,7 @@ def _pattern(adjacent: bool):
 # a pruner of PRUNERS is put in lowband's place, "lowband-median" is lowband's own median pruner
 CANDIDATES = {
     "default": ("auto", "lowband-median", None, None),  # lowband's defaults: the axis search, the warmed-up median
+    "axis+median-half": ("axis", "median-half", None, None),  # the default until stop 52 (median from half)
     "axis": ("axis", "none", None, None),  # the axis search to its end, no pruning
     "axis-1poll+median-half": ("axis", "median-half", "poll", None),  # stopped after its first poll
     "axis-adjacent": ("axis", "none", None, _adjacent),  # stop 48: one-field changes to neighbouring values only

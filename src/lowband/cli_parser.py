@@ -169,7 +169,7 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--tune-seed", type=int, default=0, metavar="S", help="the sampler's seed (default 0)")
     c.add_argument("--tune-pruner", default="median", metavar="median|halving|none",
                    help="stop losing trials early from their per-epoch validation figure: median (default: a trial "
-                        "worse than the median of the finished trials at the same epoch, from half its epochs on; "
+                        "worse than the median of the finished trials at the same epoch, from 3/4 of its epochs on; "
                         "works at the few epochs a CPU affords), halving (successive halving, keeps the best third "
                         "at epochs 1, 3, 9...; needs longer trials to act), none")
     c.add_argument("--budget", default=None, metavar="epochs|steps|samples|target[:F]",

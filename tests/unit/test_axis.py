@@ -163,9 +163,10 @@ def test_a_grid_asked_for_runs_every_setting_and_the_axis_search_at_most_as_many
     assert replace(p.tune, sampler="auto").trial_count(p.tuned["local_sgd"]) == 4  # a cap: it ends by itself
 
 
-def test_the_median_pruner_decides_nothing_before_half_a_trials_epochs(tmp_path):
-    """Two finished trials at 0.5 every epoch; a third far behind is left alone at epoch 1 of 4, stopped at 2."""
-    assert [T.warm_up(e) for e in (1, 2, 3, 4, 10)] == [1, 1, 2, 2, 5]
+def test_the_median_pruner_decides_nothing_before_three_quarters_of_a_trials_epochs(tmp_path):
+    """Two finished trials at 0.5 every epoch; a third far behind is left alone at epochs 1 and 2 of 4, stopped
+    at 3."""
+    assert [T.warm_up(e) for e in (1, 2, 3, 4, 8, 10)] == [1, 1, 2, 3, 6, 8]
     p = P.make_plan(["local_sgd"], {"train": {"workers": 2, "epochs": 4}}, {}, str(tmp_path),
                     tune=parse_tune(["optim.lr=0.1:0.2"]))
     study = T.open_study(str(tmp_path), p, "local_sgd", ACCURACY)
@@ -175,5 +176,6 @@ def test_the_median_pruner_decides_nothing_before_half_a_trials_epochs(tmp_path)
             trial.report(0.5, epoch)
         study.tell(trial, 0.5)
     behind = study.ask()
-    assert not T.judged(behind, 1, 0.01, 4)  # epoch 1: the warm-up
-    assert T.judged(behind, 2, 0.01, 4)  # epoch 2 of 4: half the trial, judged and stopped
+    assert not T.judged(behind, 1, 0.01, 4)  # epochs 1 and 2: the warm-up
+    assert not T.judged(behind, 2, 0.01, 4)
+    assert T.judged(behind, 3, 0.01, 4)  # epoch 3 of 4: three quarters of the trial, judged and stopped
