@@ -478,8 +478,8 @@ def across(space_name: str, by_seed: dict[int, list[dict]]) -> None:
 
 
 def live(space: Space, table: dict, seed: int, out: str) -> None:
-    """lowband's default search run for real on sampler seed `seed`, beside its replay."""
-    plan, folder = new_plan(space, out, "auto", "median", seed)
+    """lowband's default search run for real on sampler seed `seed` at the record's train.seed, beside its replay."""
+    plan, folder = new_plan(space, out, "auto", "median", seed, train_seed=table.get("train_seed", 0))
     wall = time.perf_counter()
     rows, _ = T.tune_label(folder, plan, space.label, space.metric) or ([], {})
     spent = sum(r.cpu_s or 0.0 for r in rows if not r.status.startswith("repeat"))
