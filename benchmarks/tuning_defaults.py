@@ -103,8 +103,7 @@ def warm_server_cpu() -> float:
 def priced(table: dict, server: float) -> dict:
     """`table` with the server's CPU as measured now (`server`) and the grid's CPU (server + every trial)."""
     trials = sum(s["cpu_s"] for s in table["settings"].values())
-    return {**table, "recorded_server_cpu_s": table.get("server_cpu_s"), "server_cpu_s": server,
-            "grid_cpu_s": server + trials}
+    return {**table, "server_cpu_s": server, "grid_cpu_s": server + trials}
 
 
 def key(values: dict) -> str:
@@ -528,6 +527,8 @@ def main() -> None:
         train_seeds = [int(x) for x in args.train_seeds.split(",")]
     except ValueError:
         p.error(f"--train-seeds: {args.train_seeds!r} is not a comma-separated list of integers")
+    if not 1 <= len(set(train_seeds)) == len(train_seeds) <= 20 or min(train_seeds) < 0:
+        p.error(f"--train-seeds: {args.train_seeds!r}; allowed: 1 to 20 distinct integers >= 0 (each records a grid)")
     load_all()
     space = SPACES[args.space]
     out = args.out or tempfile.mkdtemp(prefix="tuning_defaults-")

@@ -65,7 +65,7 @@ def sentences(rows: list[TuningRow], params: list[Param], sampler: str = "") -> 
         return out
     out += edges(best, params)
     if sampler == "axis" and all(p.is_list for p in params):
-        out += neighbours(best, ran, params)
+        out += neighbours(best, ran, params, never)
     return out
 
 
@@ -103,10 +103,9 @@ def edge_side(p: Param, value: float) -> str:
     return "low" if share <= EDGE_SHARE else "high" if share >= 1 - EDGE_SHARE else ""
 
 
-def local_caveat(ran: list[TuningRow], params: list[Param]) -> str:
-    """After an axis search that ended by itself with settings never tried: that it is a local search, what
-    running the rest would cost, and how (nothing when every setting ran)."""
-    never = math.prod(len(p.values) for p in params) - len({r.value for r in ran})
+def local_caveat(ran: list[TuningRow], never: int) -> str:
+    """After an axis search that ended by itself with `never` settings never tried: that it is a local search,
+    what running the rest would cost, and how (nothing when every setting ran)."""
     if never <= 0:
         return ""
     whole = [r.cpu_s for r in ran if r.status == "ok" and r.cpu_s is not None]
@@ -116,9 +115,9 @@ def local_caveat(ran: list[TuningRow], params: list[Param]) -> str:
             f"training seeds of the lm space). `--tune-sampler grid` runs them all{price}.")
 
 
-def neighbours(best: TuningRow, ran: list[TuningRow], params: list[Param]) -> list[str]:
+def neighbours(best: TuningRow, ran: list[TuningRow], params: list[Param], never: int) -> list[str]:
     """Under the axis search: the chosen setting's one-field changes that never ran (none: it is the best
-    along every field)."""
+    along every field, and `never` settings of the space never ran)."""
     from lowband.comparison.axis import untried_neighbours  # imports Optuna: only a report that needs it pays
 
     space = {p.field: [show(v) for v in p.values] for p in params}
@@ -126,7 +125,7 @@ def neighbours(best: TuningRow, ran: list[TuningRow], params: list[Param]) -> li
     missing = untried_neighbours(space, best.values, tried)
     if not missing:
         return ["Every one-field change of the chosen setting was tried: it is the best along each field."
-                + local_caveat(ran, params)]
+                + local_caveat(ran, never)]
     shown = "; ".join(" ".join(f"{f}={v}" for f, v in m.items() if v != best.values.get(f)) for m in missing)
     return [f"Not tried, one field away from the chosen setting: {shown} (a larger --tune-trials runs them; "
             "--tune-sampler grid runs every setting)."]

@@ -12,10 +12,10 @@ files are read five times a second, so a trial may run on into the next epoch wh
 
 Pruners: `median` (the default) stops a trial whose validation figure at an epoch is worse than the
 median of the finished trials' at the same epoch, once 2 trials have finished, from three quarters of
-its epochs on (`warm_up`). It works at the few
-epochs a CPU can afford and with any number of trials. `halving` (successive halving, reduction 3)
-keeps only the best third at epochs 1, 3, 9, ...: harder pruning, but its rungs only start to matter
-once trials run 3 epochs or more. `none` runs every trial to the end.
+its epochs on (`warm_up`). It works at the few epochs a CPU can afford and with any number of
+trials. `halving` (successive halving, reduction 3) keeps only the best third at epochs 1, 3, 9, ...:
+harder pruning, but its rungs only start to matter once trials run 3 epochs or more. `none` runs
+every trial to the end.
 
 A trial's outcome is its state in the study: complete (its final validation figure), pruned (the
 last one before it was stopped), failed (diverged, or exited with an error: never chosen). A trial
