@@ -35,7 +35,8 @@ def test_an_elastic_jobs_bytes_and_target_epoch_are_counted_as_the_trainer_count
     """Ledgers summed by tag (a pre-recv checkpoint's floats read as sent; the resumed part is no worker),
     and the first epoch reaching a target in the workload's direction, from the earlier records."""
     from lowband.data.metric import ACCURACY, BITS_PER_BYTE
-    from lowband.run.elastic_records import EARLIER, bytes_by_tag, reached_target
+    from lowband.run.elastic_records import EARLIER, bytes_by_tag
+    from lowband.run.reporter import first_reached
 
     ledgers = {"0": {"params": {"sent": 10.0, "recv": 8.0}}, "1": {"params": {"sent": 6.0, "recv": 4.0},
                "join": {"sent": 3.0, "recv": 0.0}}, EARLIER: {"params": 100.0}}
@@ -43,11 +44,12 @@ def test_an_elastic_jobs_bytes_and_target_epoch_are_counted_as_the_trainer_count
     assert by_tag == {"params": {"sent": 116.0, "recv": 12.0}, "join": {"sent": 3.0, "recv": 0.0}} and workers == 2
     earlier = [EpochRecord(epoch=1, val_acc=0.3), EpochRecord(epoch=2, val_acc=0.6)]
     now = EpochRecord(epoch=3, val_acc=0.7)
-    assert reached_target(earlier, now, ACCURACY, 0.5) == 2
-    assert reached_target(earlier, now, ACCURACY, 0.65) == 3
-    assert reached_target(earlier, now, ACCURACY, 0.9) is None and reached_target(earlier, now, ACCURACY, 0) is None
+    assert first_reached([*earlier, now], ACCURACY, 0.5) == 2
+    assert first_reached([*earlier, now], ACCURACY, 0.65) == 3
+    assert first_reached([*earlier, now], ACCURACY, 0.9) is None and first_reached([*earlier, now], ACCURACY, 0) is None
     bpb = [EpochRecord(epoch=1, val_bpb=2.5, val_loss=1.0), EpochRecord(epoch=2, val_bpb=1.9, val_loss=0.9)]
-    assert reached_target(bpb[:1], bpb[1], BITS_PER_BYTE, 2.0) == 2  # bits per byte: lower reaches
+    assert first_reached(bpb, BITS_PER_BYTE, 2.0) == 2  # bits per byte: lower reaches
+    assert first_reached([EpochRecord(epoch=1)], ACCURACY, 0.5) is None  # an epoch left unevaluated
 
 
 def test_reading_a_record_as_a_dict_still_works_with_a_warning():

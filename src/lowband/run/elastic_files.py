@@ -1,12 +1,13 @@
 """What an elastic job's worker writes when it is a round's source, and how a worker resumes from it.
 
-The source of a committed round (run/elastic_worker.py) writes the round to quorums.jsonl; when the
-round ended an epoch, the epoch's record (run/elastic_records.py: `lowband train`'s record of θ_global,
-through the trainer's metrics sink, so train.loggers mirror it) on the epochs train.eval_every names
-evaluated, and a checkpoint on those train.checkpoint_every names (`trainer.due`, the trainer's rule);
-after the last round, model.safetensors, then the job's status "finished" (a member that sees the
-source leave first finishes it instead). A worker that starts (a resume, or a joiner when every
-holder of θ_global has gone) reads the newest intact checkpoint.
+The source of a committed round (run/elastic_worker.py) writes the round to quorums.jsonl. When the
+round ended an epoch, the trainer asks for the epoch's record: the source makes it (run/elastic_records.py:
+`lowband train`'s record of θ_global, evaluated on the epochs train.eval_every names) and the trainer
+completes it and writes it through this worker's metrics sink, so train.loggers mirror it; on the
+epochs train.checkpoint_every names the source writes the job's checkpoint (the trainer's `due` rule).
+After the last round the source writes model.safetensors, then the job's status "finished" (a member
+that sees the source leave first finishes it instead). A worker that starts (a resume, or a joiner
+when every holder of θ_global has gone) reads the newest intact checkpoint.
 
 `JobFiles` is the part of `ElasticWorker` that does this; the attributes it reads are the worker's
 and are named below.
@@ -14,26 +15,47 @@ and are named below.
 
 from __future__ import annotations
 
+import json
 import logging
+import os
 import time
 from collections.abc import Callable
 from typing import Any
 
-import torch
 from torch import nn
 
 from lowband.comm.membership import Membership, Quorum, wait_until
 from lowband.config import Config, to_dict
-from lowband.data import TensorData
-from lowband.data.metric import metric_for
+from lowband.errors import UsageError
 from lowband.methods.elastic_outer import ElasticOuter
+from lowband.records import EpochRecord
 from lowband.run import checkpoint
-from lowband.run.elastic_records import checkpoint_state, epoch_record, reached_target
+from lowband.run.elastic_records import checkpoint_state, epoch_record
 from lowband.run.loggers import build as build_loggers
-from lowband.run.metrics import MetricsSink, human_bytes, read_metrics
-from lowband.run.reporter import set_corpus, target_of
+from lowband.run.metrics import MetricsSink, read_metrics
+from lowband.run.reporter import first_reached, target_of
 from lowband.run.rundir import RunDir
-from lowband.run.trainer import due, model_metadata, model_scores
+from lowband.run.trainer import Steps, Trainer
+
+JOB_FILE = "elastic.json"
+
+
+def read_job(run_dir: str) -> dict:
+    """RUN_DIR/elastic.json: the coordinator's URL and the job's id, written by the launcher."""
+    path = os.path.join(run_dir, JOB_FILE)
+    if not os.path.isfile(path):
+        raise UsageError(f"{run_dir} is not an elastic job (no {JOB_FILE}); start one with "
+                         "`lowband train --elastic`")
+    try:
+        with open(path, encoding="utf-8") as f:
+            job = json.load(f)
+    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
+        raise UsageError(f"{path} is damaged ({type(e).__name__}); continue the job with "
+                         f"`lowband train --resume {run_dir}`, which writes it again") from None
+    if not isinstance(job, dict) or not isinstance(job.get("coordinator"), str) or not isinstance(job.get("job"), str):
+        raise UsageError(f"{path} is damaged (no coordinator URL and job id); continue the job with "
+                         f"`lowband train --resume {run_dir}`, which writes it again")
+    return job
 
 
 class JobFiles:
@@ -43,18 +65,16 @@ class JobFiles:
     cfg: Config
     id: int
     run_dir: RunDir
-    data: TensorData
     model: nn.Module
-    optimizer: torch.optim.Optimizer
     outer: ElasticOuter
     members: Membership
     log: logging.Logger
     final: nn.Module | None
     sink: MetricsSink | None
     samples: int
-    steps: int
     started: float
-    epoch_s: float
+    trainer: Trainer
+    q: Quorum | None
     version: int
     epoch: int
     cursor: int
@@ -67,19 +87,18 @@ class JobFiles:
         if self.sink is not None:
             self.sink.close()
 
-    def _record(self, q: Quorum) -> None:
-        """The source's records: the round, and when an epoch ended its evaluation and checkpoint."""
-        elapsed = time.monotonic() - self.started
+    def write_round(self, q: Quorum) -> None:
+        """The source's line of a committed round in quorums.jsonl."""
         self.run_dir.stream("quorums").write({
             "round": q.round, "attempt": q.attempt, "members": q.members, "contributors": q.contributors,
             "receivers": q.receivers, "version": q.version + 1, "epoch": q.epoch + 1, "slices": q.slices,
-            "elapsed_s": round(elapsed, 3)})
-        if q.epoch_end >= 0:
-            self._epoch_record(q, elapsed)
-            if due(q.epoch_end, self.cfg.train.checkpoint_every, self.cfg.train.epochs):
-                self._checkpoint(q)
-        if q.finished:
-            self._finish_job()
+            "elapsed_s": round(time.monotonic() - self.started, 3)})
+
+    def _ends(self, epoch: int) -> Quorum | None:
+        """The round just committed, when it ended epoch `epoch` and this worker is its source (the one
+        that writes the epoch's record and checkpoint); else None."""
+        q = self.q
+        return q if q is not None and q.epoch_end == epoch and q.members[0] == self.id else None
 
     def global_model(self) -> nn.Module:
         """θ_global; after the last round of Streaming DiLoCo, with the other fragments' last outer steps
@@ -89,7 +108,7 @@ class JobFiles:
     def _finish_job(self) -> None:
         """The job's final model, then its status: finished."""
         glob = self.global_model()
-        checkpoint.save_model(glob.state_dict(), self.run_dir.model_path(0), model_metadata(self.cfg, self.data))
+        checkpoint.save_model(glob.state_dict(), self.run_dir.model_path(0), self.trainer.model_metadata())
         self._coordinator(self.members.finish)
         self.log.info(f"worker {self.id}: last epoch done; model.safetensors written")
 
@@ -104,27 +123,22 @@ class JobFiles:
                              "the job; finishing it")
             self._finish_job()
 
-    def _epoch_record(self, q: Quorum, elapsed: float) -> None:
-        """metrics.jsonl's record of epoch q.epoch_end (run/elastic_records.py) and its console line."""
-        t0 = time.monotonic()
-        scores = (model_scores(self.global_model(), self.data, self.cfg.train.eval_batch_size, torch.device("cpu"))
-                  if due(q.epoch_end, self.cfg.train.eval_every, self.cfg.train.epochs) else None)
-        metric = metric_for(self.cfg.data.name)
+    def record(self, trainer: Trainer, epoch: int, done: Steps, evaluate: bool) -> tuple[EpochRecord, int] | None:
+        """The job's record of epoch `epoch` (run/elastic_records.py), when this worker is the source of the
+        round that ended it; θ_global evaluated when `evaluate`. The trainer completes and writes it; its
+        target epoch counts the earlier epochs' records, whichever worker wrote them."""
+        q = self._ends(epoch)
+        if q is None:
+            return None
+        scores = trainer.scores(self.global_model()) if evaluate else None
+        metric = trainer.metric
+        trainer.reached_target = first_reached(read_metrics(self.run_dir.path), metric, target_of(self.cfg.train, metric))
         record = epoch_record(q, scores, metric, self._ledgers(), fragments=getattr(self.cfg.method, "fragments", 1),
-                              samples=q.epoch_end * self.samples, steps=self.steps,
-                              lr=self.optimizer.param_groups[0]["lr"], epoch_s=self.epoch_s + time.monotonic() - t0,
-                              eval_s=time.monotonic() - t0, elapsed_s=elapsed)
-        set_corpus(record, self.data.meta)
-        record.reached_target_epoch = reached_target(read_metrics(self.run_dir.path), record, metric,
-                                                     target_of(self.cfg.train, metric))
-        self._sink().publish(record)
-        figure = (f"val bpb {record.val_bpb:.4f}" if record.val_bpb is not None
-                  else f"val acc {record.val_acc:.4f}" if record.val_acc is not None
-                  else f"test acc {record.test_acc:.4f}" if record.test_acc is not None else "not evaluated")
-        self.log.info(f"epoch {q.epoch_end}/{self.cfg.train.epochs}  round {q.round}  {len(q.members)} worker(s)  "
-                      f"loss {q.ended_loss:.4f}  {figure}  sent "
-                      f"{human_bytes(record.bytes_sent_per_worker * max(record.extra['workers_seen'], 1))} in all  "
-                      f"{elapsed:.1f}s")
+                              samples=q.epoch_end * self.samples)
+        return record, self.samples
+
+    def write(self, record: EpochRecord) -> None:
+        self._sink().write(record)
 
     def _sink(self) -> MetricsSink:
         """The job's metrics stream and experiment loggers (train.loggers), as `lowband train`'s reporter
@@ -139,7 +153,12 @@ class JobFiles:
         """Every worker's published bytes by tag (a resumed job's earlier part under EARLIER)."""
         return wait_until(self.members.ledgers, 30.0, poll_s=0.2) or {}
 
-    def _checkpoint(self, q: Quorum) -> None:
+    def checkpoint(self, trainer: Trainer, epoch: int) -> None:
+        """The job's state after epoch `epoch` (rank 0's checkpoint of it), written by the source of the round
+        that ended it."""
+        q = self._ends(epoch)
+        if q is None:
+            return
         state = checkpoint_state(q, self.outer.state_dict(), self.model, self._ledgers())
         checkpoint.save_state(state, checkpoint.rank_path(self.run_dir.path, 0, q.epoch_end))  # the job's: rank 0's
         checkpoint.prune(self.run_dir.path, 0)

@@ -30,8 +30,8 @@ from lowband.errors import ConfigError, UsageError
 from lowband.records import EpochRecord
 from lowband.registry import METHODS
 from lowband.run import checkpoint, launch, workers
+from lowband.run.elastic_files import JOB_FILE, read_job
 from lowband.run.elastic_records import EARLIER
-from lowband.run.elastic_worker import JOB_FILE, read_job
 from lowband.run.metrics import human_bytes, read_metrics
 from lowband.run.runconfig import check_model, new_run_dir, prepare_run_dir, read_run_config, write_config
 from lowband.run.rundir import RunDir

@@ -4,8 +4,8 @@ The source of the round that ends an epoch (run/elastic_worker.py) writes both. 
 trainer's `EpochRecord` with the same keys as a `lowband train` run's, filled from the job: θ_global's
 scores (`set_scores`, the trainer's), the epoch's mean training loss over every slice trained, every
 worker's bytes per tag (their ledgers, published through the coordinator) under the trainer's `bytes`
-(per worker) and `bytes_total` (summed), the samples of the epochs so far, the source's optimizer
-steps and rate, and the epoch's seconds on the source's clock. Three figures are the job's own, in
+(per worker) and `bytes_total` (summed), and the samples of the epochs so far; the trainer (run/trainer.py)
+adds the source's optimizer steps, rate and seconds, as it does to a `lowband train` record. Three figures are the job's own, in
 `extra`: `rounds`, `workers` (in the round that ended the epoch) and `workers_seen` (every worker that
 moved bytes). An elastic job has no fixed ranks, so the trainer's per-rank figures (`RANK_KEYS`) are
 null in its records; it has no site map, so every byte counts as crossing (`bytes_inter_per_worker`
@@ -40,39 +40,26 @@ def bytes_by_tag(ledgers: dict) -> tuple[dict[str, dict[str, float]], int]:
     return by_tag, len([k for k in ledgers if k != EARLIER])
 
 
-def epoch_record(q: Quorum, scores: Scores | None, metric: Metric, ledgers: dict, *, fragments: int, samples: int,
-                 steps: int, lr: float, epoch_s: float, eval_s: float, elapsed_s: float) -> EpochRecord:
-    """The record of epoch q.epoch_end. `samples`: trained in every epoch so far; `steps`: the source's
-    optimizer steps; `epoch_s`: the epoch's seconds on the source's clock, `eval_s` of them evaluating;
-    `scores`: θ_global's, None for an epoch that was not evaluated."""
+def epoch_record(q: Quorum, scores: Scores | None, metric: Metric, ledgers: dict, *, fragments: int,
+                 samples: int) -> EpochRecord:
+    """The job's figures of epoch q.epoch_end: `samples` trained in every epoch so far, `scores`
+    θ_global's (None for an epoch that was not evaluated). The trainer adds its own (steps, rate,
+    seconds, corpus, target epoch) before writing it."""
     by_tag, workers = bytes_by_tag(ledgers)
     counted = [moved for t, moved in by_tag.items() if t not in BOOKKEEPING_TAGS]
     total, recv = sum(m["sent"] for m in counted), sum(m["recv"] for m in counted)
     per = max(workers, 1)
-    train_s = max(epoch_s - eval_s, 1e-9)
     record = EpochRecord(
-        epoch=q.epoch_end, samples=samples, train_loss=q.ended_loss, steps=steps, lr=lr,
+        epoch=q.epoch_end, samples=samples, train_loss=q.ended_loss,
         bytes_sent_per_worker=total / per, bytes_recv_per_worker=recv / per, bytes_inter_per_worker=total / per,
         bytes={tag: {k: n / per for k, n in moved.items()} for tag, moved in by_tag.items()},
-        bytes_total=by_tag, samples_per_s=round(samples / max(q.epoch_end, 1) / train_s, 2),
-        time={"epoch_train_s": round(train_s, 4), "eval_s": round(eval_s, 4), "elapsed_s": round(elapsed_s, 4)},
+        bytes_total=by_tag,
         extra={"outer_steps": q.round // fragments,  # the trainer's count: rounds of every fragment
                # (round r ends inner step r·tau/P; round 0 trains nothing)
                "rounds": q.round + 1, "workers": len(q.members), "workers_seen": workers})
     if scores is not None:  # None: an epoch train.eval_every leaves unevaluated, as the trainer's
         set_scores(record, scores, metric)
     return record
-
-
-def reached_target(earlier: list[EpochRecord], record: EpochRecord, metric: Metric, target: float) -> int | None:
-    """The first epoch whose validation figure reached `target` (0: none set), as the trainer records it."""
-    if not target:
-        return None
-    for r in [*earlier, record]:
-        value = r.value(metric.val_key)
-        if value is not None and metric.reaches(value, target):
-            return r.epoch
-    return None
 
 
 def checkpoint_state(q: Quorum, outer_state: dict, model: torch.nn.Module, ledgers: dict) -> dict:

@@ -1,34 +1,37 @@
-"""One worker of an elastic job: local SGD or DiLoCo while workers leave and join.
+"""One worker of an elastic job: the trainer's team (run/trainer.py's `Team`) while workers leave and join.
 
-The loop, per round (one outer step; comm/membership.py says how a quorum forms and commits):
+The worker runs the trainer's loop (`Trainer(cfg, ElasticWorker(...), run_dir).fit()`); what it adds is
+what is elastic, the rounds between the slices it feeds the trainer. Per round (one outer step;
+comm/membership.py says how a quorum forms and commits):
 
   meet      arrive at the job's newest round with what this worker holds; wait for the quorum
   exchange  a gloo group of the quorum's members on a fresh store prefix (comm/rendezvous.py):
             the pseudo-gradients' collective and the outer step (methods/elastic_outer.py), then the
             source's θ_global to the receivers (tag "join"); vote; an aborted round (a member died or
             went silent, a collective failed) is undone and met again without the lost member
-  commit    merge θ_global into the local model; the source writes the round to quorums.jsonl and,
-            when an epoch ended, its record (metrics.jsonl and train.loggers, θ_global evaluated
-            on the epochs train.eval_every names) and, on those train.checkpoint_every names, a
-            checkpoint (`due`, the trainer's rule: the last epoch always); after the last epoch
-            it writes model.safetensors and marks the job finished
-  train     this worker's slice of the epoch's order: tau steps (tau / fragments for Streaming DiLoCo)
+  commit    merge θ_global into the local model; the source writes the round to quorums.jsonl
+  train     the trainer's steps on this worker's slice of the epoch's order: tau steps (tau / fragments
+            for Streaming DiLoCo), each at the rate the trainer's rank would have at that place
 
 An epoch is one pass over one order of the training set (`EpochOrder`): every round hands each
 member the next slice of it, so while membership changes each sample of an epoch is trained at most
 once (a slice whose worker dies is lost to that epoch) and an epoch's length in rounds depends on how
-many workers there were. Worker ids count up from 0 in the order workers register; a joiner's id is new.
+many workers there were. The round that uses the order up ends the epoch: the trainer then asks this
+worker for the epoch's record, which the round's source alone makes (θ_global's scores on the epochs
+train.eval_every names, the job's figures: run/elastic_files.py), completes it and writes it through
+the metrics sink (metrics.jsonl, train.loggers, the console line); on the epochs
+train.checkpoint_every names the source writes the job's checkpoint; after the last epoch it writes
+model.safetensors and marks the job finished. Worker ids count up from 0 in the order workers
+register; a joiner's id is new.
 
-What is not elastic is the trainer's (run/trainer.py): the data plan of the job's `train.workers`
-launched workers (`worker_data`, `rank_batches`) gives the epoch's order, `checked_step` is the inner
-step, schedule.py's `MethodSchedule` with the method's own rules (its lr scale for the launched width,
-its warm-up, its lr factor) gives the rate, `model_scores`, `set_scores`, `due`, the metrics sink
-(`MetricsSink.publish`: the stream and the experiment loggers) and `model_metadata` make the records
-and the saved model; the method's `outer_step` says how θ_global steps, and `Fragment.reduce_and_step`
-takes it, over the quorum's contributors, as `lowband train` takes it over every rank. So a job whose
-launched workers all stay trains what `lowband train` of the same method trains, step for step
-(tests/faults/test_elastic_equal.py). A round in which nobody contributes (round 0, or a round of
-receivers alone) runs no collective: there is no pseudo-gradient to average.
+The rest is the trainer's: the data plan of the job's `train.workers` launched workers (`worker_data`,
+`rank_batches`) gives the epoch's order, `checked_step` the inner step, schedule.py's `MethodSchedule`
+with the method's own rules (its lr scale for the launched width, its warm-up, its lr factor) the
+rate; the method's `outer_step` says how θ_global steps, and `Fragment.reduce_and_step` takes it, over
+the quorum's contributors, as `lowband train` takes it over every rank. So a job whose launched
+workers all stay trains what `lowband train` of the same method trains, step for step, and writes
+records with the same keys (tests/faults/test_elastic_equal.py). A round in which nobody contributes
+(round 0, or a round of receivers alone) runs no collective: there is no pseudo-gradient to average.
 
 For tests, LOWBAND_ELASTIC_FAULT plans a fault per worker (run/elastic_faults.py).
 
@@ -41,11 +44,12 @@ job holds it up for one attempt at most.
 from __future__ import annotations
 
 import contextlib
-import json
+import logging
 import os
 import re
 import socket
 import time
+from collections.abc import Iterator
 
 import redis
 import torch
@@ -56,140 +60,164 @@ from lowband.comm.ledger import Ledger
 from lowband.comm.membership import ABORT, COMMIT, Arrival, Membership, Quorum, decide, wait_until
 from lowband.comm.rendezvous import RedisStore, check_bindable
 from lowband.config import Config
-from lowband.errors import Diverged, Unavailable, UsageError
-from lowband.methods.base import Context, Method
+from lowband.data import Batch
+from lowband.errors import Unavailable
+from lowband.methods.base import Method
 from lowband.methods.elastic_outer import ElasticOuter
-from lowband.models import build_for_task
 from lowband.registry import METHODS
 from lowband.run.elastic_faults import Faults
-from lowband.run.elastic_files import JobFiles
+from lowband.run.elastic_files import JobFiles, read_job
 from lowband.run.elastic_order import EpochOrder, round_steps
 from lowband.run.metrics import MetricsSink, setup_logging
 from lowband.run.rundir import RunDir
-from lowband.run.schedule import MethodSchedule
-from lowband.run.trainer import checked_step, make_optimizer, worker_data
+from lowband.run.trainer import Trainer, WorkerData
 from lowband.run.workers import leave_now
-
-JOB_FILE = "elastic.json"
-
-
-def read_job(run_dir: str) -> dict:
-    """RUN_DIR/elastic.json: the coordinator's URL and the job's id, written by the launcher."""
-    path = os.path.join(run_dir, JOB_FILE)
-    if not os.path.isfile(path):
-        raise UsageError(f"{run_dir} is not an elastic job (no {JOB_FILE}); start one with "
-                         "`lowband train --elastic`")
-    try:
-        with open(path, encoding="utf-8") as f:
-            job = json.load(f)
-    except (OSError, ValueError) as e:  # UnicodeDecodeError and JSONDecodeError are ValueErrors
-        raise UsageError(f"{path} is damaged ({type(e).__name__}); continue the job with "
-                         f"`lowband train --resume {run_dir}`, which writes it again") from None
-    if not isinstance(job, dict) or not isinstance(job.get("coordinator"), str) or not isinstance(job.get("job"), str):
-        raise UsageError(f"{path} is damaged (no coordinator URL and job id); continue the job with "
-                         f"`lowband train --resume {run_dir}`, which writes it again")
-    return job
 
 
 def main(run_dir: str, resume: str = "0", joiner: str = "0") -> None:
     """Entry point of an elastic worker process (`lowband.run.workers` calls it); `joiner` "1": started by
-    `lowband join`."""
+    `lowband join`. The worker is the trainer's team (run/trainer.py): the trainer's loop runs it."""
     from lowband.run.runconfig import read_run_config
 
     cfg = read_run_config(run_dir)
     torch.set_num_threads(cfg.train.threads)
-    worker = ElasticWorker(cfg, run_dir, read_job(run_dir), joiner == "1")
+    team = ElasticWorker(cfg, run_dir, read_job(run_dir), joiner == "1")
     try:
-        worker.run(resume == "1")
-    except Diverged as e:  # the launcher stops the job and prints this file's first line
-        import traceback
-
-        RunDir(worker.run_dir.path, worker.id).record_divergence(f"{e}\n\n{traceback.format_exc()}")
-        raise
+        Trainer(cfg, team, run_dir).fit(resume == "1")  # a Diverged is recorded there; the launcher says it
     finally:
-        worker.close()
+        team.close()
 
 
 class ElasticWorker(JobFiles):
-    """One elastic worker: its model, inner optimizer, outer state and place in the job; what it writes
-    and resumes from when it is a round's source is JobFiles' (run/elastic_files.py)."""
+    """One elastic worker: the trainer's `Team` in an elastic job (its place in the job, the outer state
+    of every fragment, the round it is in); what it writes and resumes from when it is a round's source
+    is JobFiles' (run/elastic_files.py)."""
+
+    syncs_in_feed = True  # the rounds run between slices, inside `feed`
 
     def __init__(self, cfg: Config, run_dir: str, job: dict, joiner: bool = False):
         self.cfg, self.e = cfg, cfg.elastic
         self.joiner = joiner  # started by `lowband join`: False once a round of its own has committed
-        plan = worker_data(cfg, cfg.train.workers)  # the trainer's data plan for the launched workers
-        self.data = plan.data
-        torch.manual_seed(cfg.train.seed)  # every worker starts from the same θ: agreeing needs no transfer
-        self.model = build_for_task(cfg.model, self.data.in_shape, self.data.num_classes, self.data.task)
-        self.optimizer = make_optimizer(cfg.optim, self.model.parameters())
-        # registered once ready to train: a quorum waits for every live worker
+        self.width, self.device = cfg.train.workers, torch.device("cpu")  # the data plan of the launched workers
+        self.comm = Communicator(0, cfg.train.workers)  # names the width; no collective ever runs on it
+        self.rank = 0  # this worker's id once registered (`setup`)
+        self.log = logging.getLogger("lowband")  # set up once the id is known
+        self.path = run_dir
         self.members = Membership(job["coordinator"], job["job"], self.e.dead_after_s)
         self.host = os.environ.get("LOWBAND_ELASTIC_HOST") or self.e.host  # `lowband join --host` on another machine
         check_bindable(self.host, "elastic.host")  # before registering: a worker that cannot listen never holds a round
+        self.registered = False
+
+    def shard(self, plan: WorkerData) -> None:
+        return None  # its data come round by round, as slices of the epoch's order
+
+    def setup(self, trainer: Trainer, model: nn.Module) -> tuple[nn.Module, Method]:
+        """Register with the job (once ready to train: a quorum waits for every live worker) and build the
+        outer state. The method is asked for its rules only (its lr scale for the launched width, warm-up
+        and factor; its outer step): its hooks never run, the rounds are its outer loop."""
+        cfg, self.trainer, self.model, self.data = self.cfg, trainer, model, trainer.plan.data
         self.id = self._coordinator(lambda: self.members.register({"host": socket.gethostname(), "pid": os.getpid()}))
+        self.registered, self.rank = True, self.id
         self.members.start_heartbeat(self.e.heartbeat_s)
         self.first_round, self.launched = self._coordinator(self.members.launched)
-        self.run_dir = RunDir(run_dir)  # the job's files: whichever worker is the round's source writes them
-        self.log = setup_logging(run_dir, self.id, elastic=True)
-        method_cls = METHODS.get(cfg.method.name)
-        # the method as `lowband train` with the launched workers would run it, asked for its rules only (its
-        # lr scale, warm-up and factor; its outer step): its hooks never run, the rounds below are its outer loop
-        width = Communicator(0, cfg.train.workers)  # names the width; no collective ever runs on it
-        ctx = Context(cfg, width, torch.device("cpu"), self.log, self.run_dir, plan.steps, self.data)
-        self.method: Method = method_cls(cfg.method, ctx)
-        self.schedule = MethodSchedule(cfg, self.method)
-        self.inner = Method(cfg.method, ctx)  # the hooks of an inner step: none (the rounds do the syncing)
-        self.outer = ElasticOuter.of(self.model, method_cls, cfg.method, cfg.train.seed * 1000 + self.id)
+        self.run_dir = RunDir(self.path)  # the job's files: whichever worker is the round's source writes them
+        self.log = setup_logging(self.path, self.id, elastic=True)
+        self.outer = ElasticOuter.of(model, METHODS.get(cfg.method.name), cfg.method, cfg.train.seed * 1000 + self.id)
         self.ledger = Ledger()  # this worker's bytes, counted by every quorum's group in turn
         self.steps_per_round = round_steps(cfg.method)
-        self.order = EpochOrder(cfg, plan, self.steps_per_round * cfg.train.batch_size)
+        self.order = EpochOrder(cfg, trainer.plan, self.steps_per_round * cfg.train.batch_size)
         self.samples = self.order.samples
-        self.steps = 0  # inner steps this worker has taken (the step number its hooks would see)
-        self.version, self.trained, self.loss_sum = 0, 0, 0.0  # version: rounds committed into θ_global
-        self.next_round = 0  # the round this worker meets next
+        self.marks = (0, 0.0)  # the trainer's steps and loss total when the last round committed
+        self.version, self.next_round = 0, 0  # version: rounds committed into θ_global; the round met next
+        self.q: Quorum | None = None  # the round last committed: its slice is trained next
         self.final: nn.Module | None = None  # Streaming DiLoCo's final model, made in the last round
         self.from_checkpoint = False  # a joiner holding a checkpoint's θ_global, until its first round commits
         self.epoch, self.cursor, self.epoch_loss, self.epoch_steps = 0, 0, 0.0, 0
         self.attempts: dict[int, int] = {}
         self.failed: tuple[str, int] = ("", 0)  # this worker's last exchange failure's cause, and how often in a row
-        self.started = self.epoch_clock = time.monotonic()  # epoch_clock: when this worker saw the last epoch end
-        self.epoch_s = 0.0  # the seconds of the epoch that ended in the round just committed, on this clock
-        self.faults = Faults(self.id, self.members, run_dir, self.log)
+        self.started, self.sync_s = time.monotonic(), 0.0  # sync_s: seconds in rounds (meet, exchange, commit)
+        self.faults = Faults(self.id, self.members, self.path, self.log)
         self.sink: MetricsSink | None = None  # opened when this worker first writes an epoch's record
+        return model, Method(cfg.method, trainer.method.ctx)  # an inner step's hooks: none
 
-    # ---- the loop --------------------------------------------------------------------------------
-    def run(self, resume: bool) -> None:
-        self._resume(said=resume)  # a joiner too: should every holder of θ_global be gone, the checkpoint stands in
+    # ---- what the trainer asks -------------------------------------------------------------------
+    def start(self, trainer: Trainer, resume: bool) -> None:
+        """From the job's checkpoint, if any (a joiner too: should every holder of θ_global be gone, the
+        checkpoint stands in); then this worker's first round."""
+        self._resume(said=resume)
         self.log.info(f"worker {self.id} joined (pid {os.getpid()})")
+        self._next_round()
+
+    def epochs(self, trainer: Trainer) -> Iterator[int]:
+        """The epochs whose slices this worker is handed, as the rounds go, until the job has finished."""
+        while self.q is not None and not self.q.finished:
+            yield self.q.epoch + 1
+
+    def feed(self, trainer: Trainer, epoch: int) -> Iterator[tuple[Batch, float]]:
+        """This worker's slices of epoch `epoch`'s order, a round between two: the batches of the slice the
+        last round handed it, each at the place the trainer's rank would have in the epoch, then the next
+        round; until a round ends the epoch (or the job, or hands this worker a later epoch's slice)."""
+        while self.q is not None and not self.q.finished and self.q.epoch + 1 == epoch:
+            yield from self._slice(self.q)
+            self._next_round()
+
+    def comm_seconds(self) -> float:
+        return self.sync_s
+
+    def should_stop(self, trainer: Trainer) -> bool:
+        return False  # train.stop_at_target is refused with --elastic (elastic_job.check)
+
+    def _slice(self, q: Quorum) -> Iterator[tuple[Batch, float]]:
+        start, end = q.slices[str(self.id)]
+        ids, bs = self.order.ids(q.epoch)[start:end], self.cfg.train.batch_size
+        for i, first in enumerate(range(0, len(ids), bs)):
+            yield self.order.batch(ids[first:first + bs]), q.epoch + self.order.done(start + first)
+            if i == 0:  # after the slice's first step
+                self.faults.maybe(q.round + 1, "inner")
+        self.faults.maybe(q.round + 1, "inner")  # a worker whose slice was empty meets its fault here
+
+    def _next_round(self) -> None:
+        """Meet, exchange and commit the next round (again until one commits); `q` None once the job has
+        finished without this worker."""
+        t0 = time.perf_counter()
         while True:
             q = self._meet()
             if q is None:
                 self.log.info(f"worker {self.id}: the job has finished")
-                return
-            if self._exchange(q) != COMMIT:
-                continue
-            self._commit(q)
-            if q.finished:
-                if self.id != q.members[0]:
-                    self._see_finished(q)
-                self.log.info(f"worker {self.id}: finished with θ_global {self.outer.fingerprint()} "
-                              f"(version {self.version})")
-                self.faults.wait_for_joiner()
-                return
-            self._train(q)
+                break
+            if self._exchange(q) == COMMIT:
+                self._commit(q)
+                break
+        self.q = q
+        self.sync_s += time.perf_counter() - t0
 
-    def close(self) -> None:
+    def finish(self, trainer: Trainer) -> None:
+        """After the last round: its source writes the final model and finishes the job; the others wait
+        for that (and do it should the source die first)."""
+        q = self.q
+        if q is None:
+            return
+        if self.id == q.members[0]:
+            self._finish_job()
+        else:
+            self._see_finished(q)
+        self.log.info(f"worker {self.id}: finished with θ_global {self.outer.fingerprint()} (version {self.version})")
+        self.faults.wait_for_joiner()
+
+    def close(self, trainer: Trainer | None = None) -> None:
         try:
             self.close_files()
         finally:
-            self.members.leave()
+            if self.registered:
+                self.members.leave()
 
     # ---- meet ------------------------------------------------------------------------------------
     def _arrival(self) -> Arrival:
         # a joiner that read θ_global from a checkpoint never counts as holding the job's: it receives it,
         # unless nobody who holds it is left (then it is the source and the job goes on from the checkpoint)
         fingerprint = self.outer.fingerprint() + ("~checkpoint" if self.from_checkpoint else "")
-        return Arrival(self.version, fingerprint, self.trained, self.loss_sum, self.epoch,
+        trained, loss_sum = self.trainer.step - self.marks[0], self.trainer.loss_total - self.marks[1]
+        return Arrival(self.version, fingerprint, trained, loss_sum, self.epoch,
                        self.cursor, self.epoch_loss, self.epoch_steps)
 
     def _meet(self) -> Quorum | None:
@@ -366,31 +394,12 @@ class ElasticWorker(JobFiles):
         self.joiner = False
         with contextlib.suppress(redis.RedisError):
             self.members.reach(self.next_round)
-        self.trained, self.loss_sum = 0, 0.0
+        self.marks = (self.trainer.step, self.trainer.loss_total)
         self.epoch, self.cursor = q.epoch, q.next_cursor
         self.epoch_loss, self.epoch_steps = q.epoch_loss, q.epoch_steps
-        if q.epoch_end >= 0:
-            now = time.monotonic()
-            self.epoch_s, self.epoch_clock = now - self.epoch_clock, now
         if self.id == q.members[0]:
-            self._record(q)
+            self.write_round(q)
 
     def _publish_bytes(self) -> None:
         with contextlib.suppress(redis.RedisError):
             self.members.publish_ledger(self.ledger.traffic_by_tag())
-
-    # ---- train -----------------------------------------------------------------------------------
-    def _train(self, q: Quorum) -> None:
-        """This worker's slice of epoch q.epoch's order: the trainer's step, a batch at a time, at the rate
-        the trainer's rank would have at the same place of the epoch."""
-        start, end = q.slices[str(self.id)]
-        ids, bs = self.order.ids(q.epoch)[start:end], self.cfg.train.batch_size
-        for i, first in enumerate(range(0, len(ids), bs)):
-            self.schedule.apply(self.optimizer, q.epoch + self.order.done(start + first))
-            value = checked_step(self.model, self.inner, self.optimizer, self.order.batch(ids[first:first + bs]),
-                                 self.steps, q.epoch + 1, self.id)
-            self.steps += 1
-            self.trained, self.loss_sum = self.trained + 1, self.loss_sum + value
-            if i == 0:
-                self.faults.maybe(q.round + 1, "inner")
-        self.faults.maybe(q.round + 1, "inner")  # a worker whose slice was empty meets its fault here

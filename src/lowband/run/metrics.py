@@ -115,9 +115,10 @@ def format_record(r: EpochRecord, total_epochs: int) -> str:
     acc = "   -  " if r.val_acc is None else f"{r.val_acc:.4f}"
     bpb = f"val bpb {r.val_bpb:.4f}  " if r.val_bpb is not None else ""
     t, lr, loss = r.time, r.lr or 0.0, r.train_loss or 0.0
+    crew = f"  round {r.extra['rounds'] - 1}, {r.extra['workers']} worker(s)" if "workers" in r.extra else ""
     return (f"epoch {r.epoch:>3}/{total_epochs}  loss {loss:.4f}  {bpb}val acc {acc}  "
             f"lr {lr:.4g}  sent/worker {human_bytes(r.bytes_sent_per_worker)}  "
-            f"compute {t['compute_s']:.1f}s comm {t['comm_s']:.1f}s wait {t['wait_s']:.1f}s")
+            f"compute {t['compute_s']:.1f}s comm {t['comm_s']:.1f}s wait {t['wait_s']:.1f}s{crew}")
 
 
 def clock(seconds: float) -> str:

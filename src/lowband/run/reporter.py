@@ -89,6 +89,14 @@ def target_of(train, metric: Metric) -> float:
     return train.target_bpb if metric.from_loss else train.target_accuracy
 
 
+def first_reached(records: Sequence[EpochRecord], metric: Metric, target: float) -> int | None:
+    """The first epoch of `records` whose validation figure reaches `target` in the workload's direction (0:
+    no target, None)."""
+    if not target:
+        return None
+    return next((r.epoch for r in records if metric.reaches(r.value(metric.val_key), target)), None)
+
+
 def set_corpus(record: EpochRecord, meta: dict) -> None:
     """Which text a language model trained on (its sha256 and length, from the data's `meta`), so two
     machines can tell; nothing for other data."""

@@ -23,6 +23,7 @@ from lowband.errors import Diverged, LowbandError, UsageError
 from lowband.registry import METHODS
 from lowband.run import checkpoint, launch, loggers
 from lowband.run.metrics import read_metrics
+from lowband.run.ranks import FixedRanks
 from lowband.run.reshard import reshard
 from lowband.run.runconfig import check_model, new_run_dir, prepare_run_dir, read_run_config, write_config
 from lowband.run.rundir import RunDir
@@ -223,7 +224,7 @@ def _join(cfg: C.Config) -> Communicator:
 def _run(cfg: C.Config, run_dir: str, resume: bool, comm: Communicator) -> None:
     trainer, clean, diverged = None, False, False
     try:
-        trainer = Trainer(cfg, comm, run_dir)
+        trainer = Trainer(cfg, FixedRanks(cfg, comm, run_dir), run_dir)
         trainer.fit(resume=resume)
         clean = not METHODS.get(cfg.method.name).independent_models  # independent ranks never meet
     except Diverged:

@@ -1,32 +1,36 @@
-"""The one training loop. It calls the method's hooks and never asks which method it runs.
+"""The one training loop, of `lowband train` and of an elastic job. It calls the method's hooks and never
+asks which method it runs, nor who it trains with.
 
 `train_step` is one optimizer step with the hooks in their fixed order (tests drive methods with
-it too); `Trainer` runs the epochs, evaluates, checkpoints and hands each epoch's figures to the
-epoch reporter (reporter.py), which owns the metrics records.
+it too); `Trainer` runs the epochs: the steps its `Team` feeds it, each at the rate schedule.py gives
+its place, then the epoch's record (the team's figures, completed here and written through the
+metrics sink), on the epochs `due` names evaluated and checkpointed, and at the end the final model.
 
-An elastic job's worker (elastic_worker.py) shares this module's pieces rather than copying them:
-the data plan (`worker_data`, `rank_batches`), the step (`checked_step`), the rate (schedule.py's
-`MethodSchedule`), the evaluation (`model_scores`), which epochs are evaluated and checkpointed (`due`)
-and the saved model's metadata (`model_metadata`).
+The `Team` is who trains together, consulted at every outer step as torchft's Manager is:
+`FixedRanks` (run/ranks.py) for `lowband train`'s ranks, whose method synchronises them inside the
+steps; an elastic job's `ElasticWorker` (run/elastic_worker.py), which meets a quorum between slices of
+the epoch's order and takes the method's outer step over its contributors.
 """
 
 from __future__ import annotations
 
 import json
+import logging
 import math
 import time
 import traceback
+from collections.abc import Iterable, Iterator
 from dataclasses import asdict, dataclass
+from typing import Protocol
 
 import torch
 import torch.nn.functional as F
 
 from lowband import __version__
-from lowband.comm import BOOKKEEPING_TAGS, Communicator
+from lowband.comm import Communicator
 from lowband.comm.placement import here, local_rank, local_world
-from lowband.comm.sites import configured, describe
-from lowband.config import Config, to_dict
-from lowband.data import Batches, TensorData, load_dataset, partition, steps_per_epoch
+from lowband.config import Config
+from lowband.data import Batch, Batches, TensorData, load_dataset, partition, steps_per_epoch
 from lowband.data.metric import metric_for
 from lowband.errors import Diverged
 from lowband.methods.base import Context, Method
@@ -34,13 +38,12 @@ from lowband.models import build_for_task
 from lowband.records import EpochRecord, Scores
 from lowband.registry import METHODS
 from lowband.registry.catalog import load_all
-from lowband.run import checkpoint
-from lowband.run.metrics import setup_logging
-from lowband.run.reporter import EpochReporter, RankFigures, TrainingError, set_corpus, tag_bytes, target_of
+from lowband.run.reporter import TrainingError, first_reached, set_corpus, target_of
 from lowband.run.rundir import RunDir
 from lowband.run.schedule import MethodSchedule
 
-__all__ = ["Trainer", "TrainingError", "train_step", "checked_step", "worker_data", "rank_batches", "accuracy", "scores",
+__all__ = ["Trainer", "Team", "Steps", "TrainingError",
+           "train_step", "checked_step", "worker_data", "rank_batches", "accuracy", "scores",
            "model_scores", "model_metadata", "task_loss", "due"]
 
 
@@ -152,37 +155,79 @@ def model_metadata(cfg: Config, data: TensorData) -> dict[str, str]:
             "num_classes": str(data.num_classes)}
 
 
-class Trainer:
-    """Runs one rank's training: epochs of `train_step`, evaluation, checkpoints, the final model."""
+class Team(Protocol):
+    """Who trains together, as the trainer consults it (torchft's Manager in our own shape).
 
-    def __init__(self, cfg: Config, comm: Communicator, run_dir: str):
-        self.cfg, self.comm = cfg, comm
-        self.rank, self.world = comm.rank, comm.world
-        self.run = RunDir(run_dir, self.rank)
-        self.log = setup_logging(run_dir, self.rank)
-        self.device = comm.device
-        self.plan = worker_data(cfg, self.world)
+    `FixedRanks` (run/ranks.py) is `lowband train`'s: the same ranks every epoch, synchronised by the
+    method's own hooks over one communicator. `ElasticWorker` (run/elastic_worker.py) is an elastic
+    job's: a quorum met at every outer step (a round), whose slices of the epoch's order are the data
+    and whose outer step is the method's `outer_step` over the round's contributors. The trainer never
+    asks which it has: it runs the steps the team feeds it, and asks the team for the epoch's record,
+    checkpoint and final model."""
+
+    rank: int  # this process's rank, or the elastic worker's id (after `setup`)
+    width: int  # the workers the data plan is cut for
+    comm: Communicator  # the communicator the method's context names
+    device: torch.device
+    log: logging.Logger
+    syncs_in_feed: bool  # True: the team's outer steps run inside `feed` (counted as comm, not as waiting)
+
+    def shard(self, plan: WorkerData) -> torch.Tensor | None: ...
+    def setup(self, trainer: Trainer, model: torch.nn.Module) -> tuple[torch.nn.Module, Method]: ...
+    def start(self, trainer: Trainer, resume: bool) -> None: ...
+    def epochs(self, trainer: Trainer) -> Iterator[int]: ...
+    def feed(self, trainer: Trainer, epoch: int) -> Iterator[tuple[Batch, float]]: ...
+    def comm_seconds(self) -> float: ...
+    def record(self, trainer: Trainer, epoch: int, done: Steps, evaluate: bool) -> tuple[EpochRecord, int] | None: ...
+    def write(self, record: EpochRecord) -> None: ...
+    def checkpoint(self, trainer: Trainer, epoch: int) -> None: ...
+    def should_stop(self, trainer: Trainer) -> bool: ...
+    def finish(self, trainer: Trainer) -> None: ...
+    def close(self, trainer: Trainer) -> None: ...
+
+
+@dataclass
+class Steps:
+    """One epoch's steps on this worker: how many, their losses' sum, seconds spent waiting for batches."""
+
+    taken: int = 0
+    loss_sum: float = 0.0
+    wait_s: float = 0.0
+
+    @property
+    def loss(self) -> float:
+        return self.loss_sum / max(self.taken, 1)
+
+
+class Trainer:
+    """The one training loop, of `lowband train`'s ranks and an elastic job's workers alike: epochs of
+    `checked_step` over the batches its `Team` feeds, each step at the rate schedule.py gives its place
+    in the run; at each epoch's end the team's record, completed here (steps, rate, seconds, corpus,
+    target) and written through the metrics sink, on the epochs `due` names evaluated and
+    checkpointed; at the end the team's final model."""
+
+    def __init__(self, cfg: Config, team: Team, run_dir: str):
+        self.cfg, self.team = cfg, team
+        self.device, self.log = team.device, team.log
+        self.plan = worker_data(cfg, team.width)
         method_cls = METHODS.get(cfg.method.name)
-        torch.manual_seed(cfg.train.seed if method_cls.same_init else cfg.train.seed + 7919 * self.rank)
+        torch.manual_seed(cfg.train.seed if method_cls.same_init else cfg.train.seed + 7919 * team.rank)
         data = self.plan.data
         model = build_for_task(cfg.model, data.in_shape, data.num_classes, data.task).to(self.device)
         self.optimizer = make_optimizer(cfg.optim, model.parameters())
-        ctx = Context(cfg, comm, self.device, self.log, self.run, self.plan.steps, self.plan.data,
-                      self.plan.shards[self.rank], evaluate=self._evaluate)
+        ctx = Context(cfg, team.comm, self.device, self.log, RunDir(run_dir, team.comm.rank), self.plan.steps,
+                      data, team.shard(self.plan), evaluate=self._evaluate)
         self.method: Method = method_cls(cfg.method, ctx)
-        self.model = self.method.setup(model)
-        self.batches = rank_batches(cfg, self.plan, self.rank, self.device)
         self.schedule = MethodSchedule(cfg, self.method)
-        # ranks that train one model together report together; separate models report alone
-        self.scope = comm.alone() if method_cls.independent_models else comm
         self.metric = metric_for(cfg.data.name)
-        self.reporter = EpochReporter(self.scope, self.run, self.log, cfg.train.epochs, cfg.train.loggers,
-                                      to_dict(cfg), self.metric)
         self.reached_target: int | None = None
-        self.final_global: torch.nn.Module | None = None  # the global model of the latest evaluated epoch
-        self.best_local_rank = 0
-        self.epoch, self.step, self.samples, self.elapsed, self.train_s = 0, 0, 0, 0.0, 0.0
+        self.epoch, self.step, self.loss_total, self.elapsed, self.train_s = 0, 0, 0.0, 0.0, 0.0
         self.method_eval_s = 0.0  # evaluations a method asked for inside training hooks
+        self.eval_s = 0.0  # evaluations at the epochs' ends (`scores`)
+        # the model the steps train and the method whose hooks they call (an elastic worker's: none)
+        self.model, self.hooks = team.setup(self, model)
+        self.rank = team.rank
+        self.run = RunDir(run_dir, self.rank)
 
     # ---- the loop ----------------------------------------------------------------------------
     def fit(self, resume: bool = False) -> None:
@@ -193,66 +238,54 @@ class Trainer:
             raise
 
     def _fit(self, resume: bool) -> None:
-        if resume:
-            self._resume()
-        if self.epoch == 0 and self.rank == 0:
-            self.log.info(self._banner())
-        for epoch in range(self.epoch + 1, self.cfg.train.epochs + 1):
+        self.team.start(self, resume)
+        for epoch in self.team.epochs(self):
             self._run_epoch(epoch)
-            if self._should_stop():
+            if self.team.should_stop(self):
                 self.log.info(f"stopping at epoch {epoch}: validation {self.metric.name} reached {self._target():.4f}")
                 break
-        self.method.end_training()
-        self._save_final()
-
-    def train_step(self, batch) -> float:
-        loss = checked_step(self.model, self.method, self.optimizer, batch, self.step, self.epoch + 1, self.rank)
-        self.step += 1
-        return loss
-
-    def _should_stop(self) -> bool:
-        if not self.cfg.train.stop_at_target:
-            return False
-        flag = torch.tensor([1.0 if self.reached_target is not None else 0.0], device=self.device)
-        self.scope.broadcast(flag, src=0, tag="control")  # the scope follows its first rank's model
-        return bool(flag.item())
+        self.team.finish(self)
 
     def _run_epoch(self, epoch: int) -> None:
-        t_start, comm_before, eval_before = time.perf_counter(), self._comm_seconds(), self.method_eval_s
-        loss_sum, data_wait = 0.0, 0.0
-        batches = iter(self.method.batches(epoch, self.batches))
-        for i in self.reporter.sink.steps(range(self.plan.steps), epoch, self.plan.steps):
-            t0 = time.perf_counter()
-            batch = next(batches)
-            data_wait += time.perf_counter() - t0
-            self._set_lr(epoch - 1 + i / self.plan.steps)
-            loss_sum += self.train_step(batch)
+        t_start, comm_before, eval_before = time.perf_counter(), self.team.comm_seconds(), self.method_eval_s
+        done = self._steps(self.team.feed(self, epoch), epoch)
         hook_eval_s = self.method_eval_s - eval_before
         train_s = time.perf_counter() - t_start - hook_eval_s
-        comm_s = self._comm_seconds() - comm_before
-        extra = self.method.end_epoch(epoch)
-        self.epoch, self.samples = epoch, self.samples + self.plan.steps * self.cfg.train.batch_size
-        self.train_s += train_s
+        comm_s = self.team.comm_seconds() - comm_before
+        wait_s = max(done.wait_s - (comm_s if self.team.syncs_in_feed else 0.0), 0.0)
+        self.epoch, self.train_s = epoch, self.train_s + train_s
         # wait_s: time the loop waited for its next minibatch (data loading, a starving EDL-Dist reader)
-        times = {"compute_s": max(train_s - comm_s - data_wait, 0.0), "comm_s": comm_s, "wait_s": data_wait,
+        times = {"compute_s": max(train_s - comm_s - wait_s, 0.0), "comm_s": comm_s, "wait_s": wait_s,
                  "hook_eval_s": hook_eval_s, "epoch_train_s": train_s}
-        self._finish_epoch(epoch, loss_sum / self.plan.steps, times, t_start, extra)
+        self._finish_epoch(epoch, done, times, t_start)
 
-    def _set_lr(self, epoch: float) -> None:
-        self.schedule.apply(self.optimizer, epoch)
+    def _steps(self, feed: Iterable[tuple[Batch, float]], epoch: int) -> Steps:
+        """`checked_step` on each minibatch `feed` yields, at the rate of its place (epochs trained, a
+        fraction: 1.5 is halfway through the second); `step` and `loss_total` count as it goes (an
+        elastic worker reads them when it meets its next round, inside `feed`)."""
+        done, batches = Steps(), iter(feed)
+        while True:
+            t0 = time.perf_counter()
+            item = next(batches, None)
+            done.wait_s += time.perf_counter() - t0
+            if item is None:
+                return done
+            batch, place = item
+            self.schedule.apply(self.optimizer, place)
+            loss = checked_step(self.model, self.hooks, self.optimizer, batch, self.step, epoch, self.team.rank)
+            self.step, self.loss_total = self.step + 1, self.loss_total + loss
+            done.taken, done.loss_sum = done.taken + 1, done.loss_sum + loss
 
     def close(self) -> None:
-        try:
-            self.method.close()
-        finally:
-            self.reporter.close()
+        self.team.close(self)
 
     # ---- evaluation and records ----------------------------------------------------------------
-    def _comm_seconds(self) -> float:
-        return self.comm.ledger.seconds(leave_out=BOOKKEEPING_TAGS)
-
-    def _accuracies(self, model: torch.nn.Module) -> Scores:
-        return model_scores(model, self.plan.data, self.cfg.train.eval_batch_size, self.device)
+    def scores(self, model: torch.nn.Module) -> Scores:
+        """`model`'s test and validation scores on this run's data; timed as the epoch's evaluation."""
+        t0 = time.perf_counter()
+        found = model_scores(model, self.plan.data, self.cfg.train.eval_batch_size, self.device)
+        self.eval_s += time.perf_counter() - t0
+        return found
 
     def _evaluate(self, model: torch.nn.Module) -> float:
         """Validation accuracy of a model a method asks about (rounds, ensembles); timed as evaluation."""
@@ -263,37 +296,26 @@ class Trainer:
         self.method_eval_s += time.perf_counter() - t0
         return acc
 
-    def _finish_epoch(self, epoch: int, loss: float, times: dict, t_start: float, extra: dict) -> None:
-        t_eval = time.perf_counter()
-        last = epoch == self.cfg.train.epochs
-        evaluate = due(epoch, self.cfg.train.eval_every, self.cfg.train.epochs)
-        mine = RankFigures(loss=loss, samples=self.plan.steps * self.cfg.train.batch_size, seen=self.samples)
-        glob, glob_accs = None, None
-        if evaluate:
-            local = self._accuracies(self.method.local_model())
-            mine.test_acc, mine.val_acc, mine.test_loss, mine.val_loss = (
-                local.test_acc, local.val_acc, local.test_loss, local.val_loss)
-            glob = self.method.global_model(final=last)
-            glob_accs = self._accuracies(glob) if glob is not None and self.scope.rank == 0 else None
-        times["eval_s"] = time.perf_counter() - t_eval
-        mine.bytes = tag_bytes(self.comm)  # after the global model, whose final exchange counts
-        ranks = self.reporter.gather(mine)
+    def _finish_epoch(self, epoch: int, done: Steps, times: dict, t_start: float) -> None:
+        """The team's record of the epoch (None: another worker writes it), completed and written; the
+        checkpoint on the epochs train.checkpoint_every names."""
+        eval_before = self.eval_s
+        made = self.team.record(self, epoch, done, due(epoch, self.cfg.train.eval_every, self.cfg.train.epochs))
+        times["eval_s"] = self.eval_s - eval_before
         self.elapsed += time.perf_counter() - t_start
-        self.best_local_rank = self.scope.global_ranks[self.reporter.best_local(ranks)]
-        record = self.reporter.record(epoch, ranks, glob_accs)
-        record.steps = self.step
-        self._add_rates(record, ranks, times)
-        set_corpus(record, self.plan.data.meta)
-        self._check_target(epoch, record)
-        record.reached_target_epoch, record.extra = self.reached_target, extra
-        self.reporter.write(record)
+        if made is not None:
+            record, samples = made
+            record.steps = self.step
+            self._add_rates(record, samples, times)
+            set_corpus(record, self.plan.data.meta)
+            self._check_target(epoch, record)
+            record.reached_target_epoch = self.reached_target
+            self.team.write(record)
         if due(epoch, self.cfg.train.checkpoint_every, self.cfg.train.epochs):
-            self._save_checkpoint(epoch)
-        if evaluate:  # the stopping epoch of an early stop is always evaluated
-            self.final_global = glob
+            self.team.checkpoint(self, epoch)
 
-    def _add_rates(self, record: EpochRecord, ranks: list[RankFigures], times: dict) -> None:
-        samples = sum(r.samples for r in ranks)
+    def _add_rates(self, record: EpochRecord, samples: int, times: dict) -> None:
+        """`samples`: trained this epoch by every worker."""
         record.samples_per_s = round(samples / max(times["epoch_train_s"], 1e-9), 2)
         record.lr = self.optimizer.param_groups[0]["lr"]
         record.time = {**{k: round(v, 4) for k, v in times.items()}, "train_s": round(self.train_s, 4),
@@ -305,76 +327,13 @@ class Trainer:
 
     def _check_target(self, epoch: int, record: EpochRecord) -> None:
         """The first epoch whose validation figure reaches the target in the workload's metric (never the test set)."""
-        target, value = self._target(), record.value(self.metric.val_key)
-        if target and self.reached_target is None and self.metric.reaches(value, target):
+        if self.reached_target is None and first_reached([record], self.metric, self._target()):
             self.reached_target = epoch
-            self.log.info(f"epoch {epoch}: validation {self.metric.name} {value:.4f} reached the target {target}")
+            self.log.info(f"epoch {epoch}: validation {self.metric.name} {record.value(self.metric.val_key):.4f} "
+                          f"reached the target {self._target()}")
 
-    def _save_final(self) -> None:
-        """The scope's final model (the global one if the method has one, else this rank's); model_L too."""
-        glob = self.final_global
-        if self.scope.rank == 0:
-            final = glob if glob is not None else self.method.local_model()
-            checkpoint.save_model(final.state_dict(), self.run.model_path(self.rank), self._model_metadata())
-        if glob is not None and self.rank == self.best_local_rank:
-            checkpoint.save_model(self.method.local_model().state_dict(), self.run.local_model_path(),
-                                  self._model_metadata())
-
-    def _model_metadata(self) -> dict[str, str]:
+    def model_metadata(self) -> dict[str, str]:
         return model_metadata(self.cfg, self.plan.data)
-
-    # ---- checkpoints ---------------------------------------------------------------------------
-    def _save_checkpoint(self, epoch: int) -> None:
-        state = {
-            "epoch": epoch, "step": self.step, "samples": self.samples, "elapsed": self.elapsed,
-            "model": self.method.local_model().state_dict(), "reached_target": self.reached_target or 0,
-            "optimizer": self.optimizer.state_dict(), "method": self.method.state_dict(),
-            "comm": self.comm.ledger.snapshot(), "rng": torch.get_rng_state(), "train_s": self.train_s,
-        }
-        checkpoint.save_state(state, checkpoint.rank_path(self.run.path, self.rank, epoch))
-        checkpoint.prune(self.run.path, self.rank)
-
-    def _resume(self) -> None:
-        epoch, passed = checkpoint.resumable_epoch(self.run.path, self.scope.global_ranks)
-        if passed and self.scope.rank == 0:
-            self.log.warning(f"resuming from epoch {epoch}, the newest intact epoch every rank has: "
-                             f"{'; '.join(passed)}")
-        agreed = self.scope.all_gather(torch.tensor([epoch], device=self.device), tag="control")
-        if len({int(t.item()) for t in agreed}) != 1:
-            raise TrainingError(f"ranks see different checkpoints ({[int(t) for t in agreed]}); is the run dir shared?")
-        self.run.cut_back(epoch)  # records past the checkpoint would be written twice
-        if epoch == 0:
-            self.log.warning(f"no checkpoint in {self.run.path}; starting from scratch")
-            return
-        state = checkpoint.load_state(checkpoint.rank_path(self.run.path, self.rank, epoch))
-        self.method.local_model().load_state_dict(state["model"])
-        self.reached_target = state.get("reached_target") or None
-        self.optimizer.load_state_dict(state["optimizer"])
-        self.method.load_state_dict(state["method"])
-        self.comm.ledger.load_snapshot(state["comm"])
-        torch.set_rng_state(state["rng"])
-        self.epoch, self.step, self.samples, self.elapsed = state["epoch"], state["step"], state["samples"], state["elapsed"]
-        self.train_s = state.get("train_s", 0.0)
-        self.log.info(f"resumed {self.run.path} after epoch {epoch} (step {self.step})")
-
-    def _banner(self) -> str:
-        c, d = self.cfg, self.plan.data
-        params = sum(p.numel() for p in self.method.local_model().parameters())
-        val = 0 if d.y_val is None else len(d.y_val)
-        return (f"{c.method.name}: {self.world} worker(s), backend {self.comm.backend}, device {self.device}; "
-                f"{c.data.name} {len(d.y_train)} train / {val} validation / {len(d.y_test)} test"
-                f"{self._corpus_banner()}, partition "
-                f"{c.data.partition}; {c.model.name} {params:,} parameters; {self.plan.steps} steps/epoch x "
-                f"{c.train.epochs} epochs, batch {c.train.batch_size}/worker; run dir {self.run.path}"
-                + self._sites_banner())
-
-    def _corpus_banner(self) -> str:
-        meta = self.plan.data.meta
-        return f" windows of {meta['corpus_bytes']:,} bytes (sha256 {meta['corpus_sha256'][:12]})" if meta else ""
-
-    def _sites_banner(self) -> str:
-        link = self.cfg.link
-        return f"; {describe(link.site_map(self.world))}" if configured(link.sites, link.site_of) else ""
 
 
 def wants_augment(cfg: Config, data) -> bool:
