@@ -172,18 +172,44 @@ class Team(Protocol):
     log: logging.Logger
     syncs_in_feed: bool  # True: the team's outer steps run inside `feed` (counted as comm, not as waiting)
 
-    def shard(self, plan: WorkerData) -> torch.Tensor | None: ...
-    def setup(self, trainer: Trainer, model: torch.nn.Module) -> tuple[torch.nn.Module, Method]: ...
-    def start(self, trainer: Trainer, resume: bool) -> None: ...
-    def epochs(self, trainer: Trainer) -> Iterator[int]: ...
-    def feed(self, trainer: Trainer, epoch: int) -> Iterator[tuple[Batch, float]]: ...
-    def comm_seconds(self) -> float: ...
-    def record(self, trainer: Trainer, epoch: int, done: Steps, evaluate: bool) -> tuple[EpochRecord, int] | None: ...
-    def write(self, record: EpochRecord) -> None: ...
-    def checkpoint(self, trainer: Trainer, epoch: int) -> None: ...
-    def should_stop(self, trainer: Trainer) -> bool: ...
-    def finish(self, trainer: Trainer) -> None: ...
-    def close(self, trainer: Trainer) -> None: ...
+    def shard(self, plan: WorkerData) -> torch.Tensor | None:
+        """This worker's shard of the data plan, for the method's context (None: its data come round by round)."""
+
+    def setup(self, trainer: Trainer, model: torch.nn.Module) -> tuple[torch.nn.Module, Method]:
+        """Once the trainer has built the model, optimizer and method: the model the steps train and the
+        method whose hooks each step calls."""
+
+    def start(self, trainer: Trainer, resume: bool) -> None:
+        """Before the first epoch: resume when asked (the trainer's counters and state set from a checkpoint)."""
+
+    def epochs(self, trainer: Trainer) -> Iterator[int]:
+        """The epochs (1-based) this worker trains, in order."""
+
+    def feed(self, trainer: Trainer, epoch: int) -> Iterator[tuple[Batch, float]]:
+        """Epoch `epoch`'s minibatches, each with its place in the run (epochs trained, a fraction); the
+        trainer takes a step on each before it asks for the next."""
+
+    def comm_seconds(self) -> float:
+        """Seconds spent synchronising since the run began."""
+
+    def record(self, trainer: Trainer, epoch: int, done: Steps, evaluate: bool) -> tuple[EpochRecord, int] | None:
+        """The epoch's figures as a record, with the samples every worker trained in it (None: another worker
+        writes this epoch's record); the global model evaluated when `evaluate`."""
+
+    def write(self, record: EpochRecord) -> None:
+        """The completed record to metrics.jsonl, the experiment loggers and the console."""
+
+    def checkpoint(self, trainer: Trainer, epoch: int) -> None:
+        """The state a resume after epoch `epoch` starts from."""
+
+    def should_stop(self, trainer: Trainer) -> bool:
+        """Whether training stops early after this epoch (train.stop_at_target), the same on every worker."""
+
+    def finish(self, trainer: Trainer) -> None:
+        """After the last epoch: the final model."""
+
+    def close(self, trainer: Trainer) -> None:
+        """Release what the team holds (loggers, the method's threads, its place in a job)."""
 
 
 @dataclass
