@@ -107,6 +107,7 @@ class ElasticWorker(JobFiles):
         self.host = os.environ.get("LOWBAND_ELASTIC_HOST") or self.e.host  # `lowband join --host` on another machine
         check_bindable(self.host, "elastic.host")  # before registering: a worker that cannot listen never holds a round
         self.registered = False
+        self.sink: MetricsSink | None = None  # opened when this worker first writes an epoch's record
 
     def shard(self, plan: WorkerData) -> None:
         return None  # its data come round by round, as slices of the epoch's order
@@ -137,7 +138,6 @@ class ElasticWorker(JobFiles):
         self.failed: tuple[str, int] = ("", 0)  # this worker's last exchange failure's cause, and how often in a row
         self.started, self.sync_s = time.monotonic(), 0.0  # sync_s: seconds in rounds (meet, exchange, commit)
         self.faults = Faults(self.id, self.members, self.path, self.log)
-        self.sink: MetricsSink | None = None  # opened when this worker first writes an epoch's record
         return model, Method(cfg.method, trainer.method.ctx)  # an inner step's hooks: none
 
     # ---- what the trainer asks -------------------------------------------------------------------
