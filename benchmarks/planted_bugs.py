@@ -4,7 +4,8 @@ tests that should notice it, and print which failed.
 Each plant replaces one exact piece of source text with a wrong one (a bug a tired hand could write): the
 sparse top-k, the error buffer's decay, the tau schedule, the tuning's trial choice, the target budget's
 stop, the done.jsonl repair, the ring's byte count, the placement rule, a forked worker's exit code, the
-decay schedule. A plant whose text is not in the tree (older code) is reported as absent, not as caught.
+decay schedule, the trainer's rate at a step's place, an elastic worker's figures per round. A plant
+whose text is not in the tree (older code) is reported as absent, not as caught.
 A plant is caught when at least one of its tests fails; the tests named are those a developer would run
 for that code (the whole suite catches at least as much).
 
@@ -54,6 +55,12 @@ PLANTS = [
     ("the decay schedule runs backwards", "src/lowband/methods/sparseloco.py",
      "(c.ef_decay_end - c.ef_decay) * min(done, 1.0)", "(c.ef_decay_end - c.ef_decay) * (1.0 - min(done, 1.0))",
      ["tests/distributed/test_sparseloco.py"]),
+    ("the trainer sets the rate of a later place", "src/lowband/run/trainer.py",
+     "            self.schedule.apply(self.optimizer, place)\n", "            self.schedule.apply(self.optimizer, place + 0.5)\n",
+     ["tests/unit/test_trainer_team.py"]),
+    ("an elastic worker's round figures never restart", "src/lowband/run/elastic_worker.py",
+     "        self.marks = (self.trainer.step, self.trainer.loss_total)\n", "",
+     ["tests/faults/test_elastic_equal.py"]),
 ]
 
 
