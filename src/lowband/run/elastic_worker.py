@@ -100,7 +100,8 @@ class ElasticWorker(JobFiles):
         self.joiner = joiner  # started by `lowband join`: False once a round of its own has committed
         self.width, self.device = cfg.train.workers, torch.device("cpu")  # the data plan of the launched workers
         self.comm = Communicator(0, cfg.train.workers)  # names the width; no collective ever runs on it
-        self.rank = 0  # this worker's id once registered (`setup`)
+        self.rank = 0  # this worker's id once registered (`setup`); until then rank 0's, so every worker
+        #               seeds its model as rank 0 does and all start from one θ: agreeing needs no transfer
         self.log = logging.getLogger("lowband")  # set up once the id is known
         self.path = run_dir
         self.members = Membership(job["coordinator"], job["job"], self.e.dead_after_s)
@@ -116,7 +117,7 @@ class ElasticWorker(JobFiles):
         """Register with the job (once ready to train: a quorum waits for every live worker) and build the
         outer state. The method is asked for its rules only (its lr scale for the launched width, warm-up
         and factor; its outer step): its hooks never run, the rounds are its outer loop."""
-        cfg, self.trainer, self.model, self.data = self.cfg, trainer, model, trainer.plan.data
+        cfg, self.trainer, self.model = self.cfg, trainer, model
         self.id = self._coordinator(lambda: self.members.register({"host": socket.gethostname(), "pid": os.getpid()}))
         self.registered, self.rank = True, self.id
         self.members.start_heartbeat(self.e.heartbeat_s)
