@@ -38,8 +38,8 @@ def test_ids_count_up_and_a_silent_member_drops_out(url):
 def test_the_first_proposal_holds(url):
     m = member(url)
     m.register({})
-    first = decide(0, 0, arrivals(w0=(0, "a", 0)), samples=10, per_worker=5, epochs=1)
-    other = decide(0, 0, arrivals(w0=(0, "a", 0), w1=(0, "a", 0)), samples=10, per_worker=5, epochs=1)
+    first = decide(0, 0, arrivals(w0=(0, "a", 0)), samples=10, batch=5, epochs=1)
+    other = decide(0, 0, arrivals(w0=(0, "a", 0), w1=(0, "a", 0)), samples=10, batch=5, epochs=1)
     assert m.propose(first).members == [0]
     assert m.propose(other).members == [0]
 
@@ -48,12 +48,12 @@ def test_a_round_commits_on_every_vote_and_aborts_on_one_failure(url):
     a = member(url, dead_after_s=5)
     b = Membership(url, a.job, 5)
     a.register({}), b.register({})
-    q = decide(0, 0, arrivals(w0=(0, "a", 0), w1=(0, "a", 0)), samples=10, per_worker=5, epochs=1)
+    q = decide(0, 0, arrivals(w0=(0, "a", 0), w1=(0, "a", 0)), samples=10, batch=5, epochs=1)
     a.vote(q, True)
     assert a.outcome(q) is None  # b has not voted
     b.vote(q, True)
     assert a.outcome(q) == b.outcome(q) == COMMIT
-    q2 = decide(1, 0, arrivals(w0=(1, "a", 1), w1=(1, "a", 1)), samples=10, per_worker=5, epochs=1)
+    q2 = decide(1, 0, arrivals(w0=(1, "a", 1), w1=(1, "a", 1)), samples=10, batch=5, epochs=1)
     a.vote(q2, True)
     b.vote(q2, False)
     assert a.outcome(q2) == ABORT
@@ -65,7 +65,7 @@ def test_a_member_gone_before_voting_aborts_the_round(url):
     b = Membership(url, a.job, 0.3)
     a.register({}), b.register({})
     a.start_heartbeat(0.05)
-    q = decide(0, 0, arrivals(w0=(0, "a", 0), w1=(0, "a", 0)), samples=10, per_worker=5, epochs=1)
+    q = decide(0, 0, arrivals(w0=(0, "a", 0), w1=(0, "a", 0)), samples=10, batch=5, epochs=1)
     a.vote(q, True)
     time.sleep(0.6)
     assert a.outcome(q) == ABORT

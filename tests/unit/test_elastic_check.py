@@ -8,10 +8,10 @@ from lowband.cli import main
 
 
 @pytest.mark.parametrize("args, field, fragment", [
-    (["--method", "sparseloco"], "method.name", "elastic outer step: diloco, local_sgd"),  # a property, not a list
-    (["--method", "allreduce"], "method.name", "elastic outer step"),
-    (["--method", "diloco", "--set", "method.fragments=3", "--set", "method.tau=4"], "method.fragments", "divide"),
-    (["--method", "diloco", "--set", "method.inner_lr_factor_end=2.0"], "method.inner_lr_factor_end", "must be -1"),
+    (["--method", "sparseloco"], "method.name", "error buffers are each worker's own"),
+    (["--method", "allreduce"], "method.name", "meet only at outer steps (local_sgd, diloco)"),
+    (["--method", "diloco", "--set", "method.group_size=2"], "method.group_size", "must be 1 with --elastic"),
+    (["--method", "diloco", "--set", "train.backend='nccl'"], "train.backend", "gloo groups"),
 ])
 def test_an_elastic_job_refuses_what_it_would_ignore_or_cannot_run(tmp_path, capsys, args, field, fragment):
     code = main(["train", "--elastic", "--workers", "2", "--epochs", "1", *args, "--out", str(tmp_path / "runs")])

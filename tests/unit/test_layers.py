@@ -157,7 +157,7 @@ def test_modules_import_only_their_own_layer_or_below():
     assert not upward, "upward imports (see LAYERS):\n" + "\n".join(upward)
 
 
-SHARED_METHOD_PARTS = ("base", "outer", "elastic_outer", "rounds", "sparsifiers")  # method files: the registry
+SHARED_METHOD_PARTS = ("base", "outer", "rounds", "sparsifiers")  # method files: the registry
 
 
 def undocumented(package: str) -> list[str]:

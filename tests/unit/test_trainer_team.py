@@ -1,7 +1,7 @@
 """The one training loop (run/trainer.py) against a scripted team, in one process: the trainer takes
 the steps the team feeds, each at the rate of its place, completes only the records the team makes,
 checkpoints on the epochs `due` names, and stops when the team says so; the steps' count and losses
-are what an elastic worker reads when it meets a round (inside `feed`)."""
+move as the steps go (an elastic worker's quorum reports them when it meets a round)."""
 
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ import torch
 
 from lowband import api
 from lowband.comm import Communicator
-from lowband.methods.base import Method
+from lowband.comm.quorum import FixedQuorum
 from lowband.records import EpochRecord
 from lowband.run.schedule import MethodSchedule
 from lowband.run.trainer import Steps, Trainer, task_loss
@@ -22,13 +22,11 @@ class Scripted:
     """A team of one that feeds `per_epoch` batches of the first training samples at chosen places, makes
     a record on the epochs in `records`, and stops after `stop_after` epochs (0: never)."""
 
-    syncs_in_feed = False
-
     def __init__(self, cfg, per_epoch: int, records: set[int], stop_after: int = 0):
         self.cfg, self.per_epoch, self.records, self.stop_after = cfg, per_epoch, records, stop_after
         self.rank, self.width, self.device = 0, 1, torch.device("cpu")
         self.comm, self.log = Communicator(0, 1), logging.getLogger("lowband.test")
-        self.written: list[EpochRecord] = []
+        self.made: list[EpochRecord] = []
         self.checkpoints: list[int] = []
         self.seen: list[tuple[int, float]] = []  # (trainer.step, lr) at each yield, read inside the feed
         self.finished = False
@@ -38,12 +36,14 @@ class Scripted:
     def shard(self, plan):
         return None
 
-    def setup(self, trainer, model):
+    def setup(self, trainer):
         self.trainer = trainer
-        return model, Method(self.cfg.method, trainer.method.ctx)
+
+    def quorum(self, comm):
+        return FixedQuorum(comm)
 
     def start(self, trainer, resume):
-        pass
+        return None
 
     def epochs(self, trainer):
         return iter(range(1, self.cfg.train.epochs + 1))
@@ -59,6 +59,12 @@ class Scripted:
     def comm_seconds(self):
         return 0.0
 
+    def feed_comm_seconds(self):
+        return 0.0
+
+    def written(self):
+        return []
+
     def record(self, trainer, epoch, done: Steps, evaluate):
         self.sums.append((self.first_loss(trainer), done.loss_sum))
         if epoch not in self.records:
@@ -69,7 +75,7 @@ class Scripted:
         return self.first[len(self.sums)]
 
     def write(self, record):
-        self.written.append(record)
+        self.made.append(record)
 
     def checkpoint(self, trainer, epoch):
         self.checkpoints.append(epoch)
@@ -108,9 +114,9 @@ def test_the_trainer_steps_at_each_places_rate_and_completes_only_the_teams_reco
     assert [s for s, _ in team.seen] == list(range(1, 13))  # the count moves as the steps go, read in the feed
     for (_, lr), place in zip(team.seen, places, strict=True):
         assert lr == pytest.approx(schedule.at(place))
-    assert [r.epoch for r in team.written] == [1, 3] and all(r.extra["taken"] == 4 for r in team.written)
-    assert [r.steps for r in team.written] == [4, 12]  # the trainer's count, completed here
-    first_record = team.written[0]
+    assert [r.epoch for r in team.made] == [1, 3] and all(r.extra["taken"] == 4 for r in team.made)
+    assert [r.steps for r in team.made] == [4, 12]  # the trainer's count, completed here
+    first_record = team.made[0]
     assert first_record.lr == pytest.approx(schedule.at(places[3]))  # the rate of the epoch's last step
     assert first_record.samples_per_s == pytest.approx(28 / first_record.time["epoch_train_s"], rel=0.01)
     assert set(first_record.time) >= {"compute_s", "comm_s", "wait_s", "epoch_train_s", "eval_s", "elapsed_s"}
@@ -123,4 +129,4 @@ def test_the_trainer_stops_when_the_team_says_so_and_still_finishes(tmp_path):
     cfg = config(epochs=4)
     team = Scripted(cfg, per_epoch=2, records={1, 2, 3, 4}, stop_after=2)
     Trainer(cfg, team, str(tmp_path)).fit()
-    assert [r.epoch for r in team.written] == [1, 2] and team.finished
+    assert [r.epoch for r in team.made] == [1, 2] and team.finished

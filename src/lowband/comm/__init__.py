@@ -1,8 +1,9 @@
 """Everything that crosses a process boundary: the communicator (communicator, the one torch.distributed
 importer) and its byte ledger (ledger); value_codecs and index_codecs, random masks (masks), compressed
 means (reduce), averaging, hierarchy; links, sites and who talks to whom (topology); the checkpoint
-store (store); each local rank's device and the backend (placement); an elastic job's membership and
-rendezvous in Redis (membership, rendezvous). See docs/ARCHITECTURE.md."""
+store (store); each local rank's device and the backend (placement); who takes an outer step (quorum:
+a fixed world; elastic_quorum: an elastic job's, met at every outer step), an elastic job's membership
+and rendezvous in Redis (membership, rendezvous). See docs/ARCHITECTURE.md."""
 
 from lowband.comm.communicator import Communicator, launched_by_torchrun
 

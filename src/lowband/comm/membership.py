@@ -10,7 +10,7 @@ Keys live under `lowband:elastic:JOB:`:
   round               the newest round any worker has reached (a late worker catches up to it)
   attempt:R           the attempt round R is met at (raised after an abort)
   arrive:R:A          hash ID -> Arrival JSON: who came to round R, attempt A
-  quorum:R:A          the Quorum decided for round R, attempt A (SET NX: the first decider wins), with a nonce N
+  quorum:R:A          the quorum (a Decision) of round R, attempt A (SET NX: the first decider wins), with a nonce N
   done:R:A:N, fail:R:A:N  who finished that quorum's exchange and who failed it
   outcome:R:A:N       "commit" or "abort", decided once
   ledger              hash ID -> JSON of that worker's bytes sent and received per tag
@@ -47,13 +47,15 @@ class Arrival:
     """What a worker brings to a round."""
 
     version: int  # rounds committed into its θ_global (a newcomer holds the initial θ, version 0, or a checkpoint's)
-    fingerprint: str  # of its θ_global, so two holders of one version can tell they agree
-    trained: int = 0  # steps trained from that θ_global since: a pseudo-gradient to contribute
-    loss_sum: float = 0.0  # summed training loss of those steps
+    fingerprint: str  # of its outer state, so two holders of one version can tell they agree
+    trained: int = 0  # steps trained since it last took θ_global from another (received, started): a pseudo-gradient
+    fresh: int = 0  # steps trained since its last round, and their summed loss: the epoch's loss so far
+    loss_sum: float = 0.0
     epoch: int = 0  # the data progress it knows of: epoch (0-based) and cursor into its order
     cursor: int = 0
     epoch_loss: float = 0.0  # the epoch's training loss so far (sum) and steps
     epoch_steps: int = 0
+    next_stop: int = 1  # inner steps from its outer clock to its method's next outer step
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Arrival:
@@ -62,8 +64,8 @@ class Arrival:
 
 
 @dataclass
-class Quorum:
-    """The members of one round and what each does in it."""
+class Decision:
+    """The quorum of one round: its members and what each does in it."""
 
     round: int
     attempt: int
@@ -79,49 +81,59 @@ class Quorum:
     epoch_loss: float = 0.0  # the current epoch's training loss (sum) and steps after this round
     epoch_steps: int = 0
     ended_loss: float | None = None  # mean training loss of the epoch that ended here
+    dropped: int = 0  # samples of the ended epoch too few to give every member a step (0 while none leave)
     nonce: str = ""  # set when proposed: this quorum's votes and rendezvous are its own, even if a coordinator
     #                  that restarted empty lets another quorum be proposed for the same round and attempt
 
     @classmethod
-    def from_json(cls, text: str | bytes) -> Quorum:
+    def from_json(cls, text: str | bytes) -> Decision:
         raw = json.loads(text)
         return cls(**{k: raw[k] for k in cls.__dataclass_fields__ if k in raw})
 
+    @property
+    def agree(self) -> list[int]:
+        """The members that hold the source's θ_global (source first): those that take the outer step."""
+        return [w for w in self.members if w not in self.receivers]
 
-def decide(round_no: int, attempt: int, arrivals: dict[int, Arrival], samples: int, per_worker: int,
-           epochs: int, max_workers: int = 0) -> Quorum:
+
+def decide(round_no: int, attempt: int, arrivals: dict[int, Arrival], samples: int, batch: int,
+           epochs: int, max_workers: int = 0) -> Decision:
     """The quorum of these arrivals (a pure function: every decider gets the same answer).
 
     The source is the arrival with the highest version (ties: the lowest id); members are the source
     and the others, those with a pseudo-gradient to contribute first, then by id, at most `max_workers`
-    (0: all). Contributors hold the source's θ_global
-    and trained; receivers hold another. Slices: the next `per_worker` samples of the epoch's order
-    for each member in turn from the source's cursor; an epoch whose order is used up ends here and
-    the next starts at 0."""
+    (0: all). Those that hold the source's θ_global (its version and fingerprint) agree, and contribute
+    if they trained; the others receive. The epoch's loss adds what the agreeing members trained since
+    their last round. Slices: every member the same number of steps (so their outer clocks stay equal),
+    the source's steps to its next outer step, fewer where the epoch's order has not that many left
+    for everyone; when it has not one step for everyone, the epoch ends here (the rest, fewer than a
+    batch a member, is dropped and counted) and the next starts at 0."""
     source = min(arrivals, key=lambda w: (-arrivals[w].version, w))
     ref = arrivals[source]
 
-    def ready(w: int) -> bool:  # holds the source's θ_global and has a pseudo-gradient from it
-        return (arrivals[w].version, arrivals[w].fingerprint) == (ref.version, ref.fingerprint) and arrivals[w].trained > 0
+    def agrees(w: int) -> bool:
+        return (arrivals[w].version, arrivals[w].fingerprint) == (ref.version, ref.fingerprint)
 
-    others = sorted((w for w in arrivals if w != source), key=lambda w: (not ready(w), w))
+    others = sorted((w for w in arrivals if w != source), key=lambda w: (not (agrees(w) and arrivals[w].trained), w))
     members = [source] + (others[:max_workers - 1] if max_workers else others)
-    agree = [w for w in members if (arrivals[w].version, arrivals[w].fingerprint) == (ref.version, ref.fingerprint)]
-    contributors = [w for w in agree if arrivals[w].trained > 0]
-    loss = ref.epoch_loss + sum(arrivals[w].loss_sum for w in contributors)
-    steps = ref.epoch_steps + sum(arrivals[w].trained for w in contributors)
-    epoch, cursor, epoch_end = ref.epoch, ref.cursor, -1
-    if cursor >= samples:
-        epoch_end, epoch, cursor = epoch + 1, epoch + 1, 0
-    q = Quorum(round_no, attempt, members, contributors, [w for w in members if w not in agree], ref.version,
-               epoch=epoch, epoch_end=epoch_end, finished=epoch >= epochs, epoch_loss=loss, epoch_steps=steps)
+    agree = [w for w in members if agrees(w)]
+    loss = ref.epoch_loss + sum(arrivals[w].loss_sum for w in agree)
+    steps = ref.epoch_steps + sum(arrivals[w].fresh for w in agree)
+    epoch, cursor, epoch_end, dropped = ref.epoch, ref.cursor, -1, 0
+    each = min(ref.next_stop, (samples - cursor) // (len(members) * batch))
+    if each <= 0:
+        epoch_end, dropped, epoch, cursor = epoch + 1, max(samples - cursor, 0), epoch + 1, 0
+        each = max(min(ref.next_stop, samples // (len(members) * batch)), 1)
+    q = Decision(round_no, attempt, members, [w for w in agree if arrivals[w].trained > 0],
+                 [w for w in members if w not in agree], ref.version, epoch=epoch, epoch_end=epoch_end,
+                 finished=epoch >= epochs, epoch_loss=loss, epoch_steps=steps, dropped=dropped)
     if epoch_end >= 0:
         q.ended_loss, q.epoch_loss, q.epoch_steps = loss / max(steps, 1), 0.0, 0
     if q.finished:
         return q
     for w in members:
-        q.slices[str(w)] = [cursor, min(cursor + per_worker, samples)]
-        cursor = min(cursor + per_worker, samples)
+        q.slices[str(w)] = [cursor, min(cursor + each * batch, samples)]
+        cursor = min(cursor + each * batch, samples)
     q.next_cursor = cursor
     return q
 
@@ -267,11 +279,11 @@ class Membership:
         raw = self.r.hgetall(self.key("arrive", round_no, attempt))
         return {int(k): Arrival.from_json(v) for k, v in raw.items()}
 
-    def quorum(self, round_no: int, attempt: int) -> Quorum | None:
+    def quorum(self, round_no: int, attempt: int) -> Decision | None:
         raw = self.r.get(self.key("quorum", round_no, attempt))
-        return Quorum.from_json(raw) if raw else None
+        return Decision.from_json(raw) if raw else None
 
-    def propose(self, q: Quorum) -> Quorum:
+    def propose(self, q: Decision) -> Decision:
         """Store `q` unless a quorum for its round and attempt exists; returns the one that holds."""
         key = self.key("quorum", q.round, q.attempt)
         q.nonce = uuid.uuid4().hex[:12]
@@ -280,16 +292,16 @@ class Membership:
         return held if held is not None else q
 
     # ---- votes -----------------------------------------------------------------------------------
-    def _vote_key(self, name: str, q: Quorum) -> str:
+    def _vote_key(self, name: str, q: Decision) -> str:
         return self.key(name, q.round, q.attempt, q.nonce)
 
-    def vote(self, q: Quorum, ok: bool) -> bool:
+    def vote(self, q: Decision, ok: bool) -> bool:
         key = self._vote_key("done" if ok else "fail", q)
         self.r.sadd(key, str(self.worker))
         self.r.pexpire(key, 3_600_000)
         return True
 
-    def outcome(self, q: Quorum) -> str | None:
+    def outcome(self, q: Decision) -> str | None:
         """The round's outcome when it can be told: abort on a failure vote or a member gone silent,
         commit when every member voted done; None while undecided. Decided once, by whoever tells first."""
         key = self._vote_key("outcome", q)
@@ -306,11 +318,11 @@ class Membership:
             return None
         return self._settle(key, verdict)
 
-    def abort(self, q: Quorum) -> str:
+    def abort(self, q: Decision) -> str:
         """Abort the round unless its outcome is decided; returns the outcome that holds."""
         return self._settle(self._vote_key("outcome", q), ABORT)
 
-    def decided(self, q: Quorum) -> str | None:
+    def decided(self, q: Decision) -> str | None:
         """The round's stored outcome, or None while undecided (nothing is decided here)."""
         held = self.r.get(self._vote_key("outcome", q))
         return None if held is None else _text(held)

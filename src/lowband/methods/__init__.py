@@ -1,6 +1,6 @@
 """Training methods: one file each, registered by name (importing each file below fills the registry),
-plus the parts they share: base (the Method protocol), outer (the outer loop's options, tau schedule
-and fragments) and elastic_outer, rounds, sparsifiers. How to add one: docs/ARCHITECTURE.md."""
+plus the parts they share: base (the Method protocol), outer (the outer loop's options, its sync plan
+and fragments), rounds, sparsifiers. How to add one: docs/ARCHITECTURE.md."""
 
 from lowband.methods import (  # noqa: F401
     afsd,

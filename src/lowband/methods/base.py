@@ -17,8 +17,9 @@ hooks, each of which does nothing by default:
                           peers finish with what they still use (codistillation's prediction servers)
   close()                 release what the method holds (threads, connections); always called
   services(cfg)           (classmethod) processes to run beside the workers, in the launcher
-  outer_step(cfg)         (classmethod) how θ_global takes an outer step, for an elastic job (None: no
-                          such step); the elastic worker asks this, never the method's name
+  check_elastic(cfg)      (classmethod) refuse what `lowband train --elastic` cannot run (ConfigError); a
+                          method with an outer loop takes its outer steps through `ctx.quorum`, the
+                          same hooks for a fixed world and an elastic job (comm/quorum.py)
 """
 
 from __future__ import annotations
@@ -32,9 +33,10 @@ import torch
 from torch import nn
 
 from lowband.comm.communicator import Communicator
+from lowband.comm.quorum import FixedQuorum, Quorum
 from lowband.config import Config, MethodConfig
 from lowband.data import TensorData
-from lowband.methods.outer import OuterStep
+from lowband.errors import ConfigError
 from lowband.run.rundir import RunDir
 
 
@@ -56,10 +58,21 @@ class Context:
     shard: torch.Tensor | None = None
     #: validation accuracy of a model; timed as evaluation, not as training compute
     evaluate: Callable[[nn.Module], float] = lambda model: float("nan")
+    #: who takes an outer step over a communicator: every rank of it (a fixed world), or an elastic job's
+    #: quorum met at each outer step
+    quorum: Callable[[Communicator], Quorum] = FixedQuorum
+    #: the workers the data plan is cut for (0: the communicator's world)
+    width: int = 0
 
     def __post_init__(self):
         if not isinstance(self.run, RunDir):
             self.run = RunDir(self.run, self.comm.rank)
+        self.width = self.width or self.comm.world
+
+    @property
+    def rank(self) -> int:
+        """This worker's number in the run: its global rank, or an elastic worker's id."""
+        return self.comm.global_ranks[self.comm.rank]
 
     @property
     def total_steps(self) -> int:
@@ -117,9 +130,11 @@ class Method:
         return None
 
     @classmethod
-    def outer_step(cls, cfg: Any) -> OuterStep | None:
-        """How the method steps θ_global at an outer step, for an elastic job (None: it has no such step)."""
-        return None
+    def check_elastic(cls, cfg: Any) -> None:
+        """Refuse (ConfigError naming the field) what an elastic job cannot run; a method whose outer steps go
+        through `ctx.quorum` runs there (comm/quorum.py) and refuses only the options it cannot honour."""
+        raise ConfigError("method.name", cfg.name, "--elastic trains methods whose workers meet only at outer "
+                                                   "steps (local_sgd, diloco)")
 
     @classmethod
     def services(cls, cfg: Any):
@@ -147,11 +162,12 @@ class Method:
 
     def lr_scale(self) -> float:
         """How many workers' batches the model's updates average (for linear lr scaling)."""
-        return float(self.ctx.comm.world) if self.averages_workers else 1.0
+        return float(self.ctx.width) if self.averages_workers else 1.0
 
-    def lr_factor(self) -> float:
-        """A factor on the scheduled learning rate, whatever optim.lr_scaling says (DiLoCo's inner-rate
-        rule relative to the synchronous one); 1 by default."""
+    def lr_factor(self, done: float) -> float:
+        """A factor on the scheduled learning rate once `done` (0..1) of the run's epochs are trained,
+        whatever optim.lr_scaling says (DiLoCo's inner-rate rule relative to the synchronous one); 1 by
+        default. A pure function of the place, so every worker of any membership agrees on it."""
         return 1.0
 
     def default_warmup_epochs(self) -> float:

@@ -30,15 +30,18 @@ training goes on), as θ_local <- mix·θ_global + (1 - mix)·θ_local. The glob
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
+from lowband.comm.quorum import Round
 from lowband.comm.value_codecs import SPEC_HELP, parse_codec
 from lowband.config import opt
 from lowband.errors import ConfigError, require
 from lowband.methods.base import Method
-from lowband.methods.outer import Fragment, OuterConfig, OuterStep, TauSchedule, ramp, split_fragments, with_anchors
+from lowband.methods.outer import Fragment, OuterConfig, SyncPlan, ramp, split_fragments, with_anchors
 from lowband.methods.rounds import RoundLog
 from lowband.registry import METHODS
 
@@ -71,6 +74,7 @@ class DiLoCoConfig(OuterConfig):
 class DiLoCo(Method):
     Config = DiLoCoConfig
     cfg: DiLoCoConfig
+
     @classmethod
     def check(cls, cfg: DiLoCoConfig, world: int) -> None:
         g = cfg.group_size
@@ -90,25 +94,25 @@ class DiLoCo(Method):
         return [list(range(i, i + g)) for i in range(0, world, g)] if g > 1 else None
 
     @classmethod
-    def outer_step(cls, cfg: DiLoCoConfig) -> OuterStep | None:
-        return OuterStep(lr=cfg.outer_lr, momentum=cfg.outer_momentum, nesterov=cfg.outer_nesterov,
-                         fragments=cfg.fragments, mix=cfg.mix)
+    def check_elastic(cls, cfg: DiLoCoConfig) -> None:
+        if cfg.group_size > 1:
+            raise ConfigError("method.group_size", cfg.group_size, "must be 1 with --elastic: an elastic worker is one "
+                                                                   "process, not a replica of several")
 
     def setup(self, model):
         comm, g = self.ctx.comm, self.cfg.group_size
         comm.broadcast_state(model, src=0, tag="init")
         self.group = comm.split(self.groups(self.cfg, comm.world) or []) if g > 1 else comm.alone()
         self.across = comm.split([list(range(p, comm.world, g)) for p in range(g)]) if g > 1 else comm
+        self.quorum = self.ctx.quorum(self.across)  # who takes the outer step: a fixed world, or an elastic job's
         self.model = self.group.data_parallel(model, tag="grad") if g > 1 else model
         params = list(model.parameters())
         self.check_model(self.cfg, model)
-        seed = self.ctx.cfg.train.seed * 1000 + comm.rank
+        seed = self.ctx.cfg.train.seed * 1000 + self.ctx.rank
         self.fragments = [self._fragment(group, seed) for group in split_fragments(params, self.cfg.fragments)]
-        self.offsets = [round((p + 1) * self.cfg.tau / self.cfg.fragments) % self.cfg.tau
-                        for p in range(self.cfg.fragments)]
-        self.schedule = TauSchedule(self.cfg.tau_schedule, self.cfg.tau) if self.cfg.tau_schedule else None
+        self.plan = SyncPlan(self.cfg.tau, self.cfg.fragments, self.cfg.tau_schedule, self.ctx.total_steps)
         self.rounds = RoundLog(self.ctx, self.cfg.tau, self.cfg.round_evals)
-        self.steps = self.outer_steps = 0
+        self.steps = self.outer_steps = 0  # the outer clock (inner steps since the run began) and full rounds
         return self.model
 
     def _fragment(self, params: list, seed: int) -> Fragment:
@@ -117,64 +121,75 @@ class DiLoCo(Method):
         return Fragment(params, c.outer_lr, c.outer_momentum, parse_codec(c.codec, seed=seed), c.error_feedback,
                         nesterov=c.outer_nesterov)
 
-    def lr_factor(self) -> float:
-        """inner_lr_factor, moving linearly to inner_lr_factor_end over the run's steps when that is set."""
+    def lr_factor(self, done: float) -> float:
+        """inner_lr_factor, moving linearly to inner_lr_factor_end over the run when that is set; `done` is
+        the share of the run's epochs trained (a pure function of the place, as nanoGPT's get_lr(it))."""
         c = self.cfg
-        if c.inner_lr_factor_end == -1:
-            return c.inner_lr_factor
-        return ramp(c.inner_lr_factor, c.inner_lr_factor_end, 0.0, getattr(self, "steps", 0) / self.ctx.total_steps)
+        return c.inner_lr_factor if c.inner_lr_factor_end == -1 else ramp(c.inner_lr_factor, c.inner_lr_factor_end,
+                                                                           0.0, done)
 
     def lr_scale(self) -> float:
         """A replica's update averages its g ranks' batches, as Allreduce's averages K."""
         return float(self.cfg.group_size)
 
+    def next_sync(self, step: int) -> int:
+        return self.plan.next_sync(step)
+
     def after_step(self, step: int) -> None:
-        self.steps = step + 1
+        self.steps += 1  # the outer clock: a receiver in an elastic job takes the source's
         for frag in self.fragments:
             if frag.apply_at == self.steps:
                 frag.merge(self.cfg.mix)
-        if self.schedule:  # one fragment, tau read from the schedule at each step
-            tau = self.schedule.at(self.steps / self.ctx.total_steps)
-            if self.steps - self.fragments[0].sent_at >= tau:
-                self._sync(self.fragments[0])
-                self._end_round(self.outer_steps + 1)
-            return
-        for frag, offset in zip(self.fragments, self.offsets, strict=True):
-            if self.steps % self.cfg.tau == offset:
-                self._sync(frag)
-        if self.steps % self.cfg.tau == 0:
-            self._end_round(self.steps // self.cfg.tau)
+        due, ends = self.plan.due(self.steps), self.plan.ends_round(self.steps)
+        if due or ends:
+            self.quorum.outer_step(lambda rnd: self._exchange(rnd, due, ends), self)
 
     def end_epoch(self, epoch: int) -> dict:
         """The outer steps so far (rounds of every fragment), for the run's records."""
         return {"outer_steps": self.outer_steps}
 
-    def _sync(self, frag: Fragment) -> None:
-        self._outer_step(frag, self.cfg.overlap)
+    def _exchange(self, rnd: Round, due: list[int], ends: bool) -> None:
+        """One outer step's collectives over the round: the due fragments, then at a full round's end the
+        floating buffers and the round's own figures."""
+        for p in due:
+            self._sync(self.fragments[p], rnd)
+        if ends:
+            self.outer_steps += 1
+            self._average_buffers(rnd)
+            if self.rounds.due(self.outer_steps):
+                everyone = self._everyone(rnd)
+                local = self.rounds.local_accuracies(self.local_model(), everyone)
+                self.rounds.write(self.outer_steps, self.steps, local, self.global_model(final=False), everyone)
+
+    def _everyone(self, rnd: Round):
+        """Every rank of the round: the round's members, or with replicas (a fixed world) every rank."""
+        return self.ctx.comm if self.cfg.group_size > 1 else rnd.comm
+
+    def _sync(self, frag: Fragment, rnd: Round) -> None:
+        self._outer_step(frag, rnd, self.cfg.overlap)
         if self.cfg.overlap == 0:
             frag.merge(self.cfg.mix)
 
-    def _outer_step(self, frag: Fragment, delay: int) -> None:
+    def _outer_step(self, frag: Fragment, rnd: Round, delay: int) -> None:
         """The replicas' first ranks average and step; the others receive θ_global from theirs."""
         if self.group.rank == 0:
-            frag.sync(self.across, "params", self.steps, delay)
+            frag.reduce_and_step(rnd.comm, "params", rnd.contributors, rnd.contributes)
         if self.group.world > 1:
             self.group.broadcast(frag.anchor.data, src=0, tag="params-group")
-            frag.schedule(self.steps, delay)
+        frag.schedule(self.steps, delay)
 
-    def _end_round(self, round_no: int) -> None:
-        self.outer_steps = round_no
-        self._average_buffers()
-        if self.rounds.due(round_no):
-            local = self.rounds.local_accuracies(self.local_model())
-            self.rounds.write(round_no, self.steps, local, self.global_model(final=False))
-
-    def _average_buffers(self) -> None:
+    def _average_buffers(self, rnd: Round) -> None:
+        """Floating buffers (BatchNorm) averaged over the round's contributors, in fp32."""
         buffers = [b for b in self.local_model().buffers() if b.is_floating_point()]
-        if buffers:
-            flat = torch.cat([b.reshape(-1) for b in buffers])
-            self.ctx.comm.allreduce(flat, tag="params", mean=True)
-            torch.nn.utils.vector_to_parameters(flat, buffers)
+        if not buffers or not rnd.contributors:
+            return
+        everyone, flat = self._everyone(rnd), torch.cat([b.reshape(-1) for b in buffers])
+        if rnd.contributors == everyone.world:
+            everyone.allreduce(flat, tag="params", mean=True)
+        else:
+            flat = flat if rnd.contributes else torch.zeros_like(flat)
+            flat = everyone.allreduce(flat, tag="params") / rnd.contributors
+        torch.nn.utils.vector_to_parameters(flat, buffers)
 
     def global_model(self, final: bool):
         """θ_global. At the end, the steps since each fragment's last sync go in first with one more
@@ -183,21 +198,62 @@ class DiLoCo(Method):
         if not final:
             return self._with_anchors()
         saved = [frag.state_dict() for frag in self.fragments]
-        self._last_outer_steps()
-        self._average_buffers()
+        pending = [p for p, frag in enumerate(self.fragments) if frag.sent_at < self.steps]
+        if pending or self._has_buffers() or self._flushes():
+            self.quorum.outer_step(lambda rnd: self._last_exchange(rnd, pending), self)
         model = self._with_anchors()
         for frag, state in zip(self.fragments, saved, strict=True):
             frag.load_state_dict(state)
         return model
 
-    def _last_outer_steps(self) -> None:
-        """The final model's outer steps: each fragment with steps since its last sync syncs once more."""
-        for frag in self.fragments:
-            if frag.sent_at < self.steps:
-                self._outer_step(frag, 0)
+    def _last_exchange(self, rnd: Round, pending: list[int]) -> None:
+        """The final model's outer steps: each fragment with steps since its last sync syncs once more;
+        the buffers averaged."""
+        for p in pending:
+            self._outer_step(self.fragments[p], rnd, 0)
+        self._average_buffers(rnd)
+
+    def _has_buffers(self) -> bool:
+        return any(b.is_floating_point() for b in self.local_model().buffers())
+
+    def _flushes(self) -> bool:
+        """Whether the final model sends something besides the pending fragments (SparseLoCo's flush)."""
+        return False
 
     def _with_anchors(self):
         return with_anchors(self.local_model(), self.fragments)
+
+    # ---- the outer state a quorum handles (comm/quorum.py's OuterState) ----------------------------
+    def shared_state(self) -> dict:
+        return {"steps": self.steps, "outer_steps": self.outer_steps,
+                "fragments": [f.shared_state() for f in self.fragments]}
+
+    def handover(self) -> dict:
+        return {"buffers": [b.detach().clone() for b in self.local_model().buffers() if b.is_floating_point()]}
+
+    @torch.no_grad()
+    def receive(self, shared: dict, extra: dict) -> None:
+        """A source's θ_global, outer state and clock; the local model starts from θ_global (and the source's
+        buffers); this worker's residuals start over."""
+        self.steps, self.outer_steps = int(shared["steps"]), int(shared["outer_steps"])
+        for frag, state in zip(self.fragments, shared["fragments"], strict=True):
+            frag.load_shared(state)
+            frag.merge(1.0)
+            frag.apply_at = None if int(state["apply_at"]) < 0 else int(state["apply_at"])
+        buffers = [b for b in self.local_model().buffers() if b.is_floating_point()]
+        for mine, theirs in zip(buffers, extra.get("buffers", []), strict=False):
+            mine.copy_(theirs)
+
+    def snapshot(self) -> Any:
+        return self.state_dict(), copy.deepcopy(self.local_model().state_dict())
+
+    def restore(self, saved: Any) -> None:
+        state, model = saved
+        self.load_state_dict(state)
+        self.local_model().load_state_dict(model)
+
+    def steps_to_sync(self) -> int:
+        return self.plan.next_sync(self.steps) - self.steps
 
     def state_dict(self) -> dict:
         return {"steps": self.steps, "outer_steps": self.outer_steps,

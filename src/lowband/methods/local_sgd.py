@@ -8,19 +8,25 @@ average. tau = 1 is parameter averaging after every step. With a lossy `codec` t
 their change since the last average (θ_avg - θ_local) compressed, with error feedback: the same
 average, in fewer bytes (this is DiLoCo with outer lr 1 and no momentum, methods/diloco.py).
 `tau_schedule` lets tau grow during the run (methods/outer.py), as Gu et al. (ICLR 2024) argue
-local SGD should while its learning rate decays. The global model (_G) is the average,
-the local one (_L) the worker with the smallest training loss.
+local SGD should while its learning rate decays. The global model (_G) is the last average (at the
+run's end, the steps since it averaged once more), the local one (_L) the worker with the smallest
+training loss. Its averages are outer steps a quorum takes (comm/quorum.py): every rank of a fixed
+world, or an elastic job's members.
 """
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass
+from typing import Any
 
-from lowband.comm.averaging import averaged_copy
+import torch
+
+from lowband.comm.quorum import Round
 from lowband.comm.value_codecs import SPEC_HELP, parse_codec
 from lowband.config import opt
 from lowband.methods.base import Method
-from lowband.methods.outer import SCHEDULE_HELP, Fragment, OuterStep, TauSchedule, parse_tau_schedule
+from lowband.methods.outer import SCHEDULE_HELP, Fragment, SyncPlan, parse_tau_schedule, with_anchors
 from lowband.methods.rounds import RoundLog, RoundsConfig
 from lowband.models.flat import state_tensors
 from lowband.registry import METHODS
@@ -47,41 +53,86 @@ class LocalSGD(Method):
     min_workers = 2
 
     @classmethod
-    def outer_step(cls, cfg: LocalSGDConfig) -> OuterStep:
-        """The model average: outer lr 1, no momentum, buffers averaged with the parameters."""
-        return OuterStep(lr=1.0, momentum=0.0, nesterov=False, buffers_apart=False)
+    def check_elastic(cls, cfg: LocalSGDConfig) -> None:
+        pass  # every option: its averages are outer steps through the job's quorum
 
     def setup(self, model):
         self.model = model
         self.ctx.comm.broadcast_state(model, src=0, tag="init")
+        self.quorum = self.ctx.quorum(self.ctx.comm)
         self.rounds = RoundLog(self.ctx, self.cfg.tau, self.cfg.round_evals)
-        codec = parse_codec(self.cfg.codec, seed=self.ctx.cfg.train.seed * 1000 + self.ctx.comm.rank)
+        codec = parse_codec(self.cfg.codec, seed=self.ctx.cfg.train.seed * 1000 + self.ctx.rank)
         self.average = Fragment(state_tensors(model), 1.0, 0.0, codec, self.cfg.error_feedback)
-        self.schedule = TauSchedule(self.cfg.tau_schedule, self.cfg.tau)
-        self.outer_steps = 0
+        self.plan = SyncPlan(self.cfg.tau, 1, self.cfg.tau_schedule, self.ctx.total_steps)
+        self.steps = self.outer_steps = 0  # the outer clock (inner steps since the run began) and averages
         return model
 
+    def next_sync(self, step: int) -> int:
+        return self.plan.next_sync(step)
+
     def after_step(self, step: int) -> None:
-        if step + 1 - self.average.sent_at < self.schedule.at((step + 1) / self.ctx.total_steps):
-            return
+        self.steps += 1  # the outer clock: a receiver in an elastic job takes the source's
+        if self.plan.ends_round(self.steps):
+            self.quorum.outer_step(self._exchange, self)
+
+    def _exchange(self, rnd: Round) -> None:
+        """One model average over the round: θ_global <- θ_global - mean(θ_global - θ_local)."""
         self.outer_steps += 1
-        round_no = self.outer_steps
-        local = self.rounds.local_accuracies(self.model) if self.rounds.due(round_no) else None
-        self.average.sync(self.ctx.comm, "params", step + 1, 0)
+        local = self.rounds.local_accuracies(self.model, rnd.comm) if self.rounds.due(self.outer_steps) else None
+        self.average.reduce_and_step(rnd.comm, "params", rnd.contributors, rnd.contributes)
+        self.average.schedule(self.steps, 0)
         self.average.merge(1.0)
         if local is not None:
-            self.rounds.write(round_no, step + 1, local, self.model)
+            self.rounds.write(self.outer_steps, self.steps, local, self.model, rnd.comm)
 
     def end_epoch(self, epoch: int) -> dict:
         return {"outer_steps": self.outer_steps}
 
+    def global_model(self, final: bool):
+        """The last average; at the end, the steps since it averaged once more (on the side)."""
+        if final and self.average.sent_at < self.steps:
+            saved = self.average.state_dict()
+            self.quorum.outer_step(self._last_average, self)
+            glob = self._averaged()
+            self.average.load_state_dict(saved)
+            return glob
+        return self._averaged()
+
+    def _last_average(self, rnd: Round) -> None:
+        self.average.reduce_and_step(rnd.comm, "params", rnd.contributors, rnd.contributes)
+
+    def _averaged(self):
+        return with_anchors(self.local_model(), [self.average])
+
+    # ---- the outer state a quorum handles (comm/quorum.py's OuterState) ----------------------------
+    def shared_state(self) -> dict:
+        return {"steps": self.steps, "outer_steps": self.outer_steps, "average": self.average.shared_state()}
+
+    def handover(self) -> dict:
+        return {}
+
+    @torch.no_grad()
+    def receive(self, shared: dict, extra: dict) -> None:
+        self.steps, self.outer_steps = int(shared["steps"]), int(shared["outer_steps"])
+        self.average.load_shared(shared["average"])
+        self.average.merge(1.0)
+
+    def snapshot(self) -> Any:
+        return self.state_dict(), copy.deepcopy(self.model.state_dict())
+
+    def restore(self, saved: Any) -> None:
+        state, model = saved
+        self.load_state_dict(state)
+        self.model.load_state_dict(model)
+
+    def steps_to_sync(self) -> int:
+        return self.plan.next_sync(self.steps) - self.steps
+
     def state_dict(self) -> dict:
-        return {"average": self.average.state_dict(), "outer_steps": self.outer_steps}
+        return {"average": self.average.state_dict(), "outer_steps": self.outer_steps, "steps": self.steps}
 
     def load_state_dict(self, state: dict) -> None:
         if "average" in state:
             self.average.load_state_dict(state["average"])
         self.outer_steps = int(state.get("outer_steps", self.average.sent_at // self.cfg.tau))
-
-    def global_model(self, final: bool):
-        return averaged_copy(self.ctx.comm, self.local_model(), tag="params" if final else "eval")
+        self.steps = int(state.get("steps", self.average.sent_at))

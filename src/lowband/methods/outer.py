@@ -89,20 +89,52 @@ class OuterConfig(RoundsConfig):
         parse_tau_schedule(self.tau_schedule, self.tau)
 
 
-@dataclass(frozen=True)
-class OuterStep:
-    """How a method steps θ_global with the mean pseudo-gradient: what an elastic job (methods/
-    elastic_outer.py) asks the method for instead of knowing it by name."""
+class SyncPlan:
+    """When the outer loop synchronises: a pure function of the outer clock (inner steps since the run began),
+    the same on every worker that holds one θ_global, so an elastic job's members agree on it.
 
-    lr: float
-    momentum: float
-    nesterov: bool
-    fragments: int = 1  # Streaming DiLoCo's parameter fragments, synchronised in rotation
-    mix: float = 1.0  # θ_local <- mix·θ_global + (1 - mix)·θ_local after a fragment's sync
-    #: True: floating buffers (BatchNorm) are averaged apart, in fp32, every round (DiLoCo); False: they
-    #: travel in the parameters' vector through the codec (local SGD's model average)
-    buffers_apart: bool = True
+    With a fixed tau and P fragments, fragment p synchronises once `s` steps are done when s mod tau =
+    round((p + 1)·tau / P) mod tau (s > 0), and a round (buffers averaged, the round logged) ends at every
+    multiple of tau. With a tau schedule (one fragment), the syncs are s_0 = 0 and s_{n+1} the first step
+    s > s_n with s - s_n >= tau at s / total_steps (TauSchedule), each ending a round; past the run's
+    steps (an elastic epoch that took more rounds) tau stays at the schedule's last."""
 
+    def __init__(self, tau: int, fragments: int = 1, schedule: str = "", total_steps: int = 1):
+        self.tau, self.fragments, self.total = tau, fragments, max(total_steps, 1)
+        self.offsets = [round((p + 1) * tau / fragments) % tau for p in range(fragments)]
+        self.schedule = TauSchedule(schedule, tau) if schedule else None
+        self._syncs, self._found = [0], {0}  # the schedule's sync steps found so far, in order and as a set
+
+    def due(self, step: int) -> list[int]:
+        """The fragments that synchronise once `step` inner steps are done."""
+        if step <= 0:
+            return []
+        if self.schedule is not None:
+            return [0] if self._scheduled(step) else []
+        return [p for p, offset in enumerate(self.offsets) if step % self.tau == offset]
+
+    def ends_round(self, step: int) -> bool:
+        """Whether a full round (every fragment once) ends once `step` inner steps are done."""
+        if step <= 0:
+            return False
+        return self._scheduled(step) if self.schedule is not None else step % self.tau == 0
+
+    def next_sync(self, step: int) -> int:
+        """The first step after `step` at which something is due (a fragment, or a round's end)."""
+        s = step + 1
+        while not (self.due(s) or self.ends_round(s)):
+            s += 1
+        return s
+
+    def _scheduled(self, step: int) -> bool:
+        assert self.schedule is not None
+        while self._syncs[-1] < step:
+            last, s = self._syncs[-1], self._syncs[-1] + 1
+            while s - last < self.schedule.at(min(s / self.total, 1.0)):
+                s += 1
+            self._syncs.append(s)
+            self._found.add(s)
+        return step in self._found
 
 def ramp(start: float, end: float, since: float, done: float) -> float:
     """`start` until `done` (0..1 of the run) passes `since`, then linearly to `end` at 1 (-1 `end`: `start`)."""
@@ -169,18 +201,16 @@ class Fragment:
         self.schedule(step, delay)
 
     @torch.no_grad()
-    def reduce_and_step(self, comm, tag: str, contributors: int | None = None, contribute: bool = True,
-                        holds_global: bool = True) -> None:
+    def reduce_and_step(self, comm, tag: str, contributors: int | None = None, contribute: bool = True) -> None:
         """The outer step, for a fixed membership and an elastic one alike: every rank of `comm` sends its
-        pseudo-gradient Δ = θ_global - θ_local (zeros unless it `contribute`s: a rank that trained nothing
-        since it last received θ_global), the mean is taken over the `contributors` (None: every rank), and
-        θ_global steps with it where this rank `holds_global` (an elastic receiver gets θ_global afterwards
-        instead). The collective runs on every rank either way."""
+        pseudo-gradient Δ = θ_global - θ_local (zeros unless it `contribute`s: a member that trained nothing
+        from this θ_global), the mean is taken over the `contributors` (None: every rank), and θ_global
+        steps with it. Every rank of `comm` holds the same θ_global (comm/quorum.py)."""
         local = parameters_to_vector(self.params)
         delta = self.anchor.detach() - local if contribute else torch.zeros_like(local)
         mean = compressed_mean(comm, delta, self.codec, tag, self.feedback if contribute else None, self.by_senders)
         contributors = comm.world if contributors is None else contributors
-        if holds_global and contributors:
+        if contributors:
             self.step(mean if contributors == comm.world else mean * (comm.world / contributors))
 
     @torch.no_grad()
@@ -207,6 +237,23 @@ class Fragment:
                 "feedback": copy.deepcopy(self.feedback.state_dict()) if self.feedback else {},
                 "apply_at": -1 if self.apply_at is None else self.apply_at, "sent_at": self.sent_at,
                 "codec": copy.deepcopy(self.codec.state_dict())}
+
+    def shared_state(self) -> dict:
+        """What every holder of this θ_global holds alike: θ_global, the outer optimizer's state, the sync's
+        steps (not this worker's residual or codec, which are its own)."""
+        return {"anchor": self.anchor.detach().clone(), "outer": copy.deepcopy(self.outer.state_dict()),
+                "apply_at": -1 if self.apply_at is None else self.apply_at, "sent_at": self.sent_at}
+
+    def load_shared(self, state: dict) -> None:
+        """Take another worker's `shared_state`; this worker's residual starts over (it belonged to
+        pseudo-gradients of another θ_global)."""
+        with torch.no_grad():
+            self.anchor.copy_(state["anchor"])
+        self.outer.load_state_dict(state["outer"])
+        self.apply_at = None if int(state["apply_at"]) < 0 else int(state["apply_at"])
+        self.sent_at = int(state["sent_at"])
+        if self.feedback is not None:
+            self.feedback.residual = None
 
     def load_state_dict(self, state: dict) -> None:
         with torch.no_grad():

@@ -38,12 +38,14 @@ class RoundLog:
     def due(self, round_no: int) -> bool:
         return bool(self.every) and round_no % self.every == 0
 
-    def local_accuracies(self, local_model) -> list[float]:
+    def local_accuracies(self, local_model, comm=None) -> list[float]:
+        """Every rank's local model's validation accuracy, over `comm` (the round's members; None: the run's)."""
         acc = torch.tensor([self.ctx.evaluate(local_model)], dtype=torch.float64, device=self.ctx.device)
-        return [float(a) for a in self.ctx.comm.all_gather(acc, tag="metrics")]
+        return [float(a) for a in (comm or self.ctx.comm).all_gather(acc, tag="metrics")]
 
-    def write(self, round_no: int, step: int, local: list[float], global_model, **extra) -> None:
-        if self.ctx.comm.rank != 0:
+    def write(self, round_no: int, step: int, local: list[float], global_model, comm=None, **extra) -> None:
+        """The round's line, written by the first rank of `comm` (the round's source; None: the run's rank 0)."""
+        if (comm or self.ctx.comm).rank != 0:
             return
         glob = self.ctx.evaluate(global_model)
         self.stream.write({"round": round_no, "step": step, "epoch": step / self.ctx.steps_per_epoch,

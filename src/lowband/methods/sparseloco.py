@@ -47,12 +47,13 @@ from dataclasses import dataclass
 
 import torch
 
+from lowband.comm.quorum import Round
 from lowband.comm.reduce import compressed_mean
 from lowband.comm.value_codecs import VALUE_SPECS, Codec, TopKCodec, parse_codec
 from lowband.config import opt
 from lowband.errors import ConfigError, require
 from lowband.methods.diloco import DiLoCo, DiLoCoConfig
-from lowband.methods.outer import Fragment, OuterStep, ramp
+from lowband.methods.outer import Fragment, ramp
 from lowband.registry import METHODS
 
 
@@ -124,10 +125,10 @@ class SparseLoCo(DiLoCo):
             raise ConfigError("method.chunk", cfg.chunk, f"must be <= the model's {size:,} parameters")
 
     @classmethod
-    def outer_step(cls, cfg: DiLoCoConfig) -> OuterStep | None:
-        """None: SparseLoCo's outer step (a decaying error buffer per worker, top-k of it, the values' mean)
-        is not DiLoCo's, and lowband has no elastic version of it, so an elastic job refuses it."""
-        return None
+    def check_elastic(cls, cfg: DiLoCoConfig) -> None:
+        raise ConfigError("method.name", cfg.name, "--elastic runs local_sgd and diloco: SparseLoCo's error buffers "
+                                                   "are each worker's own, and what a joiner or a lost worker does to "
+                                                   "them is not yet designed")
 
     def _fragment(self, params: list, seed: int) -> Fragment:
         c = self.cfg
@@ -150,7 +151,7 @@ class SparseLoCo(DiLoCo):
         c = self.cfg
         return ramp(c.outer_lr, c.outer_lr_end, c.outer_lr_from, done)
 
-    def _outer_step(self, frag: Fragment, delay: int) -> None:
+    def _outer_step(self, frag: Fragment, rnd: Round, delay: int) -> None:
         done = self.steps / max(self.ctx.total_steps, 1)
         if frag.feedback:
             frag.feedback.decay = self.decay_at(done)
@@ -158,7 +159,7 @@ class SparseLoCo(DiLoCo):
             frag.codec.set_fraction(self.density_at(done))
         if self.cfg.outer_lr_end != -1:
             frag.outer.param_groups[0]["lr"] = self.outer_lr_at(done)
-        super()._outer_step(frag, delay)
+        super()._outer_step(frag, rnd, delay)
 
     def end_epoch(self, epoch: int) -> dict:
         """DiLoCo's figures and where the error buffers' mass went this epoch (this rank's, summed over
@@ -171,19 +172,22 @@ class SparseLoCo(DiLoCo):
             extra["ef"] = {k: sum(f[k] for f in flows) / (len(flows) if k == "senders" else 1) for k in flows[0]}
         return extra
 
-    def _last_outer_steps(self) -> None:
+    def _flushes(self) -> bool:
+        return bool(self.cfg.flush.strip())
+
+    def _last_exchange(self, rnd: Round, pending: list[int]) -> None:
         """DiLoCo's last outer steps, then the flush: every fragment's residual, sent once through the
         dense codec `flush` (no error feedback: nothing is left), averaged, one more outer step."""
-        super()._last_outer_steps()
-        if not self.cfg.flush.strip():
+        super()._last_exchange(rnd, pending)
+        if not self._flushes():
             return
-        codec = parse_codec(self.cfg.flush, "method.flush", seed=self.ctx.cfg.train.seed * 1000 + self.ctx.comm.rank)
+        codec = parse_codec(self.cfg.flush, "method.flush", seed=self.ctx.cfg.train.seed * 1000 + self.ctx.rank)
         for frag in self.fragments:
             if self.group.rank == 0:
                 assert frag.feedback is not None
                 held = frag.feedback.residual
                 held = torch.zeros(frag.numel) if held is None else held
-                frag.step(compressed_mean(self.across, held.to(frag.anchor.device), codec, "params"))
+                frag.step(compressed_mean(rnd.comm, held.to(frag.anchor.device), codec, "params"))
                 frag.feedback.residual = torch.zeros_like(held)
             if self.group.world > 1:
                 self.group.broadcast(frag.anchor.data, src=0, tag="params-group")

@@ -1,13 +1,15 @@
 """What an elastic job's worker writes when it is a round's source, and how a worker resumes from it.
 
-The source of a committed round (run/elastic_worker.py) writes the round to quorums.jsonl. When the
-round ended an epoch, the trainer asks for the epoch's record: the source makes it (run/elastic_records.py:
-`lowband train`'s record of θ_global, evaluated on the epochs train.eval_every names) and the trainer
-completes it and writes it through this worker's metrics sink, so train.loggers mirror it; on the
-epochs train.checkpoint_every names the source writes the job's checkpoint (the trainer's `due` rule).
-After the last round the source writes model.safetensors, then the job's status "finished" (a member
-that sees the source leave first finishes it instead). A worker that starts (a resume, or a joiner
-when every holder of θ_global has gone) reads the newest intact checkpoint.
+When a round ends an epoch, the trainer asks every member for the epoch's record: the source of its
+last round makes it (run/elastic_records.py: `lowband train`'s record of θ_global, evaluated on the
+epochs train.eval_every names) and the trainer completes it and writes it through this worker's metrics
+sink, so train.loggers mirror it; the source writes the round's line in quorums.jsonl, and on the epochs
+train.checkpoint_every names the job's checkpoint (the trainer's `due` rule): the method's shared state
+(θ_global, the outer optimizer, the clock) and what a receiver takes besides. After the last epoch every
+member takes part in the method's final model; the source of that round writes model.safetensors, then
+the job's status "finished" (a member that sees the source leave first finishes it instead). A worker
+that starts (a resume, or a joiner when every holder of θ_global has gone) reads the newest intact
+checkpoint and takes it as a receiver takes a source's state.
 
 `JobFiles` is the part of `ElasticWorker` that does this; the attributes it reads are the worker's
 and are named below.
@@ -19,21 +21,19 @@ import json
 import logging
 import os
 import time
-from collections.abc import Callable
-from typing import Any
 
 from torch import nn
 
-from lowband.comm.membership import Membership, Quorum, wait_until
+from lowband.comm.elastic_quorum import ElasticQuorum
+from lowband.comm.membership import Decision, Membership, wait_until
+from lowband.comm.quorum import OuterState
 from lowband.config import Config, to_dict
 from lowband.errors import UsageError
-from lowband.methods.elastic_outer import ElasticOuter
 from lowband.records import EpochRecord
 from lowband.run import checkpoint
 from lowband.run.elastic_records import checkpoint_state, epoch_record
 from lowband.run.loggers import build as build_loggers
 from lowband.run.metrics import MetricsSink, read_metrics
-from lowband.run.reporter import first_reached, target_of
 from lowband.run.rundir import RunDir
 from lowband.run.trainer import Steps, Trainer
 
@@ -65,54 +65,49 @@ class JobFiles:
     cfg: Config
     id: int
     run_dir: RunDir
-    model: nn.Module
-    outer: ElasticOuter
+    outer: ElasticQuorum | None
     members: Membership
     log: logging.Logger
     final: nn.Module | None
     sink: MetricsSink | None
     samples: int
     started: float
+    state: OuterState
     trainer: Trainer
-    q: Quorum | None
-    version: int
-    epoch: int
-    cursor: int
-    next_round: int
-    from_checkpoint: bool
-    _coordinator: Callable[[Callable[[], Any]], Any]
 
     def close_files(self) -> None:
         """Close the experiment loggers this worker opened (it wrote an epoch's record)."""
         if self.sink is not None:
             self.sink.close()
 
-    def write_round(self, q: Quorum) -> None:
-        """The source's line of a committed round in quorums.jsonl."""
+    def write_round(self, q: Decision, outer: bool) -> None:
+        """A committed round's line in quorums.jsonl, written by its source; `outer`: the round took an outer
+        step (False: a meeting that handed out slices)."""
+        if q.members[0] != self.id:
+            return
         self.run_dir.stream("quorums").write({
-            "round": q.round, "attempt": q.attempt, "members": q.members, "contributors": q.contributors,
+            "round": q.round, "attempt": q.attempt, "outer_step": outer, "members": q.members,
+            "contributors": q.contributors,
             "receivers": q.receivers, "version": q.version + 1, "epoch": q.epoch + 1, "slices": q.slices,
-            "elapsed_s": round(time.monotonic() - self.started, 3)})
+            "dropped": q.dropped, "elapsed_s": round(time.monotonic() - self.started, 3)})
 
-    def _ends(self, epoch: int) -> Quorum | None:
-        """The round just committed, when it ended epoch `epoch` and this worker is its source (the one
-        that writes the epoch's record and checkpoint); else None."""
-        q = self.q
-        return q if q is not None and q.epoch_end == epoch and q.members[0] == self.id else None
+    def _writer(self, epoch: int) -> Decision | None:
+        """The round that ended epoch `epoch`, when this worker is the source of its last round (the one that
+        writes the epoch's record and checkpoint); else None."""
+        outer = self.outer
+        if outer is None or outer.ended is None or outer.ended.epoch_end != epoch or not outer.is_source():
+            return None
+        return outer.ended
 
-    def global_model(self) -> nn.Module:
-        """θ_global; after the last round of Streaming DiLoCo, with the other fragments' last outer steps
-        (ElasticOuter.final_model)."""
-        return self.final if self.final is not None else self.outer.global_model(self.model)
-
-    def _finish_job(self) -> None:
+    def _finish_job(self, glob: nn.Module | None) -> None:
         """The job's final model, then its status: finished."""
-        glob = self.global_model()
+        glob = glob if glob is not None else self.trainer.method.global_model(final=False)
+        assert glob is not None  # a method that runs elastic has a global model (θ_global)
         checkpoint.save_model(glob.state_dict(), self.run_dir.model_path(0), self.trainer.model_metadata())
-        self._coordinator(self.members.finish)
+        self.outer._coordinator(self.members.finish) if self.outer else self.members.finish()
         self.log.info(f"worker {self.id}: last epoch done; model.safetensors written")
 
-    def _see_finished(self, q: Quorum) -> None:
+    def _see_finished(self, q: Decision) -> None:
         """After the last round, a member that is not its source waits for the source to finish the job,
         and finishes it itself if the source died first (all members hold the same θ_global)."""
         source = q.members[0]
@@ -121,21 +116,25 @@ class JobFiles:
         if gone and self.members.status() != "finished":
             self.log.warning(f"worker {self.id}: the last round's source (worker {source}) left before finishing "
                              "the job; finishing it")
-            self._finish_job()
+            self._finish_job(self.final)
 
     def record(self, trainer: Trainer, epoch: int, done: Steps, evaluate: bool) -> tuple[EpochRecord, int] | None:
-        """The job's record of epoch `epoch` (run/elastic_records.py), when this worker is the source of the
-        round that ended it; θ_global evaluated when `evaluate`. The trainer completes and writes it; its
-        target epoch counts the earlier epochs' records, whichever worker wrote them."""
-        q = self._ends(epoch)
+        """The job's record of epoch `epoch` (run/elastic_records.py), when this worker is the source of its
+        last round; θ_global evaluated when `evaluate`. After the last epoch every member first takes part
+        in the method's final model (its last outer steps are a round of their own)."""
+        if epoch == self.cfg.train.epochs:
+            self.final = trainer.method.global_model(final=True)
+        q = self._writer(epoch)
         if q is None:
             return None
-        scores = trainer.scores(self.global_model()) if evaluate else None
-        metric = trainer.metric
-        trainer.reached_target = first_reached(read_metrics(self.run_dir.path), metric, target_of(self.cfg.train, metric))
-        record = epoch_record(q, scores, metric, self._ledgers(), fragments=getattr(self.cfg.method, "fragments", 1),
+        glob = self.final if self.final is not None else trainer.method.global_model(final=False)
+        scores = trainer.scores(glob) if evaluate and glob is not None else None
+        record = epoch_record(q, scores, trainer.metric, self._ledgers(), extra=trainer.method.end_epoch(epoch),
                               samples=q.epoch_end * self.samples)
         return record, self.samples
+
+    def written(self) -> list[EpochRecord]:
+        return read_metrics(self.run_dir.path)
 
     def write(self, record: EpochRecord) -> None:
         self._sink().write(record)
@@ -154,17 +153,18 @@ class JobFiles:
         return wait_until(self.members.ledgers, 30.0, poll_s=0.2) or {}
 
     def checkpoint(self, trainer: Trainer, epoch: int) -> None:
-        """The job's state after epoch `epoch` (rank 0's checkpoint of it), written by the source of the round
-        that ended it."""
-        q = self._ends(epoch)
-        if q is None:
+        """The job's state after epoch `epoch` (rank 0's checkpoint of it), written by the writer of its record."""
+        if self._writer(epoch) is None or self.outer is None:
             return
-        state = checkpoint_state(q, self.outer.state_dict(), self.model, self._ledgers())
-        checkpoint.save_state(state, checkpoint.rank_path(self.run_dir.path, 0, q.epoch_end))  # the job's: rank 0's
+        o, method = self.outer, self.state
+        state = checkpoint_state(o.version, o.next_round, o.epoch, method.shared_state(), method.handover(),
+                                 self._ledgers())
+        checkpoint.save_state(state, checkpoint.rank_path(self.run_dir.path, 0, epoch))  # the job's: rank 0's
         checkpoint.prune(self.run_dir.path, 0)
 
-    def _resume(self, said: bool) -> None:
-        """Start from the job's newest intact checkpoint, if any (`said`: a resume, which warns without one)."""
+    def _resume(self, method: OuterState, said: bool) -> None:
+        """Start from the job's newest intact checkpoint, if any (`said`: a resume, which warns without one),
+        taking its state as a receiver takes a source's."""
         path, passed = checkpoint.newest_intact(self.run_dir.path)
         if passed:
             self.log.warning(f"worker {self.id}: passed over newer checkpoints: {'; '.join(passed)}")
@@ -174,11 +174,10 @@ class JobFiles:
                                  "scratch")
             return
         state = checkpoint.load_state(path)
-        self.outer.load_state_dict(state["outer"])
-        self.outer.forget_feedback()  # the residual saved was the source's own, not this worker's
-        self.from_checkpoint = not said
-        self.model.load_state_dict(state["model"])
-        self.outer.merge(self.outer.parts, mix=1.0)
-        self.version, self.epoch, self.cursor = int(state["version"]), int(state["epoch"]), 0
-        self.next_round = int(state["round"])
+        if "shared" not in state:
+            raise UsageError(f"{path} is an elastic checkpoint of an older lowband (no method state); finish the job "
+                             "with that version, or start it anew")
+        method.receive(state["shared"], state["extra"])
+        assert self.outer is not None
+        self.outer.resume_at(int(state["version"]), int(state["round"]), int(state["epoch"]), from_checkpoint=not said)
         self.log.info(f"worker {self.id}: starts from {path} (round {state['round']})")

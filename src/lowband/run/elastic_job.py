@@ -17,7 +17,6 @@ import sys
 import time
 import uuid
 from itertools import pairwise
-from typing import Any
 
 import redis
 
@@ -42,44 +41,33 @@ KEEP_EVERY_S = 60.0  # how often the launcher renews its job's keys in the coord
 
 def check(cfg: C.Config) -> None:
     """Refuse, in one line, what an elastic job cannot run."""
-    m: Any = cfg.method  # a LocalSGDConfig or a DiLoCoConfig once the name is checked
-    e = cfg.elastic
-    if METHODS.get(m.name).outer_step(m) is None:
-        raise ConfigError("method.name", m.name, f"--elastic trains the methods with an elastic outer step: "
-                                                 f"{', '.join(elastic_methods())} (their workers meet only at outer "
-                                                 "steps)")
-    if getattr(m, "tau_schedule", ""):
-        raise ConfigError("method.tau_schedule", m.tau_schedule, "must be '' with --elastic (rounds keep one tau)")
-    if getattr(m, "inner_lr_factor_end", -1.0) != -1.0:
-        raise ConfigError("method.inner_lr_factor_end", m.inner_lr_factor_end, "must be -1 with --elastic (set "
-                                                                               "optim.lr instead)")
-    if getattr(m, "inner_lr_factor", 1.0) != 1.0:
-        raise ConfigError("method.inner_lr_factor", m.inner_lr_factor, "must be 1 with --elastic (set optim.lr instead)")
-    if getattr(m, "outer_nesterov", True) is not True:
-        raise ConfigError("method.outer_nesterov", m.outer_nesterov, "must be true with --elastic")
-    if getattr(m, "group_size", 1) != 1:
-        raise ConfigError("method.group_size", m.group_size, "must be 1 with --elastic (a replica is one worker)")
-    if getattr(m, "overlap", 0):
-        raise ConfigError("method.overlap", m.overlap, "must be 0 with --elastic (a round merges what it sends)")
-    fragments = getattr(m, "fragments", 1)
-    if m.tau % fragments:
-        raise ConfigError("method.fragments", fragments, f"must divide method.tau={m.tau} with --elastic "
-                                                         "(a round is tau / fragments steps)")
+    m, e = cfg.method, cfg.elastic
+    METHODS.get(m.name).check_elastic(m)
     if e.max_workers and cfg.train.workers > e.max_workers:
         raise ConfigError("train.workers", cfg.train.workers, f"must be <= elastic.max_workers={e.max_workers}")
     if cfg.link.mode == "netns" or cfg.link.sites or cfg.link.site_of or cfg.link.rate != "unlimited":
         raise ConfigError("link", cfg.link.rate, "elastic jobs run on the real network: leave link.* at its defaults")
     if cfg.train.device == "cuda":
         raise ConfigError("train.device", "cuda", "elastic jobs train on the CPU (their quorums are gloo groups)")
+    if cfg.train.backend not in ("auto", "gloo"):
+        raise ConfigError("train.backend", cfg.train.backend, "must be 'auto' or 'gloo' with --elastic (its quorums "
+                                                              "are gloo groups met through the coordinator)")
     if cfg.train.stop_at_target:
         raise ConfigError("train.stop_at_target", True, "is not supported with --elastic")
     check_bindable(e.host, "elastic.host")
 
 
 def elastic_methods() -> list[str]:
-    """The registered methods that can run elastic: those whose `outer_step` (at their defaults) says how
-    θ_global steps over any membership (methods/elastic_outer.py)."""
-    return [name for name in METHODS.names() if METHODS.get(name).outer_step(METHODS.get(name).Config()) is not None]
+    """The registered methods an elastic job can run: those whose `check_elastic` takes their defaults."""
+    return [name for name in METHODS.names() if _runs_elastic(name)]
+
+
+def _runs_elastic(name: str) -> bool:
+    try:
+        METHODS.get(name).check_elastic(METHODS.get(name).Config())
+    except ConfigError:
+        return False
+    return True
 
 
 def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = False) -> tuple[int, str]:

@@ -16,23 +16,21 @@ from collections.abc import Iterator
 import torch
 
 from lowband.comm import BOOKKEEPING_TAGS, Communicator
+from lowband.comm.quorum import FixedQuorum, Quorum
 from lowband.comm.sites import configured, describe
 from lowband.config import Config, to_dict
 from lowband.data import Batch
-from lowband.methods.base import Method
 from lowband.records import EpochRecord
 from lowband.registry import METHODS
 from lowband.run import checkpoint
 from lowband.run.metrics import setup_logging
 from lowband.run.reporter import EpochReporter, RankFigures, TrainingError, tag_bytes
 from lowband.run.rundir import RunDir
-from lowband.run.trainer import Steps, Trainer, WorkerData, rank_batches
+from lowband.run.trainer import Resumed, Steps, Trainer, WorkerData, rank_batches
 
 
 class FixedRanks:
     """The ranks of one communicator, every epoch: the trainer's `Team` in `lowband train`."""
-
-    syncs_in_feed = False  # the method's hooks synchronise, inside the steps
 
     def __init__(self, cfg: Config, comm: Communicator, run_dir: str):
         self.cfg, self.comm = cfg, comm
@@ -48,23 +46,28 @@ class FixedRanks:
     def shard(self, plan: WorkerData) -> torch.Tensor:
         return plan.shards[self.rank]
 
-    def setup(self, trainer: Trainer, model: torch.nn.Module) -> tuple[torch.nn.Module, Method]:
-        """The method wraps the model (DDP, its copies) and its hooks run at every step."""
+    def setup(self, trainer: Trainer) -> None:
         cfg = self.cfg
         self.batches = rank_batches(cfg, trainer.plan, self.rank, self.device)
         self.reporter = EpochReporter(self.scope, self.run, self.log, cfg.train.epochs, cfg.train.loggers,
                                       to_dict(cfg), trainer.metric)
-        return trainer.method.setup(model), trainer.method
+
+    def quorum(self, comm: Communicator) -> Quorum:
+        """Every rank of `comm`, in every outer step: a world that never changes."""
+        return FixedQuorum(comm)
+
+    def written(self) -> list[EpochRecord]:
+        return []  # this run's records are all its scope's first rank's, which the trainer has seen
 
     # ---- the epochs --------------------------------------------------------------------------
-    def start(self, trainer: Trainer, resume: bool) -> None:
-        if resume:
-            self._resume(trainer)
-        if trainer.epoch == 0 and self.rank == 0:
+    def start(self, trainer: Trainer, resume: bool) -> Resumed | None:
+        resumed = self._resume(trainer) if resume else None
+        if resumed is None and self.rank == 0:
             self.log.info(self._banner(trainer))
+        return resumed
 
     def epochs(self, trainer: Trainer) -> Iterator[int]:
-        return iter(range(trainer.epoch + 1, self.cfg.train.epochs + 1))
+        return iter(range(trainer.epoch + 1, self.cfg.train.epochs + 1))  # after a resume: the epochs left
 
     def feed(self, trainer: Trainer, epoch: int) -> Iterator[tuple[Batch, float]]:
         """This rank's minibatches of epoch `epoch` (as the method hands them), each at its place in the run."""
@@ -75,6 +78,9 @@ class FixedRanks:
 
     def comm_seconds(self) -> float:
         return self.comm.ledger.seconds(leave_out=BOOKKEEPING_TAGS)
+
+    def feed_comm_seconds(self) -> float:
+        return 0.0  # the method's hooks synchronise, inside the steps
 
     def should_stop(self, trainer: Trainer) -> bool:
         if not self.cfg.train.stop_at_target:
@@ -138,7 +144,8 @@ class FixedRanks:
         checkpoint.save_state(state, checkpoint.rank_path(self.run.path, self.rank, epoch))
         checkpoint.prune(self.run.path, self.rank)
 
-    def _resume(self, t: Trainer) -> None:
+    def _resume(self, t: Trainer) -> Resumed | None:
+        """The newest epoch every rank of the scope has intact, loaded; the trainer's counters from it."""
         epoch, passed = checkpoint.resumable_epoch(self.run.path, self.scope.global_ranks)
         if passed and self.scope.rank == 0:
             self.log.warning(f"resuming from epoch {epoch}, the newest intact epoch every rank has: "
@@ -149,17 +156,17 @@ class FixedRanks:
         self.run.cut_back(epoch)  # records past the checkpoint would be written twice
         if epoch == 0:
             self.log.warning(f"no checkpoint in {self.run.path}; starting from scratch")
-            return
+            return None
         state = checkpoint.load_state(checkpoint.rank_path(self.run.path, self.rank, epoch))
         t.method.local_model().load_state_dict(state["model"])
-        t.reached_target = state.get("reached_target") or None
         t.optimizer.load_state_dict(state["optimizer"])
         t.method.load_state_dict(state["method"])
         self.comm.ledger.load_snapshot(state["comm"])
         torch.set_rng_state(state["rng"])
-        t.epoch, t.step, self.samples, t.elapsed = state["epoch"], state["step"], state["samples"], state["elapsed"]
-        t.train_s = state.get("train_s", 0.0)
-        self.log.info(f"resumed {self.run.path} after epoch {epoch} (step {t.step})")
+        self.samples = state["samples"]
+        self.log.info(f"resumed {self.run.path} after epoch {epoch} (step {state['step']})")
+        return Resumed(state["epoch"], state["step"], state["elapsed"], state.get("train_s", 0.0),
+                       state.get("reached_target") or None)
 
     # ---- the banner --------------------------------------------------------------------------
     def _banner(self, t: Trainer) -> str:

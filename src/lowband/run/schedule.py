@@ -35,7 +35,7 @@ class LrRules(Protocol):
 
     def lr_scale(self) -> float: ...
 
-    def lr_factor(self) -> float: ...
+    def lr_factor(self, done: float) -> float: ...
 
     def default_warmup_epochs(self) -> float: ...
 
@@ -50,7 +50,8 @@ class MethodSchedule:
         self.warmup = method.default_warmup_epochs() if warm == "auto" else float(warm)
 
     def at(self, epoch: float) -> float:
-        return lr_at(epoch, self.optim, self.epochs, self.method.lr_scale(), self.warmup) * self.method.lr_factor()
+        factor = self.method.lr_factor(epoch / max(self.epochs, 1))
+        return lr_at(epoch, self.optim, self.epochs, self.method.lr_scale(), self.warmup) * factor
 
     def apply(self, optimizer, epoch: float) -> None:
         """Set every parameter group's rate to the one at `epoch`."""

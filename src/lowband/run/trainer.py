@@ -6,10 +6,11 @@ it too); `Trainer` runs the epochs: the steps its `Team` feeds it, each at the r
 its place, then the epoch's record (the team's figures, completed here and written through the
 metrics sink), on the epochs `due` names evaluated and checkpointed, and at the end the final model.
 
-The `Team` is who trains together, consulted at every outer step as torchft's Manager is:
-`FixedRanks` (run/ranks.py) for `lowband train`'s ranks, whose method synchronises them inside the
-steps; an elastic job's `ElasticWorker` (run/elastic_worker.py), which meets a quorum between slices of
-the epoch's order and takes the method's outer step over its contributors.
+The `Team` is who trains together: `FixedRanks` (run/ranks.py) for `lowband train`'s ranks, an
+elastic job's `ElasticWorker` (run/elastic_worker.py). It feeds the data and writes the records,
+checkpoints and final model; its `quorum` (comm/quorum.py) is who takes the method's outer steps, which
+the method consults from its own hooks (torchft's Manager in our shape), so one method object trains
+either membership.
 """
 
 from __future__ import annotations
@@ -19,7 +20,7 @@ import logging
 import math
 import time
 import traceback
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import asdict, dataclass
 from typing import Protocol
 
@@ -29,6 +30,7 @@ import torch.nn.functional as F
 from lowband import __version__
 from lowband.comm import Communicator
 from lowband.comm.placement import here, local_rank, local_world
+from lowband.comm.quorum import Quorum
 from lowband.config import Config
 from lowband.data import Batch, Batches, TensorData, load_dataset, partition, steps_per_epoch
 from lowband.data.metric import metric_for
@@ -42,7 +44,7 @@ from lowband.run.reporter import TrainingError, first_reached, set_corpus, targe
 from lowband.run.rundir import RunDir
 from lowband.run.schedule import MethodSchedule
 
-__all__ = ["Trainer", "Team", "Steps", "TrainingError",
+__all__ = ["Trainer", "Team", "Steps", "Resumed", "TrainingError",
            "train_step", "checked_step", "worker_data", "rank_batches", "accuracy", "scores",
            "model_scores", "model_metadata", "task_loss", "due"]
 
@@ -98,23 +100,28 @@ def task_loss(outputs: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -
     return F.cross_entropy(outputs.flatten(0, -2), y.flatten(), reduction=reduction)
 
 
-def train_step(model: torch.nn.Module, method: Method, optimizer, batch, step: int) -> float:
-    """One optimizer step with the method's hooks in their fixed order; returns the minibatch loss."""
+def train_step(model: torch.nn.Module, method: Method, optimizer, batch, step: int,
+               counted: Callable[[float], None] | None = None) -> float:
+    """One optimizer step with the method's hooks in their fixed order; returns the minibatch loss. `counted`
+    hears the loss before `after_step`, whose outer step may report what was trained (an elastic round)."""
     outputs = model(batch.x)
     loss = method.loss(batch, outputs, task_loss(outputs, batch.y))
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
     method.after_backward(step)
     optimizer.step()
+    value = loss.item()
+    if counted is not None:
+        counted(value)
     method.after_step(step)
-    return loss.item()
+    return value
 
 
 def checked_step(model: torch.nn.Module, method: Method, optimizer, batch, step: int, epoch: int,
-                 worker: int) -> float:
+                 worker: int, counted: Callable[[float], None] | None = None) -> float:
     """`train_step`, stopping on a non-finite loss: this worker alone knows, so it raises Diverged (with
     the 1-based `epoch` and the step's number) and the launcher stops the others."""
-    loss = train_step(model, method, optimizer, batch, step)
+    loss = train_step(model, method, optimizer, batch, step, counted)
     if not math.isfinite(loss):
         raise Diverged(epoch, step + 1, worker, loss, optimizer.param_groups[0]["lr"])
     return loss
@@ -156,31 +163,34 @@ def model_metadata(cfg: Config, data: TensorData) -> dict[str, str]:
 
 
 class Team(Protocol):
-    """Who trains together, as the trainer consults it (torchft's Manager in our own shape).
+    """Who trains together, as the trainer consults it: the data each worker trains, and who writes the
+    epoch's record, checkpoint and final model. It never steps the model nor sets the trainer's counters.
 
-    `FixedRanks` (run/ranks.py) is `lowband train`'s: the same ranks every epoch, synchronised by the
-    method's own hooks over one communicator. `ElasticWorker` (run/elastic_worker.py) is an elastic
-    job's: a quorum met at every outer step (a round), whose slices of the epoch's order are the data
-    and whose outer step is the method's `outer_step` over the round's contributors. The trainer never
-    asks which it has: it runs the steps the team feeds it, and asks the team for the epoch's record,
-    checkpoint and final model."""
+    `FixedRanks` (run/ranks.py) is `lowband train`'s: the same ranks every epoch, each its shard. An
+    elastic job's is `ElasticWorker` (run/elastic_worker.py): the slices of the epoch's order that each
+    round of its quorum hands out. Who takes part in the method's outer steps is the team's `quorum`
+    (comm/quorum.py), which the method consults (torchft's Manager in our shape); the method, its hooks
+    and its state are the trainer's, one object for every membership."""
 
     rank: int  # this process's rank, or the elastic worker's id (after `setup`)
     width: int  # the workers the data plan is cut for
-    comm: Communicator  # the communicator the method's context names
+    comm: Communicator  # the communicator the method's context names (an elastic worker: itself alone)
     device: torch.device
     log: logging.Logger
-    syncs_in_feed: bool  # True: the team's outer steps run inside `feed` (counted as comm, not as waiting)
+
+    def setup(self, trainer: Trainer) -> None:
+        """Once the trainer has its data plan, before the method is built: the team's own parts (an elastic
+        worker registers with its job here, so `rank` and `comm` are known from then on)."""
+
+    def quorum(self, comm: Communicator) -> Quorum:
+        """Who takes the method's outer steps over `comm`: every rank of it, or the job's quorum."""
 
     def shard(self, plan: WorkerData) -> torch.Tensor | None:
         """This worker's shard of the data plan, for the method's context (None: its data come round by round)."""
 
-    def setup(self, trainer: Trainer, model: torch.nn.Module) -> tuple[torch.nn.Module, Method]:
-        """Once the trainer has built the model, optimizer and method: the model the steps train and the
-        method whose hooks each step calls."""
-
-    def start(self, trainer: Trainer, resume: bool) -> None:
-        """Before the first epoch: resume when asked (the trainer's counters and state set from a checkpoint)."""
+    def start(self, trainer: Trainer, resume: bool) -> Resumed | None:
+        """Before the first epoch: with `resume`, the state a checkpoint holds loaded into the model,
+        optimizer and method, and the trainer's counters to take (None: from the start)."""
 
     def epochs(self, trainer: Trainer) -> Iterator[int]:
         """The epochs (1-based) this worker trains, in order."""
@@ -192,9 +202,16 @@ class Team(Protocol):
     def comm_seconds(self) -> float:
         """Seconds spent synchronising since the run began."""
 
+    def feed_comm_seconds(self) -> float:
+        """The part of those spent inside `feed` (an elastic job's meetings between slices): counted as
+        communication, not as waiting for data."""
+
     def record(self, trainer: Trainer, epoch: int, done: Steps, evaluate: bool) -> tuple[EpochRecord, int] | None:
         """The epoch's figures as a record, with the samples every worker trained in it (None: another worker
         writes this epoch's record); the global model evaluated when `evaluate`."""
+
+    def written(self) -> list[EpochRecord]:
+        """The run's records written so far by other workers (an elastic job's), for the target epoch."""
 
     def write(self, record: EpochRecord) -> None:
         """The completed record to metrics.jsonl, the experiment loggers and the console."""
@@ -210,6 +227,17 @@ class Team(Protocol):
 
     def close(self, trainer: Trainer) -> None:
         """Release what the team holds (loggers, the method's threads, its place in a job)."""
+
+
+@dataclass
+class Resumed:
+    """The trainer's counters as a checkpoint holds them."""
+
+    epoch: int
+    step: int
+    elapsed: float = 0.0
+    train_s: float = 0.0
+    reached_target: int | None = None
 
 
 @dataclass
@@ -234,25 +262,25 @@ class Trainer:
 
     def __init__(self, cfg: Config, team: Team, run_dir: str):
         self.cfg, self.team = cfg, team
-        self.device, self.log = team.device, team.log
+        self.device = team.device
         self.plan = worker_data(cfg, team.width)
         method_cls = METHODS.get(cfg.method.name)
         torch.manual_seed(cfg.train.seed if method_cls.same_init else cfg.train.seed + 7919 * team.rank)
         data = self.plan.data
         model = build_for_task(cfg.model, data.in_shape, data.num_classes, data.task).to(self.device)
         self.optimizer = make_optimizer(cfg.optim, model.parameters())
-        ctx = Context(cfg, team.comm, self.device, self.log, RunDir(run_dir, team.comm.rank), self.plan.steps,
-                      data, team.shard(self.plan), evaluate=self._evaluate)
-        self.method: Method = method_cls(cfg.method, ctx)
-        self.schedule = MethodSchedule(cfg, self.method)
         self.metric = metric_for(cfg.data.name)
         self.reached_target: int | None = None
         self.epoch, self.step, self.loss_total, self.elapsed, self.train_s = 0, 0, 0.0, 0.0, 0.0
         self.method_eval_s = 0.0  # evaluations a method asked for inside training hooks
         self.eval_s = 0.0  # evaluations at the epochs' ends (`scores`)
-        # the model the steps train and the method whose hooks they call (an elastic worker's: none)
-        self.model, self.hooks = team.setup(self, model)
-        self.rank = team.rank
+        team.setup(self)  # an elastic worker registers with its job here: its rank and comm are known after
+        self.log, self.rank = team.log, team.rank
+        ctx = Context(cfg, team.comm, self.device, self.log, RunDir(run_dir, team.comm.rank), self.plan.steps,
+                      data, team.shard(self.plan), evaluate=self._evaluate, quorum=team.quorum, width=team.width)
+        self.method: Method = method_cls(cfg.method, ctx)  # one method object, whoever trains together
+        self.model = self.method.setup(model)
+        self.schedule = MethodSchedule(cfg, self.method)
         self.run = RunDir(run_dir, self.rank)
 
     # ---- the loop ----------------------------------------------------------------------------
@@ -264,7 +292,10 @@ class Trainer:
             raise
 
     def _fit(self, resume: bool) -> None:
-        self.team.start(self, resume)
+        resumed = self.team.start(self, resume)
+        if resumed is not None:
+            self.epoch, self.step, self.elapsed = resumed.epoch, resumed.step, resumed.elapsed
+            self.train_s, self.reached_target = resumed.train_s, resumed.reached_target
         for epoch in self.team.epochs(self):
             self._run_epoch(epoch)
             if self.team.should_stop(self):
@@ -273,12 +304,13 @@ class Trainer:
         self.team.finish(self)
 
     def _run_epoch(self, epoch: int) -> None:
-        t_start, comm_before, eval_before = time.perf_counter(), self.team.comm_seconds(), self.method_eval_s
+        t_start, eval_before = time.perf_counter(), self.method_eval_s
+        comm_before, feed_before = self.team.comm_seconds(), self.team.feed_comm_seconds()
         done = self._steps(self.team.feed(self, epoch), epoch)
         hook_eval_s = self.method_eval_s - eval_before
         train_s = time.perf_counter() - t_start - hook_eval_s
         comm_s = self.team.comm_seconds() - comm_before
-        wait_s = max(done.wait_s - (comm_s if self.team.syncs_in_feed else 0.0), 0.0)
+        wait_s = max(done.wait_s - (self.team.feed_comm_seconds() - feed_before), 0.0)
         self.epoch, self.train_s = epoch, self.train_s + train_s
         # wait_s: time the loop waited for its next minibatch (data loading, a starving EDL-Dist reader)
         times = {"compute_s": max(train_s - comm_s - wait_s, 0.0), "comm_s": comm_s, "wait_s": wait_s,
@@ -287,9 +319,14 @@ class Trainer:
 
     def _steps(self, feed: Iterable[tuple[Batch, float]], epoch: int) -> Steps:
         """`checked_step` on each minibatch `feed` yields, at the rate of its place (epochs trained, a
-        fraction: 1.5 is halfway through the second); `step` and `loss_total` count as it goes (an
-        elastic worker reads them when it meets its next round, inside `feed`)."""
+        fraction: 1.5 is halfway through the second); `step` and `loss_total` count each step before the
+        method's `after_step` (an elastic worker's round, inside it, reports them)."""
         done, batches = Steps(), iter(feed)
+
+        def count(loss: float) -> None:
+            self.step, self.loss_total = self.step + 1, self.loss_total + loss
+            done.taken, done.loss_sum = done.taken + 1, done.loss_sum + loss
+
         while True:
             t0 = time.perf_counter()
             item = next(batches, None)
@@ -298,9 +335,7 @@ class Trainer:
                 return done
             batch, place = item
             self.schedule.apply(self.optimizer, place)
-            loss = checked_step(self.model, self.hooks, self.optimizer, batch, self.step, epoch, self.team.rank)
-            self.step, self.loss_total = self.step + 1, self.loss_total + loss
-            done.taken, done.loss_sum = done.taken + 1, done.loss_sum + loss
+            checked_step(self.model, self.method, self.optimizer, batch, self.step, epoch, self.team.rank, count)
 
     def close(self) -> None:
         self.team.close(self)
@@ -353,8 +388,9 @@ class Trainer:
 
     def _check_target(self, epoch: int, record: EpochRecord) -> None:
         """The first epoch whose validation figure reaches the target in the workload's metric (never the test set)."""
-        if self.reached_target is None and first_reached([record], self.metric, self._target()):
-            self.reached_target = epoch
+        found = first_reached([*self.team.written(), record], self.metric, self._target())
+        if self.reached_target is None and found is not None:
+            self.reached_target = found
             self.log.info(f"epoch {epoch}: validation {self.metric.name} {record.value(self.metric.val_key):.4f} "
                           f"reached the target {self._target()}")
 

@@ -135,6 +135,7 @@ def fork_worker(entry: str, args: list[str], env: dict) -> ForkedWorker:
     code = 1
     try:  # the child: never returns into the launcher's code
         die_with_parent()
+        as_a_new_process()
         if signal.getsignal(signal.SIGINT) is not signal.SIG_IGN:
             signal.signal(signal.SIGINT, signal.default_int_handler)
         os.environ.clear()
@@ -146,6 +147,19 @@ def fork_worker(entry: str, args: list[str], env: dict) -> ForkedWorker:
         code = 1
     finally:
         leave_now(code)
+
+
+
+def as_a_new_process() -> None:
+    """Signals in a forked child as a process started anew has them: none blocked (a mask is inherited from
+    the forking thread), and the launcher's own handlers (SIGTERM's clean-up, a test runner's alarms) gone,
+    so SIGTERM ends the worker through its own handler (worker_main) whatever the parent was doing."""
+    with contextlib.suppress(AttributeError, OSError, ValueError):
+        signal.pthread_sigmask(signal.SIG_SETMASK, [])
+    for sig in (signal.SIGTERM, signal.SIGHUP, signal.SIGALRM, signal.SIGUSR1, signal.SIGUSR2):
+        with contextlib.suppress(OSError, ValueError):
+            if signal.getsignal(sig) is not signal.SIG_IGN:
+                signal.signal(sig, signal.SIG_DFL)
 
 
 

@@ -1,0 +1,596 @@
+"""The scale ladder (issue 54): how far each method's loss is from Allreduce's, and at what bytes, per
+model size, with every setting chosen on one set of seeds and every published gap measured on others.
+
+The workload is the lm study's (benchmarks/lm_study.py) at each GPT size: byte-level GPT, the WHOLE KJV
+text (4.3 MB, 80/10/10 split), context 64, batch 16 a worker, 4 workers, 4 epochs (3,360 inner steps a
+worker), AdamW (weight decay 0.1, betas 0.9/0.95) with a quarter-epoch warm-up and cosine decay, the
+rate not scaled with the workers. The same samples for every method (same steps, batch and workers).
+
+The protocol, which keeps choosing and judging apart:
+
+  choose    every candidate setting of a family runs on seed 0 (CHOOSE_SEED); the family's setting is
+            the one with the lowest final validation bits per byte there. Rates are bracketed: when
+            the best rate of the best setting is the highest (lowest) one tried, the next rate up
+            (down, a factor of 2) is tried too, until the best has a worse rate on both sides or
+            MAX_RATES rates are tried. Selection reads the validation split, never the test split.
+  held out  the chosen setting of every family runs on seeds 10, 11 and 12 (HELD_OUT), which informed
+            no choice; every gap this script calls published is the mean over them: mean(method) /
+            mean(Allreduce) - 1, and per seed the paired gap.
+  in-sample the chosen setting on seeds 1 and 2 too (IN_SAMPLE, with seed 0: the figure a study that
+            publishes on its choosing seeds would quote), run last.
+
+Families: Allreduce (the reference, its rate bracketed); DiLoCo (fp32, tau 16, outer lr 1.0, Nesterov 0.9,
+the lm study's best at `tiny`); SparseLoCo (tau 8, 1/64 of each 4,096-chunk, 2-bit values, outer lr 3:
+about 580x fewer bytes); SparseLoCo at >= 1,000x (tau 16 at 1/64, tau 8 at 1/128: the same recipe, each
+tried at SparseLoCo's chosen rate, the better one's rate bracketed).
+
+The `tiny` rung reuses the lm study's seed-0 runs (benchmarks/results/lm_study/, the same command line):
+those runs chose its settings, so only its held-out and missing runs are new.
+
+Every finished run's per-epoch records are copied to benchmarks/results/ladder/SIZE/ (committed; a
+diverged or failed run's partial records too, with a .failed file saying why), so the report and the
+queue resume from there without the run directories; `benchmarks/results/ladder.csv` lists every run
+the ladder uses, one row each.
+
+Run:      python benchmarks/ladder.py --run [--sizes small,tiny,nano] [--out runs/ladder]
+Report:   python benchmarks/ladder.py --report [--figure benchmarks/figures/ladder.png]
+Plan:     python benchmarks/ladder.py --plan   (the runs still to do, in the order --run takes them)
+GPU:      python benchmarks/ladder.py --run --sizes medium,large --device cuda --parallel 4
+          (4 runs at once, each 4 workers sharing the GPU through gloo)
+Time on the 2-core CPU machine, one run alone: nano ~3 min, tiny ~5, small ~15 (Allreduce).
+Safe to stop and start again: an unfinished run resumes from its checkpoint. To train every run with
+one version of lowband while the tree changes, run it with PYTHONPATH=<a worktree of that commit>/src
+(and LOWBAND_COMMIT=<its hash>, which the report prints).
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import math
+import os
+import shutil
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+from common import commit
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(HERE, "results", "ladder")
+LM_STUDY = os.path.join(HERE, "results", "lm_study")  # tiny's choosing runs
+CSV = os.path.join(HERE, "results", "ladder.csv")
+SIZES = ("nano", "tiny", "small", "medium", "large")
+CHOOSE_SEED = 0
+IN_SAMPLE = (1, 2)
+HELD_OUT = (10, 11, 12)
+EPOCHS = 4
+WORKERS = 4
+MARGIN = 0.01  # "within 1%"
+MAX_RATES = 5  # a bracket stops after this many rates of one setting
+BASE = ["--dataset", "text", "--model", "gpt", "--set", "data.max_bytes=0", "--set", "data.context=64",
+        "--batch-size", "16", "--set", "optim.name='adamw'", "--set", "optim.weight_decay=0.1",
+        "--set", "optim.warmup_epochs=0.25", "--set", "optim.lr_scaling='none'"]
+DEVICE: list[str] = []  # --set options that put the runs on a device (--device)
+
+S8 = "sparseloco:density=0.015625:codec=lut2:tau=8:outer_lr=3.0"  # ~580x fewer bytes than Allreduce
+# >= 1,000x: half the rounds, or half the coordinates (1-bit values alone save 1 bit of a kept value's ~14:
+# 1.08x, so they reach no 1,000x by themselves)
+PUSH = ["sparseloco:density=0.015625:codec=lut2:tau=16:outer_lr=3.0",
+        "sparseloco:density=0.0078125:codec=lut2:tau=8:outer_lr=3.0"]
+DILOCO = "diloco:tau=16:outer_lr=1.0"
+
+
+@dataclass(frozen=True)
+class Family:
+    """A method's candidates at each size: settings and the inner rates each starts from."""
+
+    name: str
+    specs: tuple[str, ...]
+    rates: dict[str, tuple[float, ...]]  # size -> starting rates (None-size: follows another family)
+    rates_from: str = ""  # the family whose chosen rate this one starts from ('' : its own rates)
+
+
+FAMILIES = (
+    Family("allreduce", ("allreduce",), {"nano": (0.032, 0.016), "tiny": (0.004, 0.008, 0.016, 0.032),
+                                         "small": (0.016, 0.008), "medium": (0.008, 0.004), "large": (0.004, 0.002)}),
+    Family("sparseloco", (S8,), {"nano": (0.032, 0.016), "tiny": (0.008, 0.012, 0.016),
+                                 "small": (0.008, 0.016), "medium": (0.008, 0.004), "large": (0.004, 0.002)}),
+    Family("sparseloco-1000x", tuple(PUSH), {}, rates_from="sparseloco"),
+    Family("diloco", (DILOCO,), {"nano": (0.016, 0.008), "tiny": (0.004, 0.008), "small": (0.008, 0.004),
+                                 "medium": (0.004, 0.002), "large": (0.002, 0.001)}),
+)
+REFERENCE = "allreduce"
+
+
+@dataclass(frozen=True)
+class Job:
+    size: str
+    spec: str
+    lr: float
+    seed: int
+
+    @property
+    def name(self) -> str:
+        """The lm study's run name (so tiny's runs there are found): SPEC_lr-LR_seed-S, ':' -> '_', '=' -> '-'."""
+        return (f"{self.spec} lr={self.lr:g}".replace(":", "_").replace("=", "-").replace(" ", "_")
+                + f"_seed-{self.seed}")
+
+
+# ---- records ---------------------------------------------------------------------------------------
+
+def kept_path(job: Job) -> str:
+    return os.path.join(RESULTS, job.size, job.name + ".jsonl")
+
+
+def sources(job: Job, out: str) -> list[str]:
+    """Where a job's records may be: its run directory, the ladder's committed copy, the lm study's (tiny)."""
+    paths = [os.path.join(out, job.size, job.name, "metrics.jsonl"), kept_path(job)]
+    if job.size == "tiny":
+        paths.append(os.path.join(LM_STUDY, job.name + ".jsonl"))
+    return paths
+
+
+def read_records(path: str) -> list[dict]:
+    try:
+        with open(path) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except (OSError, json.JSONDecodeError):
+        return []
+
+
+def records(job: Job, out: str) -> tuple[list[dict], str]:
+    """The job's per-epoch records and the file they came from (the longest source wins)."""
+    found = [(read_records(p), p) for p in sources(job, out)]
+    return max(found, key=lambda rp: len(rp[0]))
+
+
+def failure(job: Job) -> str | None:
+    """Why the job failed (a diverged or crashed run), or None."""
+    path = kept_path(job)[:-len(".jsonl")] + ".failed"
+    if not os.path.exists(path):
+        return None
+    with open(path) as f:
+        return f.read().strip() or "failed"
+
+
+def final(job: Job, out: str) -> dict | None:
+    """The job's last record when it finished all EPOCHS, else None."""
+    recs, _ = records(job, out)
+    return recs[-1] if recs and recs[-1]["epoch"] >= EPOCHS else None
+
+
+def done(job: Job, out: str) -> bool:
+    return final(job, out) is not None or failure(job) is not None
+
+
+def bpb(job: Job, out: str) -> float:
+    """Final validation bits per byte; inf for a failed or unfinished run."""
+    rec = final(job, out)
+    return rec["val_bpb"] if rec and rec.get("val_bpb") is not None else math.inf
+
+
+# ---- the protocol ----------------------------------------------------------------------------------
+
+def tried(family: Family, size: str, out: str) -> list[Job]:
+    """The family's choosing runs at `size` so far (seed CHOOSE_SEED), brackets included, in run order."""
+    rates = family.rates.get(size, ())
+    if family.rates_from:
+        base = chosen(family_named(family.rates_from), size, out)
+        if base is None:
+            return []  # known once the family it follows has chosen
+        rates = (base.lr,)
+    jobs = [Job(size, spec, lr, CHOOSE_SEED) for spec in family.specs for lr in rates]
+    return jobs + _brackets(jobs, size, out)
+
+
+def _brackets(jobs: list[Job], size: str, out: str) -> list[Job]:
+    """The rates added to bracket the best setting's, while every run so far has finished."""
+    added: list[Job] = []
+    while all(done(j, out) for j in jobs + added):
+        best = min(jobs + added, key=lambda j: bpb(j, out), default=None)
+        if best is None or not math.isfinite(bpb(best, out)):
+            return added
+        rates = sorted({j.lr for j in jobs + added if j.spec == best.spec})
+        if len(rates) >= MAX_RATES:
+            return added
+        nxt = best.lr * 2 if best.lr == rates[-1] else best.lr / 2 if best.lr == rates[0] else None
+        if nxt is None:
+            return added
+        added.append(Job(size, best.spec, round(nxt, 6), CHOOSE_SEED))
+    return added
+
+
+def family_named(name: str) -> Family:
+    return next(f for f in FAMILIES if f.name == name)
+
+
+def chosen(family: Family, size: str, out: str) -> Job | None:
+    """The family's setting at `size` (seed CHOOSE_SEED), once every choosing run has finished; else None."""
+    jobs = tried(family, size, out)
+    if not jobs or not all(done(j, out) for j in jobs):
+        return None
+    best = min(jobs, key=lambda j: bpb(j, out))
+    return best if math.isfinite(bpb(best, out)) else None
+
+
+def stage_jobs(size: str, stage: str, out: str) -> list[Job]:
+    """The jobs of one stage at one size that are known now (later ones appear as earlier ones finish)."""
+    if stage == "choose":
+        return [j for f in FAMILIES for j in tried(f, size, out)]
+    seeds = HELD_OUT if stage == "held_out" else IN_SAMPLE
+    picks = [chosen(f, size, out) for f in FAMILIES]
+    return [Job(size, p.spec, p.lr, s) for p in picks if p is not None for s in seeds]
+
+
+def next_job(sizes: list[str], out: str) -> Job | None:
+    """The first job not yet done: each size's choosing then held-out runs, in the given order of sizes;
+    then the in-sample seeds of every size."""
+    order = [(size, stage) for size in sizes for stage in ("choose", "held_out")] + [(s, "in_sample") for s in sizes]
+    for size, stage in order:
+        for job in stage_jobs(size, stage, out):
+            if not done(job, out):
+                return job
+    return None
+
+
+# ---- running -----------------------------------------------------------------------------------------
+
+def command(job: Job, run_dir: str) -> list[str]:
+    name, *opts = job.spec.split(":")
+    if os.path.exists(os.path.join(run_dir, "config.toml")):
+        return ["--resume", run_dir]
+    return ["--method", name, *BASE, "--set", f"model.size='{job.size}'", "--workers", str(WORKERS),
+            "--epochs", str(EPOCHS), "--set", f"optim.lr={job.lr}", "--seed", str(job.seed), "--run-dir", run_dir,
+            *DEVICE, *[a for o in opts for a in ("--set", "method." + o)],
+            *(["--set", "method.round_evals=0"] if name not in ("allreduce", "single") else [])]
+
+
+def train(job: Job, out: str) -> None:
+    """One run, resumed if an earlier call was stopped; its records kept when it ends, finished or failed."""
+    run_dir = os.path.join(out, job.size, job.name)
+    if os.path.isdir(run_dir) and not read_records(os.path.join(run_dir, "metrics.jsonl")) and not os.path.exists(
+            os.path.join(run_dir, "checkpoints")):
+        shutil.rmtree(run_dir)  # stopped before its first checkpoint: start again
+    args = command(job, run_dir)
+    t0 = time.time()
+    print(f"[{time.strftime('%H:%M:%S')}] {job.size} {job.spec} lr={job.lr:g} seed {job.seed}: "
+          f"lowband train {' '.join(args)}", flush=True)
+    code = subprocess.run([sys.executable, "-m", "lowband", "train", "-q", *args], check=False).returncode
+    print(f"  exit {code} after {time.time() - t0:.0f} s", flush=True)
+    keep(job, out, code, run_dir)
+
+
+def keep(job: Job, out: str, code: int, run_dir: str) -> None:
+    """Copy the run's records into RESULTS (per-tag byte tables left out); a run that ended without its
+    last epoch for a reason that will not go away (divergence: exit 4) is marked failed."""
+    recs = read_records(os.path.join(run_dir, "metrics.jsonl"))
+    os.makedirs(os.path.join(RESULTS, job.size), exist_ok=True)
+    if recs:
+        with open(kept_path(job), "w") as f:
+            for r in recs:
+                f.write(json.dumps({k: v for k, v in r.items() if k != "bytes"}) + "\n")
+    if code == 4 or (code == 0 and (not recs or recs[-1]["epoch"] < EPOCHS)):
+        why = divergence(run_dir) or f"exit {code}"
+        with open(kept_path(job)[:-len(".jsonl")] + ".failed", "w") as f:
+            f.write(why + "\n")
+
+
+def keep_finished(sizes: list[str], out: str) -> None:
+    """Copy the records of every run directory that finished without its copy kept (its queue was stopped)."""
+    for job in every_job(sizes, out):
+        run_dir = os.path.join(out, job.size, job.name)
+        recs = read_records(os.path.join(run_dir, "metrics.jsonl"))
+        if recs and recs[-1]["epoch"] >= EPOCHS and len(read_records(kept_path(job))) < len(recs):
+            keep(job, out, 0, run_dir)
+
+
+def divergence(run_dir: str) -> str | None:
+    """The first line of a diverged rank's note (diverged.rankN.txt), if any."""
+    for name in sorted(os.listdir(run_dir)):
+        if name.startswith("diverged"):
+            with open(os.path.join(run_dir, name)) as f:
+                return (f.read().splitlines() or ["diverged"])[0]
+    return None
+
+
+def run_all(sizes: list[str], out: str, parallel: int) -> None:
+    """Take the next job until none is left; `parallel` at a time (each its own group of workers)."""
+    keep_finished(sizes, out)
+    if parallel <= 1:
+        while (job := next_job(sizes, out)) is not None:
+            train(job, out)
+        return
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+
+    running: dict = {}
+    with ThreadPoolExecutor(parallel) as pool:
+        while True:
+            busy = set(running.values())
+            jobs = [j for size in sizes for stage in ("choose", "held_out", "in_sample")
+                    for j in stage_jobs(size, stage, out) if not done(j, out) and j not in busy]
+            for job in jobs[:parallel - len(running)]:
+                running[pool.submit(train, job, out)] = job
+            if not running:
+                return
+            finished, _ = wait(running, return_when=FIRST_COMPLETED)
+            for fut in finished:
+                running.pop(fut)
+
+
+# ---- what it shows -------------------------------------------------------------------------------
+
+def params_of(size: str) -> int:
+    """The GPT's parameter count at `size` on the KJV's byte vocabulary (as the runs' banner says)."""
+    from lowband.models.gpt import GPT
+    from lowband.models.gpt import SIZES as SHAPES
+
+    return sum(p.numel() for p in GPT(256, 64, SHAPES[size]).parameters())
+
+
+def every_job(sizes: list[str], out: str) -> list[Job]:
+    """Every job the ladder knows now at `sizes`, choosing runs first, each once."""
+    seen: dict[Job, None] = {}
+    for size in sizes:
+        for stage in ("choose", "in_sample", "held_out"):
+            for job in stage_jobs(size, stage, out):
+                seen.setdefault(job)
+    return list(seen)
+
+
+def family_of(job: Job) -> str:
+    return next(f.name for f in FAMILIES if job.spec in f.specs)
+
+
+def write_csv(sizes: list[str], out: str) -> int:
+    """ladder.csv: one row per run started (finished or failed), its committed records' path beside it."""
+    rows = []
+    for job in every_job(sizes, out):
+        recs, path = records(job, out)
+        why = failure(job)
+        if not recs and why is None:
+            continue
+        last = recs[-1] if recs else {}
+        finished = bool(recs) and last["epoch"] >= EPOCHS
+        rows.append({"size": job.size, "params": PARAMS[job.size], "method": family_of(job), "spec": job.spec,
+                     "lr": f"{job.lr:g}", "seed": job.seed, "epochs": last.get("epoch", 0),
+                     "val_bpb": f"{last['val_bpb']:.6f}" if finished else (why or "unfinished"),
+                     "bytes_sent_per_worker": f"{last.get('bytes_sent_per_worker', 0):.0f}",
+                     "records": os.path.relpath(committed(job, path), os.path.dirname(HERE))})
+    with open(CSV, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["size"])
+        writer.writeheader()
+        writer.writerows(rows)
+    return len(rows)
+
+
+def committed(job: Job, path: str) -> str:
+    """The committed copy of a job's records (the run directory's file is not committed)."""
+    return path if path.startswith(HERE) else kept_path(job)
+
+
+PARAMS: dict[str, int] = {}
+
+
+@dataclass
+class Verdict:
+    """A family's chosen setting at one size, judged on the held-out seeds against Allreduce's."""
+
+    family: str
+    job: Job
+    choose_bpb: float  # seed CHOOSE_SEED
+    in_sample: list[float]  # seeds CHOOSE_SEED and IN_SAMPLE, those finished
+    held: dict[int, dict]  # seed -> final record
+    ref_held: dict[int, dict]
+
+    def gap(self, seeds: list[int] | None = None) -> float | None:
+        """The gap of the means over the held-out seeds both finished, in %."""
+        seeds = [s for s in (seeds or HELD_OUT) if s in self.held and s in self.ref_held]
+        if not seeds:
+            return None
+        return 100 * (statistics.mean(self.held[s]["val_bpb"] for s in seeds)
+                      / statistics.mean(self.ref_held[s]["val_bpb"] for s in seeds) - 1)
+
+    def paired(self) -> list[float]:
+        return [100 * (self.held[s]["val_bpb"] / self.ref_held[s]["val_bpb"] - 1)
+                for s in HELD_OUT if s in self.held and s in self.ref_held]
+
+    def ratio(self) -> float | None:
+        seeds = [s for s in HELD_OUT if s in self.held and s in self.ref_held]
+        if not seeds:
+            return None
+        return (statistics.mean(self.ref_held[s]["bytes_sent_per_worker"] for s in seeds)
+                / statistics.mean(self.held[s]["bytes_sent_per_worker"] for s in seeds))
+
+
+def verdicts(size: str, out: str) -> list[Verdict]:
+    ref = chosen(family_named(REFERENCE), size, out)
+    ref_held = {s: r for s in HELD_OUT if ref and (r := final(Job(size, ref.spec, ref.lr, s), out))}
+    found = []
+    for family in FAMILIES:
+        pick = chosen(family, size, out)
+        if pick is None:
+            continue
+        runs = {s: final(Job(size, pick.spec, pick.lr, s), out) for s in (CHOOSE_SEED, *IN_SAMPLE, *HELD_OUT)}
+        found.append(Verdict(family.name, pick, bpb(pick, out),
+                             [runs[s]["val_bpb"] for s in (CHOOSE_SEED, *IN_SAMPLE) if runs[s]],
+                             {s: runs[s] for s in HELD_OUT if runs[s]}, ref_held))
+    return found
+
+
+def short(spec: str) -> str:
+    return spec.replace("density=0.015625", "1/64").replace("density=0.0078125", "1/128").replace(":codec=", " ")
+
+
+def fewer(ratio: float | None) -> str:
+    """A byte ratio rounded down, so a saving is never overstated against a goal (999.8x prints 999)."""
+    return "-" if ratio is None else f"{math.floor(ratio):,}x"
+
+
+def pct(value: float | None) -> str:
+    return "-" if value is None else f"{value:+.2f}%"
+
+
+def size_report(size: str, out: str) -> list[Verdict]:
+    """Per size: the choosing runs, then each family's verdict (in-sample and held-out), then the
+    held-out per-epoch gaps of the savers (what stops them)."""
+    found = verdicts(size, out)
+    print(f"\n### GPT {size} ({PARAMS[size]:,} parameters)\n")
+    print(f"Choosing runs (seed {CHOOSE_SEED}), final validation bits per byte:\n")
+    for family in FAMILIES:
+        jobs = tried(family, size, out)
+        cells = []
+        for j in jobs:
+            why = failure(j)
+            cells.append(f"{short(j.spec)} lr={j.lr:g}: " + (f"{bpb(j, out):.4f}" if math.isfinite(bpb(j, out))
+                                                               else why or "to run"))
+        if cells:
+            print(f"- {family.name}: " + "; ".join(cells))
+    if not found:
+        return found
+    print("\n| method | chosen setting | lr | in-sample (seeds 0-2) | vs Allreduce | held-out (seeds 10-12) "
+          "| vs Allreduce (held out) | per seed | MB sent/worker | fewer bytes | within 1% |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
+    ref_in = next((v.in_sample for v in found if v.family == REFERENCE), [])
+    for v in found:
+        held = [v.held[s]["val_bpb"] for s in HELD_OUT if s in v.held]
+        n = min(len(v.in_sample), len(ref_in))
+        in_gap = 100 * (statistics.mean(v.in_sample[:n]) / statistics.mean(ref_in[:n]) - 1) if n else None
+        sent = statistics.mean(r["bytes_sent_per_worker"] for r in v.held.values()) if v.held else None
+        gap = v.gap()
+        within = "-" if gap is None or len(v.paired()) < len(HELD_OUT) else "yes" if gap <= 100 * MARGIN else "no"
+        print(f"| {v.family} | {short(v.job.spec)} | {v.job.lr:g} | {_mean_sd(v.in_sample)} | {pct(in_gap)} | "
+              f"{_mean_sd(held)} | {pct(gap)} | {' '.join(pct(g) for g in v.paired()) or '-'} | "
+              f"{'-' if sent is None else f'{sent / 1e6:,.2f}'} | {fewer(v.ratio())} | {within} |")
+    print("\nHeld-out seeds per epoch, the gap to Allreduce of the same seed (validation bits per byte), then "
+          "the gap in training loss:\n")
+    for v in found:
+        if v.family == REFERENCE:
+            continue
+        for s in HELD_OUT:
+            run = records(Job(size, v.job.spec, v.job.lr, s), out)[0]
+            refs = records(Job(size, *_ref_setting(size, out), s), out)[0]
+            if not run or not refs:
+                continue
+            val = " ".join(f"{100 * (r['val_bpb'] / q['val_bpb'] - 1):+.1f}%" for r, q in zip(run, refs, strict=False))
+            fit = " ".join(f"{100 * (r['train_loss'] / q['train_loss'] - 1):+.1f}%" for r, q in zip(run, refs, strict=False))
+            print(f"- {v.family} seed {s}: val {val}; train loss {fit}")
+    return found
+
+
+def _ref_setting(size: str, out: str) -> tuple[str, float]:
+    ref = chosen(family_named(REFERENCE), size, out)
+    assert ref is not None
+    return ref.spec, ref.lr
+
+
+def _mean_sd(values: list[float]) -> str:
+    if not values:
+        return "-"
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.4f} ± {sd:.4f} ({len(values)})"
+
+
+def ladder_table(found: dict[str, list[Verdict]]) -> None:
+    """The gap to Allreduce (held out) against parameters, per method, with the bytes ratio."""
+    names = [f.name for f in FAMILIES if f.name != REFERENCE]
+    print("\n### The ladder: held-out gap to Allreduce (seeds 10-12) and bytes ratio, per size\n")
+    print("| size | parameters | Allreduce (val bpb) | " + " | ".join(names) + " |")
+    print("|---|---|---|" + "---|" * len(names))
+    for size, vs in found.items():
+        by = {v.family: v for v in vs}
+        ref = by.get(REFERENCE)
+        ref_cell = "-" if not ref or not ref.held else f"{statistics.mean(r['val_bpb'] for r in ref.held.values()):.4f}"
+        cells = [f"{pct(by[n].gap())} at {fewer(by[n].ratio())}" if n in by and by[n].gap() is not None else "-"
+                 for n in names]
+        print(f"| {size} | {PARAMS[size]:,} | {ref_cell} | " + " | ".join(cells) + " |")
+
+
+def plot(found: dict[str, list[Verdict]], figure: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    for family in FAMILIES:
+        if family.name == REFERENCE:
+            continue
+        points = [(PARAMS[size], v.gap(), statistics.stdev(v.paired()) if len(v.paired()) > 1 else 0.0, v.ratio())
+                  for size, vs in found.items() for v in vs if v.family == family.name and v.gap() is not None]
+        if not points:
+            continue
+        xs, ys, errs, ratios = zip(*points, strict=True)
+        line = ax.errorbar(xs, ys, yerr=errs, marker="o", capsize=3, label=family.name)
+        for x, y, r in zip(xs, ys, ratios, strict=True):
+            ax.annotate(fewer(r), (x, y), textcoords="offset points", xytext=(6, 4), fontsize=8,
+                        color=line[0].get_color())
+    ax.axhline(0, color="black", lw=0.8)
+    ax.axhspan(0, 100 * MARGIN, color="green", alpha=0.08, label="within 1%")
+    ax.set_xscale("log")
+    ax.set_xlabel("GPT parameters")
+    ax.set_ylabel("final validation bits per byte vs Allreduce (%)")
+    ax.set_title("Gap to Allreduce on held-out seeds 10-12 (labels: fewer bytes)\nwhole KJV, 4 workers, 4 epochs")
+    ax.legend(fontsize=8)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(figure) or ".", exist_ok=True)
+    fig.savefig(figure, dpi=110)
+    print(f"\nfigure: {figure}")
+
+
+def report(sizes: list[str], out: str, figure: str) -> None:
+    print(f"Scale ladder, commit {commit()}: whole KJV, context 64, batch 16, {WORKERS} workers, {EPOCHS} epochs; "
+          f"chosen on seed {CHOOSE_SEED}, judged on seeds {', '.join(map(str, HELD_OUT))}")
+    found = {size: size_report(size, out) for size in sizes}
+    found = {size: vs for size, vs in found.items() if vs}
+    ladder_table(found)
+    if found:
+        plot(found, figure)
+    print(f"\n{write_csv(sizes, out)} runs listed in {os.path.relpath(CSV)}")
+
+
+def plan(sizes: list[str], out: str) -> None:
+    """The runs known now that are still to do, in the order --run takes them (more appear as runs finish:
+    brackets, the families that follow another's rate, the held-out seeds of a choice)."""
+    order = [(size, stage) for size in sizes for stage in ("choose", "held_out")] + [(s, "in_sample") for s in sizes]
+    todo = [(stage, j) for size, stage in order for j in stage_jobs(size, stage, out) if not done(j, out)]
+    for stage, j in todo:
+        print(f"{stage:9} {j.size:6} {j.spec} lr={j.lr:g} seed {j.seed}")
+    print(f"{len(todo)} runs known to be still to do; {sum(done(j, out) for j in every_job(sizes, out))} done")
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0],
+                                formatter_class=argparse.RawDescriptionHelpFormatter, epilog=__doc__)
+    p.add_argument("--run", action="store_true", help="run the next jobs until none is left")
+    p.add_argument("--plan", action="store_true", help="print the jobs still to run, in order")
+    p.add_argument("--report", action="store_true", help="print the tables, write ladder.csv and the figure")
+    p.add_argument("--sizes", default="small,tiny,nano", help="comma-separated GPT sizes, in the order to run them")
+    p.add_argument("--out", default="runs/ladder", help="parent of the run directories")
+    p.add_argument("--figure", default=os.path.join(HERE, "figures", "ladder.png"))
+    p.add_argument("--device", default="", help="cuda: every run on the GPU (train.device)")
+    p.add_argument("--parallel", type=int, default=1, help="runs at once (1 on a 2-core CPU)")
+    args = p.parse_args()
+    sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
+    bad = [s for s in sizes if s not in SIZES]
+    if bad or not sizes:
+        p.error(f"--sizes {args.sizes!r}: each must be one of {', '.join(SIZES)}")
+    if not 1 <= args.parallel <= 16:
+        p.error(f"--parallel {args.parallel}: must be in 1..16")
+    if args.device:
+        DEVICE.extend(["--set", f"train.device='{args.device}'"])
+    PARAMS.update({s: params_of(s) for s in sizes})
+    if args.plan:
+        plan(sizes, args.out)
+    if args.run:
+        run_all(sizes, args.out, args.parallel)
+    if args.report or args.run:
+        report(sizes, args.out, args.figure)
+
+
+if __name__ == "__main__":
+    main()
