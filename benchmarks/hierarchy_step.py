@@ -25,9 +25,9 @@ STEPS_DEFAULT = 20
 def worker(out: str, mode: str, rate_mbit: str, steps: str) -> None:
     from lowband.comm import Communicator
     from lowband.comm.hierarchy import Hierarchy
-    from lowband.comm.links import LinkSpec
     from lowband.config import ModelConfig
     from lowband.models import build_model
+    from lowband.net.links import LinkSpec
 
     torch.set_num_threads(1)
     link = LinkSpec(float(rate_mbit) * 1e6) if mode == "model" else None

@@ -217,21 +217,37 @@ def chosen(family: Family, size: str, out: str) -> Job | None:
     return best if math.isfinite(bpb(best, out)) else None
 
 
-def stage_jobs(size: str, stage: str, out: str) -> list[Job]:
-    """The jobs of one stage at one size that are known now (later ones appear as earlier ones finish)."""
+def stage_jobs(size: str, stage: str, out: str, families: tuple[str, ...] | None = None) -> list[Job]:
+    """The jobs of one stage at one size that are known now (later ones appear as earlier ones finish), of
+    `families` (None: all)."""
+    chosen_families = [f for f in FAMILIES if families is None or f.name in families]
     if stage == "choose":
-        return [j for f in FAMILIES for j in tried(f, size, out)]
+        return [j for f in chosen_families for j in tried(f, size, out)]
     seeds = HELD_OUT if stage == "held_out" else IN_SAMPLE
-    picks = [chosen(f, size, out) for f in FAMILIES]
+    picks = [chosen(f, size, out) for f in chosen_families]
     return [Job(size, p.spec, p.lr, s) for p in picks if p is not None for s in seeds]
 
 
+#: the order of the work at each size: the families the issue's goal turns on first, chosen then judged;
+#: DiLoCo after them
+PHASES: list[tuple[str, tuple[str, ...]]] = [
+    ("choose", ("allreduce", "sparseloco", "sparseloco-1000x")),
+    ("held_out", ("allreduce", "sparseloco-1000x", "sparseloco")),
+    ("choose", ("diloco",)),
+    ("held_out", ("diloco",)),
+]
+
+
+def order(sizes: list[str]) -> list[tuple[str, str, tuple[str, ...] | None]]:
+    """(size, stage, families) in the order --run takes them: each size's phases, then the in-sample seeds."""
+    return ([(size, stage, fams) for size in sizes for stage, fams in PHASES]
+            + [(size, "in_sample", None) for size in sizes])
+
+
 def next_job(sizes: list[str], out: str) -> Job | None:
-    """The first job not yet done: each size's choosing then held-out runs, in the given order of sizes;
-    then the in-sample seeds of every size."""
-    order = [(size, stage) for size in sizes for stage in ("choose", "held_out")] + [(s, "in_sample") for s in sizes]
-    for size, stage in order:
-        for job in stage_jobs(size, stage, out):
+    """The first job not yet done, in `order`."""
+    for size, stage, fams in order(sizes):
+        for job in stage_jobs(size, stage, out, fams):
             if not done(job, out):
                 return job
     return None
@@ -310,8 +326,8 @@ def run_all(sizes: list[str], out: str, parallel: int) -> None:
     with ThreadPoolExecutor(parallel) as pool:
         while True:
             busy = set(running.values())
-            jobs = [j for size in sizes for stage in ("choose", "held_out", "in_sample")
-                    for j in stage_jobs(size, stage, out) if not done(j, out) and j not in busy]
+            jobs = [j for size, stage, fams in order(sizes) for j in stage_jobs(size, stage, out, fams)
+                    if not done(j, out) and j not in busy]
             for job in jobs[:parallel - len(running)]:
                 running[pool.submit(train, job, out)] = job
             if not running:
@@ -556,8 +572,8 @@ def report(sizes: list[str], out: str, figure: str) -> None:
 def plan(sizes: list[str], out: str) -> None:
     """The runs known now that are still to do, in the order --run takes them (more appear as runs finish:
     brackets, the families that follow another's rate, the held-out seeds of a choice)."""
-    order = [(size, stage) for size in sizes for stage in ("choose", "held_out")] + [(s, "in_sample") for s in sizes]
-    todo = [(stage, j) for size, stage in order for j in stage_jobs(size, stage, out) if not done(j, out)]
+    todo = [(stage, j) for size, stage, fams in order(sizes) for j in stage_jobs(size, stage, out, fams)
+            if not done(j, out)]
     for stage, j in todo:
         print(f"{stage:9} {j.size:6} {j.spec} lr={j.lr:g} seed {j.seed}")
     print(f"{len(todo)} runs known to be still to do; {sum(done(j, out) for j in every_job(sizes, out))} done")

@@ -55,10 +55,10 @@ PLANTS = [
     ("the decay schedule runs backwards", "src/lowband/methods/sparseloco.py",
      "(c.ef_decay_end - c.ef_decay) * min(done, 1.0)", "(c.ef_decay_end - c.ef_decay) * (1.0 - min(done, 1.0))",
      ["tests/distributed/test_sparseloco.py"]),
-    ("the trainer sets the rate of a later place", "src/lowband/run/trainer.py",
+    ("the trainer sets the rate of a later place", "src/lowband/training/trainer.py",
      "            self.schedule.apply(self.optimizer, place)\n", "            self.schedule.apply(self.optimizer, place + 0.5)\n",
      ["tests/unit/test_trainer_team.py"]),
-    ("an elastic worker's round figures never restart", "src/lowband/run/elastic_worker.py",
+    ("an elastic worker's round figures never restart", "src/lowband/training/elastic/worker.py",
      "        self.marks = (self.trainer.step, self.trainer.loss_total)\n", "",
      ["tests/faults/test_elastic_equal.py"]),
 ]

@@ -15,8 +15,8 @@ import os
 import tempfile
 
 from common import run_compare
-from lowband.comm.links import parse_link
 from lowband.comparison.projection import seconds_through
+from lowband.net.links import parse_link
 from lowband.run.metrics import read_metrics
 
 

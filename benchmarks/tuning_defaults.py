@@ -5,7 +5,7 @@ every epoch, and a pruned trial's epochs are the first epochs of the same run le
 script runs each space's whole grid once, for real (`lowband train` per setting, through
 lowband.comparison.tuning, no pruning), and records per setting its validation curve, its CPU
 seconds (user + system of the trial and its workers, as tuning counts them) and its wall times
-(start-up, and the trainer's elapsed seconds at each epoch). Trials start warm (lowband.run.warm):
+(start-up, and the trainer's elapsed seconds at each epoch). Trials start warm (lowband.training.warm):
 the server's own start-up, its imports, is charged once to every search, the grid's included; it
 is measured when the replay runs (the median of three), so every record is charged the same.
 Then it replays a search: lowband's own `tune_label`, with its real sampler, pruner, repeat rule
@@ -54,6 +54,7 @@ import time
 from dataclasses import dataclass
 
 from common import commit
+from lowband.catalog import load_all
 from lowband.comparison import tuning as T
 from lowband.comparison.folder import ComparisonDir
 from lowband.comparison.plan import typed
@@ -61,7 +62,6 @@ from lowband.comparison.request import Request, plan_for
 from lowband.comparison.space import parse_tune
 from lowband.data.base import load_dataset
 from lowband.data.metric import ACCURACY, BITS_PER_BYTE, Metric
-from lowband.registry.catalog import load_all
 from lowband.run.metrics import read_metrics
 from lowband.run.workers import can_fork
 
@@ -89,14 +89,14 @@ SPACES = {
 
 
 def warm_server_cpu() -> float:
-    """CPU seconds of a warm-start server's start-up (lowband.run.warm: its imports), paid once per search;
+    """CPU seconds of a warm-start server's start-up (lowband.training.warm: its imports), paid once per search;
     0 where trials start cold (their start-up is in each trial's CPU)."""
     if not can_fork():
         return 0.0
     before = T.children_cpu()
-    subprocess.run([sys.executable, "-c", "import importlib; from lowband.run import warm; "
+    subprocess.run([sys.executable, "-c", "import importlib; from lowband.training import warm; "
                     "[importlib.import_module(m) for m in warm.PRELOAD]; "
-                    "from lowband.registry.catalog import load_all; load_all()"], check=True)
+                    "from lowband.catalog import load_all; load_all()"], check=True)
     return T.children_cpu() - before
 
 

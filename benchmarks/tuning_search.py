@@ -30,12 +30,12 @@ import tempfile
 import time
 
 from common import commit
+from lowband.catalog import load_all
 from lowband.comparison.folder import ComparisonDir
 from lowband.comparison.request import Request, plan_for
 from lowband.comparison.space import parse_tune
 from lowband.comparison.tuning import tune_label
 from lowband.data.metric import BITS_PER_BYTE
-from lowband.registry.catalog import load_all
 
 LABEL = "diloco"
 MARGIN = BITS_PER_BYTE.margin

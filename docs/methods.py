@@ -43,7 +43,7 @@ def section(name: str, method) -> list[str]:
 
 def page() -> str:
     from lowband.registry import METHODS
-    from lowband.registry.catalog import load_all
+    from lowband.catalog import load_all
 
     load_all()
     lines = [HEAD]

@@ -49,7 +49,7 @@ def die():
 
 from lowband import atomic
 from lowband.comparison import folder, runner
-from lowband.run import session
+from lowband.training import session
 import matplotlib.figure
 
 write_atomic = atomic.write_atomic

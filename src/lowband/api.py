@@ -50,7 +50,7 @@ class Run:
     def from_dir(cls, run_dir: str) -> Run:
         """The run in `run_dir` (finished, or stopped: its last records)."""
         from lowband.run.metrics import read_metrics
-        from lowband.run.runconfig import read_run_config
+        from lowband.training.runconfig import read_run_config
 
         cfg = read_run_config(run_dir, "Run.from_dir(run_dir)")
         records = read_metrics(run_dir)
@@ -61,7 +61,7 @@ class Run:
 
     @property
     def config(self) -> C.Config:
-        from lowband.run.runconfig import read_run_config
+        from lowband.training.runconfig import read_run_config
 
         return read_run_config(self.run_dir, "Run.config")
 
@@ -85,7 +85,7 @@ def build_config(config=None, method: str | None = None, overrides: dict | None 
     >>> build_config(method="allreduce", overrides={"epochs": 3, "optim.lr": 0.1}).optim.lr
     0.1
     """
-    from lowband.run.runconfig import method_configs
+    from lowband.training.runconfig import method_configs
 
     if isinstance(config, C.Config):
         raw = C.to_dict(config)
@@ -117,8 +117,8 @@ def train(method: str | None = None, config=None, *, run_dir: str | None = None,
     `quiet`: no per-epoch lines on the console (train.log still gets them).
     Raises ConfigError (bad settings; nothing is started) or RunFailed (a worker failed).
     """
-    from lowband.registry.catalog import load_all
-    from lowband.run import session
+    from lowband.catalog import load_all
+    from lowband.training import session
 
     load_all()
     cfg = build_config(config, method, overrides)
@@ -147,11 +147,11 @@ def compare(methods: list[str], config=None, *, out: str = "runs", quiet: bool =
     Raises ConfigError before anything runs, or RunFailed when any run failed (its `run_dir`
     is then the comparison directory).
     """
+    from lowband.catalog import load_all
     from lowband.comparison import runner as cmp
     from lowband.comparison.plan import parse_seeds, parse_spec
     from lowband.comparison.request import Request, plan_for
     from lowband.comparison.space import parse_tune
-    from lowband.registry.catalog import load_all
 
     load_all()
     if isinstance(methods, str) or not methods:
@@ -185,8 +185,8 @@ def load_model(run_dir: str, local: bool = False):
 
     from lowband.comparison.churn import load_final_model
     from lowband.run.checkpoint import model_metadata
-    from lowband.run.runconfig import read_run_config
     from lowband.run.rundir import RunDir
+    from lowband.training.runconfig import read_run_config
 
     read_run_config(run_dir, "load_model(run_dir)")  # a path that is no run says so in the API's own words
     run = RunDir(run_dir)

@@ -18,7 +18,7 @@ from lowband.errors import ConfigError, LowbandError, UsageError
 
 def config_from_args(args, method: str | None = None, base: dict | None = None) -> C.Config:
     """Defaults <- suite or --config file <- shortcut flags <- --set overrides; validated."""
-    from lowband.run.runconfig import method_configs
+    from lowband.training.runconfig import method_configs
 
     raw = base if base is not None else (C.read_toml(args.config) if args.config else {})
     name = method if method is not None else getattr(args, "method", None)
@@ -83,7 +83,7 @@ def final_accuracy(run_dir: str) -> float:
 
 def cmd_train(args) -> int:
     from lowband.comm import launched_by_torchrun
-    from lowband.run import session
+    from lowband.training import session
 
     if args.resume:
         if args.run_dir:
@@ -105,7 +105,7 @@ def cmd_train(args) -> int:
 def resume_config(args) -> tuple[C.Config, str | None]:
     """The run's own config, and a note on what changed; only the epoch count, the loggers and (with
     --allow-world-change) the number of workers may change. Both wait for every check (session.start)."""
-    from lowband.run import runconfig
+    from lowband.training import runconfig
 
     may = {"train.epochs", "train.workers"} if args.allow_world_change else {"train.epochs"}
     changed = [flag for flag, key, _ in SHORTCUTS if getattr(args, key) is not None and key not in may]
@@ -135,7 +135,7 @@ def schedule_replanned(cfg: C.Config, epochs: int) -> str | None:
 
 
 def cmd_join(args) -> int:
-    from lowband.run.elastic_job import join
+    from lowband.training.elastic.job import join
 
     return join(args.run_dir, host=args.host)
 
@@ -193,9 +193,9 @@ def compare_request(args):
 
 def cmd_report(args) -> int:
 
-    from lowband.comm.links import DELAY, DELAY_UNITS
     from lowband.comparison.folder import ComparisonDir
     from lowband.comparison.report import build
+    from lowband.net.links import DELAY, DELAY_UNITS
 
     for folder in args.folders:
         if not ComparisonDir(folder).is_comparison():
@@ -273,7 +273,7 @@ def describe_method(name: str, method) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
-    from lowband.registry.catalog import load_all
+    from lowband.catalog import load_all
 
     p = parser()
     args = p.parse_args(argv)

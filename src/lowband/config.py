@@ -18,6 +18,8 @@ import tomli_w
 import tomllib
 
 from lowband.errors import ConfigError, UsageError, require
+from lowband.net.links import parse_link
+from lowband.net.sites import site_map
 
 MAX_SEED = 2**32 - 1  # numpy's seeds
 MAX_WORKERS = 1024  # worker processes on one machine: each needs memory, a port and a process
@@ -188,8 +190,6 @@ class OptimConfig:
 
 @dataclass(kw_only=True)
 class LinkConfig:
-    # Its methods import lowband.comm.links / sites when called: the lowband.comm package imports torch,
-    # which importing the config (the API, `import lowband`) should not pay.
     rate: str = opt("unlimited", "RATE[,LATENCY] of the link between sites (every worker its own site unless "
                                  "sites or site_of say otherwise), e.g. 10mbit,20ms (units bit/kbit/mbit/gbit)")
     mode: Literal["model", "netns"] = opt("model", "model: delays in the communicator; netns: real tc-shaped links (root)")
@@ -198,7 +198,6 @@ class LinkConfig:
     intra: str = opt("unlimited", "RATE[,LATENCY] of the link inside a site (netns: RATE only)")
 
     def __post_init__(self):
-        from lowband.comm.links import parse_link  # torch: see above
 
         for name in ("rate", "intra"):
             try:
@@ -210,14 +209,12 @@ class LinkConfig:
                 "link.site_of", self.site_of, "must list integers >= 0, one site per rank")
 
     def site_map(self, world: int) -> list[int]:
-        """Each rank's site (lowband.comm.sites); raises ConfigError for a map that does not fit `world`."""
-        from lowband.comm.sites import site_map  # torch: see above
+        """Each rank's site (lowband.net.sites); raises ConfigError for a map that does not fit `world`."""
 
         return site_map(self.sites, self.site_of, world)
 
     @property
     def intra_spec(self):
-        from lowband.comm.links import parse_link  # torch: see above
 
         return parse_link(self.intra)
 
@@ -227,7 +224,6 @@ class LinkConfig:
 
     @property
     def spec(self):
-        from lowband.comm.links import parse_link  # torch: see above
 
         return parse_link(self.rate)
 

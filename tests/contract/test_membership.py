@@ -91,7 +91,7 @@ def test_a_finished_jobs_launcher_waits_for_other_launchers_workers_before_its_c
     import threading
 
     from lowband.config import ElasticConfig
-    from lowband.run.elastic_job import let_others_leave
+    from lowband.training.elastic.job import let_others_leave
 
     launcher = member(url, dead_after_s=1.0)
     joiner = Membership(url, launcher.job, 1.0)

@@ -26,13 +26,13 @@ from lowband.methods.allreduce import Allreduce, AllreduceConfig
 from lowband.methods.base import Context, Method
 from lowband.models import build_model
 from lowband.models.flat import flat_state
-from lowband.run.trainer import train_step
+from lowband.training.trainer import train_step
 
 IN_SHAPE, CLASSES = (1, 40), 10
 LAUNCHER = """
 import json, sys
 from lowband.run import launch
-from lowband.comm.links import LinkSpec
+from lowband.net.links import LinkSpec
 a = json.loads(sys.argv[1])
 if a["kw"].get("netns"):
     a["kw"]["netns"] = LinkSpec(**a["kw"]["netns"])
@@ -205,8 +205,8 @@ def gossip_trace(out_dir: str, steps: str, method: str, options: str = "{}") -> 
 
     Records per step: x before mixing, the gradient, x after mixing, x after the step.
     """
+    from lowband.catalog import load_all
     from lowband.registry import METHODS
-    from lowband.registry.catalog import load_all
 
     load_all()
     torch.set_num_threads(1)
@@ -266,7 +266,7 @@ def codistill_trace(out_dir: str, steps: str, interval: str, method: str = "codi
 def timed_transfer(out_dir: str, op: str, nbytes: str, rate_bps: str = "0") -> None:
     """Time one send (op "send": rank 0 -> 1; "send:N": rank 0 -> N) or one allreduce of `nbytes`, after a
     warm-up, on a modelled or real link."""
-    from lowband.comm.links import LinkSpec
+    from lowband.net.links import LinkSpec
 
     torch.set_num_threads(1)
     link = LinkSpec(float(rate_bps)) if float(rate_bps) > 0 else None

@@ -8,7 +8,7 @@ import shutil
 
 import pytest
 
-from lowband.comm.links import LinkSpec, leftover_namespaces
+from lowband.net.links import LinkSpec, leftover_namespaces
 from tests.distributed.helpers import run_workers
 
 
@@ -73,7 +73,7 @@ def test_real_sites_shape_only_the_uplink_between_sites(tmp_path):
 
 @needs_netns
 def test_real_sites_layout_bridges_and_shapes_what_it_says():
-    from lowband.comm.links import NetnsLinks
+    from lowband.net.links import NetnsLinks
 
     with NetnsLinks(3, LinkSpec(20e6), site_of=[0, 0, 1], intra=LinkSpec(1e9)) as net:
         qdiscs = os.popen("tc qdisc show").read()

@@ -44,8 +44,8 @@ def run(tmp_path, method: str, *extra: str, workers: int = 2, epochs: int = 2):
 
 def steps_per_epoch(run_dir) -> int:
     """Steps per epoch of a small() run: 600 samples -> 480 train, 10% of it held out for validation."""
-    from lowband.run.runconfig import read_run_config
-    from lowband.run.trainer import worker_data
+    from lowband.training.runconfig import read_run_config
+    from lowband.training.trainer import worker_data
 
     cfg = read_run_config(str(run_dir))
     return worker_data(cfg, cfg.train.workers).steps

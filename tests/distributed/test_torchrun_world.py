@@ -7,8 +7,8 @@ import sys
 
 import pytest
 
-from lowband.run import runconfig
 from lowband.run.metrics import read_metrics
+from lowband.training import runconfig
 from tests.conftest import ROOT, cli, small
 
 

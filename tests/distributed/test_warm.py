@@ -1,4 +1,4 @@
-"""Warm starts (lowband.run.warm): `lowband ARGV` forked from the server behaves as `python -m lowband` would:
+"""Warm starts (lowband.training.warm): `lowband ARGV` forked from the server behaves as `python -m lowband` would:
 the same output, exit codes, records, directory and environment; a signal ends it with the same code;
 and nothing outlives a killed caller."""
 
@@ -12,8 +12,8 @@ import textwrap
 
 import pytest
 
-from lowband.run import warm
 from lowband.run.metrics import read_metrics
+from lowband.training import warm
 from tests.conftest import ROOT, alive, children, cli, small, wait_for
 
 CLI = "lowband.cli:main"  # `lowband ARGV`
@@ -62,7 +62,7 @@ def test_a_signal_ends_a_warm_run_as_it_ends_a_cold_one_and_leaves_no_worker(tmp
 def test_a_killed_caller_takes_the_server_and_its_commands_with_it(tmp_path):
     script = textwrap.dedent(f"""
         import sys, time
-        from lowband.run import warm
+        from lowband.training import warm
         command = warm.start("lowband.cli:main", {train_args(tmp_path, str(tmp_path / 'run'), epochs=200)!r})
         print(warm._client.server.pid, command.pid, flush=True)
         time.sleep(600)

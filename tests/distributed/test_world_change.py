@@ -9,8 +9,8 @@ from itertools import pairwise
 
 import pytest
 
-from lowband.run import runconfig
 from lowband.run.metrics import read_metrics
+from lowband.training import runconfig
 from tests.conftest import cli, small
 
 

@@ -20,8 +20,8 @@ from safetensors.torch import load_file
 from lowband.data import Batches
 from lowband.run import checkpoint
 from lowband.run.metrics import read_metrics
-from lowband.run.runconfig import read_run_config
-from lowband.run.trainer import worker_data
+from lowband.training.runconfig import read_run_config
+from lowband.training.trainer import worker_data
 from tests.conftest import ROOT, alive, children, cli, small, workers_of
 from tests.faults.test_processes import rank_of, wait_for
 

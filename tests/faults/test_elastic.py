@@ -1,4 +1,4 @@
-"""Elastic jobs on real processes (run/elastic_worker.py): workers die, stall, join; the coordinator restarts.
+"""Elastic jobs on real processes (training/elastic/worker.py): workers die, stall, join; the coordinator restarts.
 
 Every job here trains local SGD or DiLoCo on a small MNIST-1D; faults are injected by round with
 LOWBAND_ELASTIC_FAULT, so they land at the same place on a fast or a slow machine. What each test
@@ -104,10 +104,10 @@ def simulate(run_dir) -> dict[str, torch.Tensor]:
     from lowband.methods.outer import SyncPlan
     from lowband.models import build_for_task
     from lowband.models.flat import flat_state, load_flat
-    from lowband.run.elastic_order import EpochOrder
-    from lowband.run.runconfig import read_run_config
     from lowband.run.schedule import MethodSchedule
-    from lowband.run.trainer import make_optimizer, task_loss, worker_data
+    from lowband.training.elastic.order import EpochOrder
+    from lowband.training.runconfig import read_run_config
+    from lowband.training.trainer import make_optimizer, task_loss, worker_data
 
     cfg = read_run_config(run_dir)
     plan = worker_data(cfg, cfg.train.workers)

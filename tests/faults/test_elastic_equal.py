@@ -2,7 +2,7 @@
 
 Both runs start from one seed on one config; the elastic one has min_workers = max_workers = the
 launched workers and no faults, so every round's quorum is all of them. The elastic worker takes its
-data order, step, learning rate and records from the trainer (run/elastic_worker.py), so the two give
+data order, step, learning rate and records from the trainer (training/elastic/worker.py), so the two give
 the same record per epoch: training loss, learning rate and evaluation of the global model to float
 tolerance (the averages sum in another order), and the same bytes sent per worker. Sizes divide
 evenly in most cases: 360 training samples (of 500: test and validation aside), 2 workers, batch 9, tau 4:
@@ -25,7 +25,7 @@ import sys
 import pytest
 
 from lowband.comm import BOOKKEEPING_TAGS
-from lowband.run.elastic_records import RANK_KEYS
+from lowband.training.elastic.records import RANK_KEYS
 
 pytestmark = pytest.mark.timeout(240)
 SIZES = ["--workers", "2", "--epochs", "2", "--seed", "3", "--set", "data.num_samples=500", "--batch-size", "9",
@@ -75,7 +75,9 @@ CASES = [
     # BatchNorm's running statistics: DiLoCo averages them at the end of each full tau, local SGD with the
     # parameters; with fragments the two schedules differ from round to round
     ("local_sgd", BN),
+    ("diloco", [*BN, "--set", "method.outer_lr=0.7", "--set", "method.outer_momentum=0.9"]),
     ("diloco", [*BN, "--set", "method.outer_lr=0.7", "--set", "method.outer_momentum=0.9", "--set", "method.fragments=2"]),
+    ("diloco", [*BN, "--set", "method.outer_lr=0.7", "--set", "method.outer_momentum=0.9", "--set", "method.fragments=4"]),
     # options an elastic job refused while it ran an outer loop of its own: an inner rate's factor moving over
     # the run, heavy-ball momentum, a tau that does not divide the epoch (20 steps; fragments at steps 2, 5, 7
     # of every 7: rounds of 2, 3 and 2 steps, and epochs that end between two outer steps)
@@ -90,8 +92,8 @@ CASES = [
 
 
 def test_every_method_that_can_run_elastic_is_compared_here():
-    """A method that gains an `outer_step` runs elastic (run/elastic_job.py): it must join CASES."""
-    from lowband.run.elastic_job import elastic_methods
+    """A method that gains an `outer_step` runs elastic (training/elastic/job.py): it must join CASES."""
+    from lowband.training.elastic.job import elastic_methods
 
     assert set(elastic_methods()) <= {method for method, _ in CASES}
 

@@ -179,3 +179,17 @@ def test_the_median_pruner_decides_nothing_before_three_quarters_of_a_trials_epo
     assert not T.judged(behind, 1, 0.01, 4)  # epochs 1 and 2: the warm-up
     assert not T.judged(behind, 2, 0.01, 4)
     assert T.judged(behind, 3, 0.01, 4)  # epoch 3 of 4: three quarters of the trial, judged and stopped
+
+
+def test_no_private_optuna_api_is_used():
+    """lowband talks to Optuna through its public API only (the axis search samples a whole setting through
+    relative sampling, a retried trial names the one it retries): a private attribute would break silently
+    on an Optuna upgrade."""
+    import pathlib
+    import re
+
+    src = pathlib.Path(__file__).resolve().parents[2] / "src" / "lowband"
+    private = re.compile(r"\._trial_id\b|\._storage\b|\._study_id\b|optuna\._\w+")
+    found = [f"{p.relative_to(src)}:{n}" for p in src.rglob("*.py")
+             for n, line in enumerate(p.read_text().splitlines(), 1) if private.search(line)]
+    assert not found, found

@@ -115,7 +115,7 @@ def test_checkpoint_writes_cross_sites_when_the_ranks_span_several(tmp_path):
 
 
 def test_the_modelled_link_delays_by_the_class_of_link_crossed():
-    from lowband.comm.links import UNLIMITED, LinkModel, LinkSpec
+    from lowband.net.links import UNLIMITED, LinkModel, LinkSpec
 
     model = LinkModel(LinkSpec(8e6), LinkSpec(8e3))  # 1 MB/s between sites, 1 kB/s inside
     now = time.monotonic()
@@ -135,10 +135,10 @@ def test_the_modelled_link_delays_by_the_class_of_link_crossed():
 
 def test_netns_mode_takes_sites_but_refuses_an_intra_latency(monkeypatch):
     from lowband import config
-    from lowband.comm import links
     from lowband.errors import UsageError
-    from lowband.run.runconfig import method_configs
-    from lowband.run.spec import resolve
+    from lowband.net import links
+    from lowband.training.runconfig import method_configs
+    from lowband.training.spec import resolve
 
     cfg = config.from_dict({"link": {"mode": "netns", "sites": 2}, "train": {"workers": 4}}, method_configs())
     assert resolve(cfg, 4).sites == [0, 0, 1, 1]
@@ -148,8 +148,8 @@ def test_netns_mode_takes_sites_but_refuses_an_intra_latency(monkeypatch):
 
 
 def test_checkpoint_writes_wait_on_the_link_they_cross(tmp_path):
-    from lowband.comm.links import UNLIMITED, LinkModel, LinkSpec
     from lowband.comm.store import CheckpointStore
+    from lowband.net.links import UNLIMITED, LinkModel, LinkSpec
 
     for site_of, queued in (([0, 0, 1, 1], {"store"}), ([0, 0, 0, 0], set())):
         comm = world(site_of)[0]

@@ -111,7 +111,7 @@ def test_a_suites_teacher_is_trained_on_the_windows_its_students_read(tmp_path, 
     from lowband import cli
     from lowband import config as C
     from lowband.comparison.request import Request, plan_for
-    from lowband.run.runconfig import method_configs
+    from lowband.training.runconfig import method_configs
 
     plan, _ = plan_for(Request(suite=name, out=str(tmp_path)))
     teacher = cli.config_from_args(cli.parser().parse_args(shlex.split(plan.prepare[0])))

@@ -6,7 +6,7 @@ import pytest
 
 from lowband import config as C
 from lowband.errors import ConfigError, UsageError
-from lowband.run.runconfig import method_configs
+from lowband.training.runconfig import method_configs
 
 
 def build(raw: dict) -> C.Config:

@@ -80,7 +80,8 @@ def test_target_from_a_run_with_a_broken_line_reads_the_rest(tmp_path, capsys):
 
 def _run_with_model(tmp_path, name: str, model_bytes: bytes | None = None) -> str:
     from lowband.models import build_model
-    from lowband.run import checkpoint, runconfig
+    from lowband.run import checkpoint
+    from lowband.training import runconfig
     from tests.unit.test_config import build as build_config
 
     run = str(tmp_path / name)

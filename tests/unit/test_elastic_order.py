@@ -1,4 +1,4 @@
-"""An elastic epoch's order (run/elastic_order.py) against the trainer's data plan, and the one
+"""An elastic epoch's order (training/elastic/order.py) against the trainer's data plan, and the one
 learning-rate rule (run/schedule.py's MethodSchedule): pure functions of the config, tested without processes."""
 
 from __future__ import annotations
@@ -8,8 +8,8 @@ import torch
 
 from lowband import api
 from lowband.comm.membership import Arrival, decide
-from lowband.run.elastic_order import EpochOrder
-from lowband.run.trainer import rank_batches, worker_data
+from lowband.training.elastic.order import EpochOrder
+from lowband.training.trainer import rank_batches, worker_data
 
 
 def small(method: str = "local_sgd", **overrides):

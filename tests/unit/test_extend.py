@@ -4,8 +4,8 @@ from __future__ import annotations
 
 from lowband import config as C
 from lowband.cli import parser, resume_config
-from lowband.run import runconfig
 from lowband.run.schedule import lr_at
+from lowband.training import runconfig
 
 
 def _run(tmp_path, schedule: str = "cosine") -> str:

@@ -87,21 +87,20 @@ def test_the_package_has_no_import_cycle():
 # the most specific entry that names it or one of its packages ("lowband.run.rundir" before "lowband.run").
 LAYERS: list[list[str]] = [
     ["lowband.errors"],
-    # leaves everyone uses: the name tables, the plug-in importer, flat parameter vectors, link and site specs,
-    # the atomic file writer, the typed records, the SI-unit formatter
-    ["lowband.registry", "lowband.registry.plugins", "lowband.models.flat", "lowband.comm.links", "lowband.comm.sites",
-     "lowband.atomic", "lowband.records", "lowband.units"],
+    # leaves everyone uses: the name tables and the plug-in importer, the network as configured (links and
+    # sites, no torch), the atomic file writer, the typed records, the SI-unit formatter
+    ["lowband.registry", "lowband.net", "lowband.atomic", "lowband.records", "lowband.units"],
     ["lowband.config"],
     ["lowband.comm", "lowband.data", "lowband.models"],  # the communicator; data sets; models
-    # a run's files and processes, which methods and services use: run directory, checkpoints,
-    # worker processes, records, loggers, the lr schedule
-    ["lowband.run.rundir", "lowband.run.checkpoint", "lowband.run.launch", "lowband.run.workers", "lowband.run.metrics",
-     "lowband.run.reporter", "lowband.run.loggers", "lowband.run.schedule"],
+    # a run's files and processes, which methods and services use: run directory, checkpoints, worker
+    # processes and their supervisor, warm starts, records, loggers, the lr schedule
+    ["lowband.run"],
     ["lowband.distill"],  # losses, ensembles, and EDL-Dist's teacher service
-    ["lowband.methods", "lowband.registry.catalog"],  # one file per method; the catalog imports them all
-    ["lowband.run"],  # one run: session (start, resume), trainer, reshard
+    ["lowband.methods", "lowband.catalog"],  # one file per method; the catalog imports them all
+    ["lowband.training"],  # one run: the loop and its teams, elastic jobs, session (start, resume)
     ["lowband.comparison"],  # a comparison of runs
-    ["lowband.api", "lowband.cli", "lowband.cli_parser", "lowband.__main__", "lowband.distill.commands"],  # what users call
+    ["lowband.api", "lowband.wrapping", "lowband.cli", "lowband.cli_parser", "lowband.__main__",
+     "lowband.distill.commands"],  # what users call
 ]
 
 
@@ -135,9 +134,9 @@ def test_the_layer_check_finds_a_planted_upward_import():
 
 def test_a_module_named_in_a_string_counts_as_imported(tmp_path):
     path = tmp_path / "m.py"
-    path.write_text('import importlib\nimportlib.import_module("lowband.api")\nENTRY = "lowband.run.session:start"\n'
+    path.write_text('import importlib\nimportlib.import_module("lowband.api")\nENTRY = "lowband.training.session:start"\n'
                     'NOTE = "lowband.api is the API"\n')
-    assert imports_of(str(path), {"lowband.api", "lowband.run.session"}) == {"lowband.api", "lowband.run.session"}
+    assert imports_of(str(path), {"lowband.api", "lowband.training.session"}) == {"lowband.api", "lowband.training.session"}
 
 
 def test_the_declared_layers_name_real_modules_once():
@@ -170,6 +169,19 @@ def undocumented(package: str) -> list[str]:
     if package == "methods":
         names = [n for n in names if n in SHARED_METHOD_PARTS]
     return [n for n in names if not re.search(rf"\b{n}\b", doc)]
+
+
+def test_no_folder_mixes_layers():
+    """Every module of a folder sits in one layer (a folder is a layer, or inside one): the package's
+    folders show its layers (`lowband.distill.commands`, the `distill` command, is the one file declared
+    apart, in the top layer with the other commands)."""
+    by_folder: dict[str, set[int]] = {}
+    for module in graph():
+        layer = layer_of(module, LAYERS)
+        if module.count(".") >= 2 and layer is not None and module != "lowband.distill.commands":
+            by_folder.setdefault(module.rsplit(".", 1)[0], set()).add(layer)
+    mixed = {folder: sorted(layers) for folder, layers in by_folder.items() if len(layers) > 1}
+    assert not mixed, f"folders spanning layers: {mixed}"
 
 
 def test_every_package_docstring_names_its_modules():

@@ -11,7 +11,7 @@ import time
 import pytest
 
 from lowband.comm.ledger import Ledger, Tally, Traffic
-from lowband.comm.links import LinkModel, LinkSpec
+from lowband.net.links import LinkModel, LinkSpec
 
 SRC = pathlib.Path(__file__).resolve().parents[2] / "src" / "lowband"
 

@@ -4,8 +4,8 @@ import time
 
 import pytest
 
-from lowband.comm.links import LinkModel, LinkSpec, parse_link
 from lowband.errors import UsageError
+from lowband.net.links import LinkModel, LinkSpec, parse_link
 
 
 @pytest.mark.parametrize("text, rate, latency", [("10mbit,20ms", 10e6, 0.02), ("100mbit", 100e6, 0.0),
@@ -38,7 +38,7 @@ def test_a_link_drains_in_order_and_links_are_independent():
 
 
 def test_netns_mode_explains_what_it_needs(monkeypatch):
-    from lowband.comm import links
+    from lowband.net import links
 
     monkeypatch.setattr(links.os, "geteuid", lambda: 1000)
     with pytest.raises(UsageError, match="needs root"):

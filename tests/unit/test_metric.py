@@ -100,7 +100,7 @@ def test_a_report_target_must_be_a_value_of_the_runs_metric():
 def test_calibration_is_measured_once_per_setting_and_kept(tmp_path, monkeypatch):
     from lowband import config as C
     from lowband.comparison import calibrate
-    from lowband.run.runconfig import method_configs
+    from lowband.training.runconfig import method_configs
 
     cfg = C.from_dict({"data": {"name": "text", "max_bytes": 20000, "context": 16},
                        "model": {"name": "gpt", "size": "nano"}, "optim": {"name": "adamw", "lr": 0.001}},

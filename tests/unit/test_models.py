@@ -6,11 +6,11 @@ import pytest
 import tomllib
 import torch
 
+from lowband.catalog import load_all
 from lowband.config import ModelConfig
 from lowband.errors import ConfigError
 from lowband.models import build_model
 from lowband.registry import MODELS
-from lowband.registry.catalog import load_all
 
 load_all()
 
@@ -67,7 +67,7 @@ def test_user_model_plugs_in_by_factory_path():
 
 def test_model_kwargs_reach_a_user_factory_and_the_saved_config(tmp_path, monkeypatch):
     from lowband import config as C
-    from lowband.run.runconfig import method_configs
+    from lowband.training.runconfig import method_configs
 
     (tmp_path / "widefactory.py").write_text(
         "import torch\n"

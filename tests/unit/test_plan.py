@@ -10,8 +10,8 @@ from lowband.comparison.folder import ComparisonDir
 from lowband.comparison.space import Param, Tune, parse_tune
 from lowband.data.metric import ACCURACY, BITS_PER_BYTE
 from lowband.errors import ConfigError
-from lowband.run import runconfig
-from lowband.run.spec import resolve
+from lowband.training import runconfig
+from lowband.training.spec import resolve
 
 
 def test_seeds_are_distinct_non_negative_integers():

@@ -4,8 +4,8 @@ import time
 
 import pytest
 
-from lowband.comm.links import LinkModel, LinkSpec, parse_link
 from lowband.comparison.projection import epoch_seconds, link_name, rates, seconds_through, traffic
+from lowband.net.links import LinkModel, LinkSpec, parse_link
 from lowband.records import EpochRecord
 
 MB_PER_S = LinkSpec(8e6)  # 1 MB/s

@@ -35,8 +35,8 @@ def test_an_elastic_jobs_bytes_and_target_epoch_are_counted_as_the_trainer_count
     """Ledgers summed by tag (a pre-recv checkpoint's floats read as sent; the resumed part is no worker),
     and the first epoch reaching a target in the workload's direction, from the earlier records."""
     from lowband.data.metric import ACCURACY, BITS_PER_BYTE
-    from lowband.run.elastic_records import EARLIER, bytes_by_tag
     from lowband.run.reporter import first_reached
+    from lowband.training.elastic.records import EARLIER, bytes_by_tag
 
     ledgers = {"0": {"params": {"sent": 10.0, "recv": 8.0}}, "1": {"params": {"sent": 6.0, "recv": 4.0},
                "join": {"sent": 3.0, "recv": 0.0}}, EARLIER: {"params": 100.0}}

@@ -2,9 +2,9 @@
 
 import pytest
 
+from lowband.catalog import load_all
 from lowband.errors import UsageError
 from lowband.registry import DATASETS, METHODS, MODELS, Registry
-from lowband.registry.catalog import load_all
 
 load_all()
 

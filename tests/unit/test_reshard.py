@@ -9,8 +9,9 @@ import pytest
 import torch
 
 from lowband.errors import UsageError
-from lowband.run import checkpoint, runconfig, session
+from lowband.run import checkpoint
 from lowband.run.reshard import merge_counters, plan_sources, reshard
+from lowband.training import runconfig, session
 from tests.unit.test_config import build
 
 

@@ -8,7 +8,8 @@ import pytest
 
 from lowband.cli import main
 from lowband.errors import UsageError
-from lowband.run import checkpoint, runconfig, session
+from lowband.run import checkpoint
+from lowband.training import runconfig, session
 from tests.unit.test_config import build
 
 

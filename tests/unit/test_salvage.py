@@ -7,8 +7,9 @@ import os
 import subprocess
 import sys
 
-from lowband.run import launch, session
+from lowband.run import launch
 from lowband.run.rundir import RunDir
+from lowband.training import session
 
 
 def _run(tmp_path, finished: dict[int, float]) -> RunDir:
@@ -54,7 +55,7 @@ def test_keep_going_still_returns_the_lost_workers_code():
 def test_one_supervisor_two_memberships_decide_what_a_lost_worker_means():
     """launch.Watch (fixed membership) and elastic_job.ElasticWatch are the only difference between the
     two supervisors: which exits are churn (the job goes on) and which stop every worker."""
-    from lowband.run.elastic_job import ElasticWatch
+    from lowband.training.elastic.job import ElasticWatch
 
     fixed, keep, elastic = launch.Watch(), launch.Watch(keep_going=True), ElasticWatch(None, None)  # type: ignore[arg-type]
     running = [None, 0, None]

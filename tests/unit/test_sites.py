@@ -6,10 +6,10 @@ import pytest
 
 from lowband import config as C
 from lowband.cli import main
-from lowband.comm.sites import check_groups, describe, site_map
 from lowband.errors import ConfigError
-from lowband.run.runconfig import method_configs
-from lowband.run.spec import resolve
+from lowband.net.sites import check_groups, describe, site_map
+from lowband.training.runconfig import method_configs
+from lowband.training.spec import resolve
 
 
 def test_equal_sites_of_consecutive_ranks():

@@ -83,7 +83,7 @@ def test_remote_teachers_prefetch_the_next_epoch_count_every_byte_and_report():
 
 
 def test_a_modelled_link_holds_the_student_to_the_links_rate(monkeypatch):
-    from lowband.comm.links import LinkModel, LinkSpec
+    from lowband.net.links import LinkModel, LinkSpec
 
     waited = []
     monkeypatch.setattr(LinkModel, "wait_until", staticmethod(waited.append))

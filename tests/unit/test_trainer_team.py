@@ -1,4 +1,4 @@
-"""The one training loop (run/trainer.py) against a scripted team, in one process: the trainer takes
+"""The one training loop (training/trainer.py) against a scripted team, in one process: the trainer takes
 the steps the team feeds, each at the rate of its place, completes only the records the team makes,
 checkpoints on the epochs `due` names, and stops when the team says so; the steps' count and losses
 move as the steps go (an elastic worker's quorum reports them when it meets a round)."""
@@ -15,7 +15,7 @@ from lowband.comm import Communicator
 from lowband.comm.quorum import FixedQuorum
 from lowband.records import EpochRecord
 from lowband.run.schedule import MethodSchedule
-from lowband.run.trainer import Steps, Trainer, task_loss
+from lowband.training.trainer import Steps, Trainer, task_loss
 
 
 class Scripted:

@@ -71,7 +71,9 @@ def test_an_interrupted_trial_is_marked_failed_and_retried_with_its_values_and_d
     retry = again.ask()
     assert T.suggest(retry, p.tune, ["optim.lr"]) == values and retry.user_attrs["dir"] == "tune/allreduce/trial-000"
     first = again.trials[0]
-    assert first.state.name == "FAIL" and first.user_attrs["status"] == "interrupted" and T.counted(again) == 0
+    assert first.state.name == "FAIL" and retry.user_attrs["retry_of"] == first.number and T.counted(again) == 0
+    rows = T.tuning_rows(again, "allreduce", p, ACCURACY)
+    assert [r.status for r in rows] == ["interrupted"]  # the report names it; never chosen
 
 
 def test_a_study_file_of_another_comparison_is_refused_in_one_line(tmp_path):

@@ -19,8 +19,8 @@ import torch
 import torch.distributed as dist
 
 from lowband.comm.ledger import Ledger, Traffic, all_gather_traffic, allreduce_traffic, broadcast_traffic, reduce_traffic
-from lowband.comm.links import UNLIMITED, LinkModel, LinkSpec
 from lowband.comm.placement import here, local_world
+from lowband.net.links import UNLIMITED, LinkModel, LinkSpec
 
 
 def launched_by_torchrun() -> bool:

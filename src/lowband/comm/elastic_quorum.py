@@ -77,7 +77,7 @@ class ElasticQuorum:
                  fault: Callable[[int, str], None] = lambda r, w: None):
         """`progress()`: the steps this worker has trained and their summed loss since it started; `quit(code)`
         ends the process at once (a worker that gives up after another said why); `fault(round, where)`: a
-        test's planned fault (run/elastic_faults.py)."""
+        test's planned fault (training/elastic/faults.py)."""
         self.members, self.patience, self.plan, self.host, self.log = members, patience, plan, host, log
         self.progress, self.quit, self.fault = progress, quit, fault
         #: told of every round this worker commits, and whether it was an outer step (False: a meeting)

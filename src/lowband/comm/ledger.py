@@ -1,7 +1,7 @@
 """The byte ledger: per tag, the bytes a rank put on the wire and took off it, and the seconds it waited.
 
 Every byte lowband counts reaches one `Ledger` through one of two entry points, and the modelled slow
-link (comm/links.py's LinkModel) is reserved here and nowhere else:
+link (net/links.py's LinkModel) is reserved here and nowhere else:
   count    the communicator's collectives and point-to-point calls (comm/communicator.py), which
            measure their tensors with the byte model below; `links` reserves the modelled link for
            bytes whose wait comes later (a posted exchange, DDP's asynchronous allreduce)
@@ -18,7 +18,7 @@ Collectives whose algorithm the backend hides are counted with the ring model:
               receives (K-1) * S
 Collectives over K = 1 move nothing and count nothing.
 
-Bytes across sites (lowband.comm.sites). Each tag also counts `inter`: the bytes this rank sent that
+Bytes across sites (lowband.net.sites). Each tag also counts `inter`: the bytes this rank sent that
 cross a site boundary. Point-to-point calls are exact, by the peer's site. Collectives are counted as
 the flat ring above, over the communicator's ranks in rank order (sites are consecutive ranks, so the
 ring is ordered by site): a rank sends all its ring bytes to the next rank, so they are inter-site
@@ -39,7 +39,7 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from typing import NamedTuple
 
-from lowband.comm.links import LinkModel
+from lowband.net.links import LinkModel
 
 
 @dataclass
@@ -49,7 +49,7 @@ class TagStats:
     calls: int = 0
     seconds: float = 0.0
     wire: float = 0.0  # bytes on this rank's busiest link per call, summed: what a modelled link delays
-    inter: float = 0.0  # bytes sent across a site boundary (lowband.comm.sites)
+    inter: float = 0.0  # bytes sent across a site boundary (lowband.net.sites)
 
 
 class Traffic(NamedTuple):

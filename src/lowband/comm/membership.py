@@ -1,6 +1,6 @@
 """Who is in an elastic job, and who meets at each outer step: membership and quorums in Redis.
 
-An elastic job (run/elastic_worker.py) keeps its membership in the Redis coordinator EDL-Dist uses.
+An elastic job (training/elastic/worker.py) keeps its membership in the Redis coordinator EDL-Dist uses.
 Keys live under `lowband:elastic:JOB:`:
 
   job                 JSON {status: running | finished, min_workers, max_workers, launched, first_round};

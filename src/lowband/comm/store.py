@@ -9,7 +9,7 @@ skipped with one warning per file and an older one is used; a step past `last_st
 sets it: the last step any writer of the run could reach) is ignored, with one warning per file.
 Bytes written and read are counted under the tag "ckpt" (they cross a process boundary through
 the storage); a write also counts as inter-site bytes when the ranks span more than one site, since
-readers in another site than the writer fetch it across the slow link (lowband.comm.sites); a
+readers in another site than the writer fetch it across the slow link (lowband.net.sites); a
 modelled link then holds the writer for the write's transfer time on the inter-site link.
 Safetensors holds tensors only: nothing in a checkpoint can run code.
 """

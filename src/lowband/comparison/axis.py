@@ -24,7 +24,7 @@ from __future__ import annotations
 
 import random
 
-from optuna.distributions import BaseDistribution
+from optuna.distributions import BaseDistribution, CategoricalDistribution
 from optuna.samplers import BaseSampler
 from optuna.study import Study
 from optuna.trial import FrozenTrial, TrialState
@@ -38,19 +38,23 @@ class AxisSampler(BaseSampler):
     def __init__(self, space: dict[str, list], seed: int = 0):
         self.space = {field: list(values) for field, values in space.items()}
         self.seed = seed
-        self._chosen: dict[int, dict] = {}  # trial id -> its setting, picked at its first suggestion
 
+    # Optuna's relative sampling: the whole setting is picked once per trial, before its first suggestion
     def infer_relative_search_space(self, study: Study, trial: FrozenTrial) -> dict[str, BaseDistribution]:
-        return {}
+        return {field: CategoricalDistribution(values) for field, values in self.space.items()}
 
     def sample_relative(self, study: Study, trial: FrozenTrial, search_space: dict) -> dict:
-        return {}
+        if not search_space:
+            return {}
+        others = [t for t in study.trials if t.number != trial.number]
+        return self.next_setting(others, study.direction.name == "MAXIMIZE")
 
     def sample_independent(self, study: Study, trial: FrozenTrial, param_name: str,
                            param_distribution: BaseDistribution):
-        if trial._trial_id not in self._chosen:
-            self._chosen[trial._trial_id] = self.next_setting(study.trials, study.direction.name == "MAXIMIZE")
-        return self._chosen[trial._trial_id][param_name]
+        """A field outside the space (none in lowband's use): the middle value, or the distribution's first."""
+        if param_name in self.space:
+            return self.setting(self.middle())[param_name]
+        return param_distribution.to_external_repr(0)  # type: ignore[attr-defined]
 
     def next_setting(self, trials: list[FrozenTrial], maximize: bool) -> dict:
         """The next setting to run given the study's trials (see the module's steps)."""

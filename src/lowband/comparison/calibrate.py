@@ -24,7 +24,7 @@ from lowband.atomic import write_text_atomic
 from lowband.comparison.folder import ComparisonDir
 from lowband.data import load_dataset
 from lowband.models import build_for_task
-from lowband.run.trainer import make_optimizer, resolve_device, task_loss
+from lowband.training.trainer import make_optimizer, resolve_device, task_loss
 
 WARMUP, STEPS = 3, 12
 

@@ -17,8 +17,8 @@ from lowband.data.metric import task_of
 from lowband.distill.ensemble import Ensemble
 from lowband.errors import UsageError
 from lowband.models import build_for_task
-from lowband.run import runconfig
 from lowband.run.rundir import RunDir
+from lowband.training import runconfig
 
 
 def run_config(run_dir: str):

@@ -43,8 +43,8 @@ from lowband.comm.placement import here
 from lowband.comparison.space import Tune, show
 from lowband.data.metric import Metric
 from lowband.errors import ConfigError, require
-from lowband.run import runconfig
-from lowband.run.spec import resolve
+from lowband.training import runconfig
+from lowband.training.spec import resolve
 
 TUNE_DIR = "tune"
 BUDGETS = ("epochs", "steps", "samples", "target")
@@ -244,7 +244,7 @@ class Plan:
 def make_plan(specs: list[str], base: dict, overrides: dict, folder: str, *, seeds: list[int] | None = None,
               tune: Tune | None = None, suite: dict | None = None, budget: str = "epochs", layout=None) -> Plan:
     """Resolve and check every run before any starts: each spec's config, each seed, each tuned field at
-    its extremes, each run's shape (lowband.run.spec.resolve) and its device and backend on this machine
+    its extremes, each run's shape (lowband.training.spec.resolve) and its device and backend on this machine
     (lowband.comm.placement); a bad value raises ConfigError/UsageError.
 
     `suite`: a suite's `prepare` commands, `per_method` settings, `method_defaults` and `target` (the
@@ -295,7 +295,7 @@ def reference_label(specs: list[str], target: str | None, needed: bool) -> str |
 
 def steps_layout(cfg: C.Config) -> tuple[int, int]:
     """(optimizer steps per epoch of each worker, workers) of a config: what a budget is measured in."""
-    from lowband.run.trainer import worker_data  # torch and the data sets: only a budget's sizing needs them
+    from lowband.training.trainer import worker_data  # torch and the data sets: only a budget's sizing needs them
 
     world = resolve(cfg).world
     return worker_data(cfg, world).steps, world

@@ -24,7 +24,7 @@ it took, plus the link's transfer time for the bytes and messages it counted, on
 That is the time the run would take if each worker had a machine of its own; `single` is one such
 machine taking all its steps.
 
-With sites (lowband.comm.sites) L is the link between sites, and a tag is charged
+With sites (lowband.net.sites) L is the link between sites, and a tag is charged
 only when some rank's bytes of it crossed a site boundary (`inter` in `bytes_total`); it is then
 charged in full, as the ranks wait for the slowest (crossing) edge of a synchronous exchange. A tag
 kept inside sites (a codistillation group's Allreduce) is left on the measured intra-site link.
@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from itertools import accumulate
 
-from lowband.comm.links import LinkSpec, parse_link
+from lowband.net.links import LinkSpec, parse_link
 from lowband.records import EpochRecord
 from lowband.units import si
 

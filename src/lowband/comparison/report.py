@@ -21,16 +21,17 @@ from pathlib import Path
 
 from lowband import config as C
 from lowband.atomic import write_text_atomic
-from lowband.comm.links import LinkSpec, parse_link
 from lowband.comparison import coverage, plots, projection, report_html, table, tuning_report
 from lowband.comparison.folder import ComparisonDir
+from lowband.comparison.plan import REFERENCE
 from lowband.comparison.summary import SummaryRow
 from lowband.comparison.table import TableRow
 from lowband.data.metric import ACCURACY, BITS_PER_BYTE, Metric, metric_for
 from lowband.errors import ConfigError, UsageError
-from lowband.run import runconfig
+from lowband.net.links import LinkSpec, parse_link
 from lowband.run.metrics import human_bytes, read_metrics
 from lowband.run.rundir import RunDir, warn
+from lowband.training import runconfig
 
 PLOTS = [("acc_epoch", "epoch", "epoch"), ("acc_bytes", "bytes", "bytes sent per worker"),
          ("acc_time", "time", "training time (s)")]
@@ -240,7 +241,7 @@ def link_of(runs: list[SummaryRow]) -> str:
 
 
 def _sites_of(run: SummaryRow, link: C.LinkConfig) -> str:
-    """', between 2 sites, unlimited inside' for a run with sites (lowband.comm.sites), else ''."""
+    """', between 2 sites, unlimited inside' for a run with sites (lowband.net.sites), else ''."""
     if run.sites <= 1:
         return ""
     return f" between {run.sites} sites, {parse_link(link.intra).describe()} inside"
@@ -315,7 +316,7 @@ def budgets(folders: list[str]) -> str:
         if budget is None:
             return ""
         words = BUDGET_WORDS.get(budget, budget)
-        seen.append(words.replace("REFERENCE", ComparisonDir(folder).reference() or "allreduce"))
+        seen.append(words.replace("REFERENCE", ComparisonDir(folder).reference() or REFERENCE))
     return "; ".join(dict.fromkeys(seen))
 
 

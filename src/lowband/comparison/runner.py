@@ -23,10 +23,11 @@ from lowband.comparison.summary import SummaryRow, TuningRow, status_of
 from lowband.comparison.tuning import check_studies, tune_label
 from lowband.data.metric import ACCURACY, Metric, metric_for
 from lowband.records import EpochRecord
-from lowband.run import loggers, session
+from lowband.run import loggers
 from lowband.run.metrics import median, read_metrics
 from lowband.run.rundir import RunDir
-from lowband.run.spec import resolve
+from lowband.training import session
+from lowband.training.spec import resolve
 
 
 def with_method(base: C.Config, spec: str, defaults: dict | None = None) -> C.Config:

@@ -14,9 +14,9 @@ import math
 from dataclasses import dataclass, field, fields
 from typing import Any
 
-from lowband.comm.links import LinkSpec
 from lowband.data.metric import ACCURACY, Metric
 from lowband.errors import Diverged
+from lowband.net.links import LinkSpec
 from lowband.records import EpochRecord
 
 MEMORY = {"csv": False}  # a field summary.csv does not hold

@@ -16,7 +16,7 @@ spread, the gap is marked "within noise". Every figure that
 selects (target, to-target, best) reads the validation split; the test split is reported for the
 final model. `dedicated s to target` charges each worker the step time measured alone
 (lowband.comparison.calibrate) per step, plus the run's link's transfer time for its bytes.
-When a run has sites (`sites` > 1: lowband.comm.sites), an "inter-site/worker" column shows the
+When a run has sites (`sites` > 1: lowband.net.sites), an "inter-site/worker" column shows the
 bytes per worker that crossed a site boundary beside all bytes sent.
 """
 
@@ -26,7 +26,7 @@ import statistics
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from lowband.comparison.plan import parse_spec
+from lowband.comparison.plan import REFERENCE, parse_spec
 from lowband.comparison.projection import dedicated_through
 from lowband.comparison.space import show
 from lowband.comparison.summary import SummaryRow
@@ -35,8 +35,6 @@ from lowband.errors import ConfigError
 from lowband.records import EpochRecord
 from lowband.run.metrics import human_bytes
 from lowband.units import si
-
-REFERENCE = "allreduce"
 
 
 @dataclass(frozen=True)

@@ -1,9 +1,11 @@
 """Tuning on Optuna: per label one study in the comparison's tuning.db (SQLite), every trial a real run.
 
 Each label searches the `--tune` fields it has (lowband.comparison.space) in `--tune-trials` trials.
-The sampler is Optuna's GridSampler when every field is a list, else TPE (or random), seeded with
+The sampler (`--tune-sampler`, lowband.comparison.space's `sampler_name`) is by default the axis search
+when every field is a list (lowband.comparison.axis: one field at a time from the middle, ending by
+itself at a local optimum), else TPE; `grid` and `random` are there to ask for; all seeded with
 `--tune-seed`. A trial is a `lowband train` process in tune/LABEL/trial-NNN (started warm, from a
-server that has imported torch: lowband.run.warm); while it trains, this
+server that has imported torch: lowband.training.warm); while it trains, this
 process reads the validation figure of every epoch from its metrics.jsonl, reports it to the trial,
 and when the pruner says the trial is losing, stops it (SIGTERM: the launcher stops its workers
 as on Ctrl-C) and writes pruned.txt in its directory. The trial processes are watched from outside,
@@ -48,12 +50,12 @@ from lowband.comparison.space import Tune, show
 from lowband.comparison.summary import TuningRow, status_of
 from lowband.data.metric import Metric
 from lowband.errors import ConfigError
-from lowband.run import runconfig, warm
 from lowband.run.launch import STOPPED_QUIETLY
 from lowband.run.metrics import read_metrics
 from lowband.run.rundir import RunDir
+from lowband.training import runconfig, warm
 
-TRIAL = "lowband.run.session:run_prepared"  # what a trial process runs: `lowband train` of a prepared folder
+TRIAL = "lowband.training.session:run_prepared"  # what a trial process runs: `lowband train` of a prepared folder
 POLL_S = 0.2
 REPEATS = 5  # a search stops after asking this many times its trials (TPE may keep proposing what it ran)
 STOP_GRACE_S = 60.0
@@ -220,8 +222,9 @@ def converged(study, tune: Tune) -> bool:
 def repeat(study, trial, values: dict) -> bool:
     """A sampler may propose values a finished trial already ran (TPE over lists does): then the trial is
     not run again but told the earlier one's result and marked `repeat of trial N`; it is not counted."""
+    retried = retried_trials(study)
     earlier = next((t for t in study.trials if t.state.is_finished() and t.params == values
-                    and not t.user_attrs.get("retried") and "repeat_of" not in t.user_attrs), None)
+                    and t.number not in retried and "repeat_of" not in t.user_attrs), None)
     if earlier is None or trial.user_attrs.get("dir"):  # a retried trial continues in its own directory
         return False
     for key in ("val", "epochs", "dir"):
@@ -244,18 +247,22 @@ def describe(values: dict) -> str:
 def counted(study) -> int:
     """Trials that finished (complete, pruned or failed), less the interrupted ones that were retried and
     the repeats of earlier ones."""
-    return sum(t.state.is_finished() and not t.user_attrs.get("retried") and "repeat_of" not in t.user_attrs
+    retried = retried_trials(study)
+    return sum(t.state.is_finished() and t.number not in retried and "repeat_of" not in t.user_attrs
                for t in study.trials)
+
+
+def retried_trials(study) -> set[int]:
+    """The numbers of the trials that were interrupted and run again (their retry names them: `retry_of`)."""
+    return {int(t.user_attrs["retry_of"]) for t in study.trials if "retry_of" in t.user_attrs}
 
 
 def retry_interrupted(study) -> None:
     """A trial still `running` was interrupted with the comparison: mark it failed and queue its values
-    again, to continue in its directory."""
+    again as a new trial that names it (`retry_of`) and continues in its directory."""
     o = optuna()
     for t in study.get_trials(states=(o.trial.TrialState.RUNNING,)):
-        study.enqueue_trial(t.params, user_attrs={"dir": t.user_attrs.get("dir")})
-        study._storage.set_trial_user_attr(t._trial_id, "retried", True)
-        study._storage.set_trial_user_attr(t._trial_id, "status", "interrupted")
+        study.enqueue_trial(t.params, user_attrs={"dir": t.user_attrs.get("dir"), "retry_of": t.number})
         study.tell(t.number, state=o.trial.TrialState.FAIL, skip_if_finished=True)
 
 
@@ -381,11 +388,11 @@ def judged(trial, epoch: int, value: float, epochs: int, judge: bool = True) -> 
 # ---- results -----------------------------------------------------------------------------------
 def tuning_rows(study, label: str, plan: P.Plan, metric: Metric) -> list[TuningRow]:
     """One TuningRow per trial of the study, in trial order; the chosen one marked."""
-    fields = (plan.tuned or {}).get(label, [])
+    fields, retried = (plan.tuned or {}).get(label, []), retried_trials(study)
     rows = [TuningRow(label=label, method=plan.configs[label]["method"]["name"], trial=t.number,
                       field=" ".join(fields), value=" ".join(show(t.params[f]) for f in fields if f in t.params),
                       metric=metric.val_key, val=t.user_attrs.get("val"), epochs=t.user_attrs.get("epochs") or 0,
-                      status=t.user_attrs.get("status") or t.state.name.lower(),
+                      status="interrupted" if t.number in retried else t.user_attrs.get("status") or t.state.name.lower(),
                       run_dir=t.user_attrs.get("dir") or "", cpu_s=t.user_attrs.get("cpu_s"))
             for t in study.trials if t.state.is_finished()]
     best = choose(rows, metric)

@@ -17,9 +17,9 @@ from lowband.distill.serve import Registration, find_run_config, load_teacher
 from lowband.distill.teacher import TeacherServer, token_from_env
 from lowband.errors import ConfigError, UsageError
 from lowband.methods.edl import EDLConfig, check_fits
-from lowband.run import session
 from lowband.run.launch import raise_interrupt
 from lowband.run.metrics import read_metrics
+from lowband.training import session
 
 
 # ---- lowband teacher --------------------------------------------------------------------------

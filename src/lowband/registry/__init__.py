@@ -1,5 +1,5 @@
-"""Name -> implementation tables for methods, models and data sets (catalog registers the built-in
-ones; plugins loads users' own from `package.module:factory` strings).
+"""Name -> implementation tables for methods, models and data sets (lowband.catalog registers the
+built-in ones; plugins loads users' own from `package.module:factory` strings).
 
 A lookup of an unknown name raises a UsageError that lists the known names, so the command line
 can answer a typo with the right spelling in one line.

@@ -4,7 +4,7 @@ When one worker fails the others are stopped at once (SIGTERM, then SIGKILL afte
 and the launcher returns the failure's code; Ctrl-C stops every worker the same way. A failure is
 reported once, in one line that names the cause and where each crash file's traceback is
 (run/workers.py writes them). `Watch` is the supervisor's policy: fixed membership here, churn in
-an elastic job (run/elastic_job.py).
+an elastic job (training/elastic/job.py).
 """
 
 from __future__ import annotations
@@ -38,7 +38,7 @@ def run(entry: str, args: list[str], world: int, rendezvous_dir: str, threads: i
     `sites` (each rank's site) in a site sharing one shaped uplink, `intra` (a LinkSpec) inside it.
     """
     if netns is not None:
-        from lowband.comm.links import UNLIMITED, NetnsLinks  # lowband.comm imports torch: the launcher need not
+        from lowband.net.links import UNLIMITED, NetnsLinks  # lowband.comm imports torch: the launcher need not
 
         with NetnsLinks(world, netns, sites, intra or UNLIMITED) as net:
             return _restarting(entry, args, world, rendezvous_dir, threads, keep_going, net, max_restarts, restart_args)
@@ -87,7 +87,7 @@ class Watch:
 
     Fixed membership (`lowband train`): a failure stops every worker, or with `keep_going` the others
     carry on (a failure that every worker would meet, a usage error or a divergence, still stops them);
-    the job is over when every worker has exited. An elastic job's watch (run/elastic_job.py) counts a
+    the job is over when every worker has exited. An elastic job's watch (training/elastic/job.py) counts a
     worker killed by a signal as churn and ends when the coordinator says the job finished."""
 
     goes_on = "the others carry on without it"  # what the churn line ends with

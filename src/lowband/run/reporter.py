@@ -7,7 +7,7 @@ its `metrics` stream. The trainer never asks which kind of method it runs: it on
 
 Byte figures: `bytes_sent_per_worker` / `bytes_recv_per_worker` are the mean over the scope's
 ranks of the training traffic (bookkeeping tags excluded), `bytes_inter_per_worker` the part of the
-sent bytes that crossed a site boundary (lowband.comm.sites; all of them without a site map);
+sent bytes that crossed a site boundary (lowband.net.sites; all of them without a site map);
 `bytes` gives every tag's mean per worker ("sent", "recv", "calls", "wire", "inter") and
 `bytes_total` its sum over the scope's ranks. All are cumulative since the run began.
 """

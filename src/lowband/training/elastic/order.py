@@ -3,7 +3,7 @@
 An epoch of an elastic job is one pass over one order of the training set; every round hands each
 member the next slice of it (comm/membership.py's `decide`), so while the job's launched workers all
 stay, member j's slice is exactly the trainer's rank j's inner steps up to its method's next outer step
-(run/elastic_worker.py).
+(training/elastic/worker.py).
 """
 
 from __future__ import annotations
@@ -14,7 +14,7 @@ import torch
 
 from lowband.config import Config
 from lowband.data.loader import Batch
-from lowband.run.trainer import WorkerData, rank_batches
+from lowband.training.trainer import WorkerData, rank_batches
 
 
 def runs(next_sync: Callable[[int], int], start: int, length: int) -> list[int]:

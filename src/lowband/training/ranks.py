@@ -1,4 +1,4 @@
-"""`lowband train`'s team (run/trainer.py's `Team`): the launched ranks, the same every epoch.
+"""`lowband train`'s team (training/trainer.py's `Team`): the launched ranks, the same every epoch.
 
 Each rank trains its shard of the data plan (`rank_batches`, through the method's `batches`); the
 method's own hooks synchronise the ranks over one communicator, inside the steps. At each epoch's end
@@ -17,16 +17,16 @@ import torch
 
 from lowband.comm import BOOKKEEPING_TAGS, Communicator
 from lowband.comm.quorum import FixedQuorum, Quorum
-from lowband.comm.sites import configured, describe
 from lowband.config import Config, to_dict
 from lowband.data import Batch
+from lowband.net.sites import configured, describe
 from lowband.records import EpochRecord
 from lowband.registry import METHODS
 from lowband.run import checkpoint
 from lowband.run.metrics import setup_logging
 from lowband.run.reporter import EpochReporter, RankFigures, TrainingError, tag_bytes
 from lowband.run.rundir import RunDir
-from lowband.run.trainer import Resumed, Steps, Trainer, WorkerData, rank_batches
+from lowband.training.trainer import Resumed, Steps, Trainer, WorkerData, rank_batches
 
 
 class FixedRanks:

@@ -1,10 +1,10 @@
 """What an elastic job writes when an epoch ends: `lowband train`'s record of θ_global, and the checkpoint.
 
-The source of the last round of an epoch (run/elastic_files.py) writes both. The record is the
+The source of the last round of an epoch (training/elastic/files.py) writes both. The record is the
 trainer's `EpochRecord` with the same keys as a `lowband train` run's, filled from the job: θ_global's
 scores (`set_scores`, the trainer's), the epoch's mean training loss over every slice trained, every
 worker's bytes per tag (their ledgers, published through the coordinator) under the trainer's `bytes`
-(per worker) and `bytes_total` (summed), and the samples of the epochs so far; the trainer (run/trainer.py)
+(per worker) and `bytes_total` (summed), and the samples of the epochs so far; the trainer (training/trainer.py)
 adds the source's optimizer steps, rate and seconds, as it does to a `lowband train` record. Besides the
 method's own figures (its outer steps), three in `extra` are the job's: `rounds`, `workers` (in the
 round that ended the epoch) and `workers_seen` (every worker that moved bytes). An elastic job has no

@@ -11,10 +11,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from lowband import config as C
-from lowband.comm.sites import check_groups, configured
 from lowband.data.metric import task_of
 from lowband.errors import ConfigError
 from lowband.methods.base import Method
+from lowband.net.sites import check_groups, configured
 from lowband.registry import METHODS
 
 

@@ -1,6 +1,6 @@
 """A run's config.toml and its directory: made once by the launcher, read by every reader.
 
-Below the session (run/session.py) so that what starts or joins a run of any kind (a job of K
+Below the session (training/session.py) so that what starts or joins a run of any kind (a job of K
 workers, an elastic job, a worker that joins one) reads configs and prepares directories one way.
 """
 
@@ -11,9 +11,9 @@ import re
 import time
 
 from lowband import config as C
+from lowband.catalog import load_all
 from lowband.errors import ConfigError, UsageError
 from lowband.registry import METHODS
-from lowband.registry.catalog import load_all
 from lowband.run.rundir import RunDir
 
 

@@ -2,7 +2,7 @@
 
 `start` checks the config, starts the coordinator (an embedded Redis on 127.0.0.1 unless
 elastic.coordinator names one), writes RUN_DIR/elastic.json (the coordinator's URL and the job's
-id), and starts `train.workers` workers (run/elastic_worker.py). A worker that dies does not stop
+id), and starts `train.workers` workers (training/elastic/worker.py). A worker that dies does not stop
 the others: the job goes on while at least elastic.min_workers are alive, and ends when the last
 epoch is done. `join` starts one more worker on a running job, from any machine that reaches the
 coordinator and sees the run directory (shared storage, as checkpoints need).
@@ -29,13 +29,13 @@ from lowband.errors import ConfigError, UsageError
 from lowband.records import EpochRecord
 from lowband.registry import METHODS
 from lowband.run import checkpoint, launch, workers
-from lowband.run.elastic_files import JOB_FILE, read_job
-from lowband.run.elastic_records import EARLIER
 from lowband.run.metrics import human_bytes, read_metrics
-from lowband.run.runconfig import check_model, new_run_dir, prepare_run_dir, read_run_config, write_config
 from lowband.run.rundir import RunDir
+from lowband.training.elastic.files import JOB_FILE, read_job
+from lowband.training.elastic.records import EARLIER
+from lowband.training.runconfig import check_model, new_run_dir, prepare_run_dir, read_run_config, write_config
 
-ENTRY = "lowband.run.elastic_worker:main"
+ENTRY = "lowband.training.elastic.worker:main"
 KEEP_EVERY_S = 60.0  # how often the launcher renews its job's keys in the coordinator (Membership.keep_for)
 
 

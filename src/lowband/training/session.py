@@ -17,19 +17,19 @@ import torch
 from lowband import config as C
 from lowband.atomic import copy_atomic
 from lowband.comm import Communicator, launched_by_torchrun
-from lowband.comm.links import check_netns_possible
 from lowband.comm.placement import Placement, here, local_rank, local_world
 from lowband.errors import Diverged, LowbandError, UsageError
+from lowband.net.links import check_netns_possible
 from lowband.registry import METHODS
 from lowband.run import checkpoint, launch, loggers
 from lowband.run.metrics import read_metrics
-from lowband.run.ranks import FixedRanks
 from lowband.run.reshard import reshard
-from lowband.run.runconfig import check_model, new_run_dir, prepare_run_dir, read_run_config, write_config
 from lowband.run.rundir import RunDir
-from lowband.run.spec import RunSpec, resolve
-from lowband.run.trainer import Trainer, worker_data
 from lowband.run.workers import leave_now
+from lowband.training.ranks import FixedRanks
+from lowband.training.runconfig import check_model, new_run_dir, prepare_run_dir, read_run_config, write_config
+from lowband.training.spec import RunSpec, resolve
+from lowband.training.trainer import Trainer, worker_data
 
 
 def check_resume_world(run_dir: str, world: int, allow_change: bool = False) -> int:
@@ -98,7 +98,7 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
         else:
             _settle_resume(spec, run_dir, old_world, note)
         announce(where, run_dir)
-        code = launch.run("lowband.run.session:train_worker", [run_dir, "1" if resume else "0"], spec.world,
+        code = launch.run("lowband.training.session:train_worker", [run_dir, "1" if resume else "0"], spec.world,
                           run_dir, cfg.train.threads, keep_going=method.independent_models,
                           netns=netns, max_restarts=cfg.train.max_restarts, restart_args=[run_dir, "1"],
                           sites=sites, intra=cfg.link.intra_spec)
@@ -110,7 +110,7 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
 
 
 def run_prepared(argv: list[str]) -> int:
-    """A tuning trial (lowband.run.warm's entry): train the run directory argv[0], whose config.toml
+    """A tuning trial (lowband.training.warm's entry): train the run directory argv[0], whose config.toml
     runconfig.prepare_run_dir wrote, or continue it from its checkpoint (argv[1] == 'resume'). The exit
     code, and the one-line errors, of `lowband train`."""
     run_dir = argv[0]
@@ -125,8 +125,8 @@ def run_prepared(argv: list[str]) -> int:
 
 def _elastic(cfg: C.Config, run_dir: str | None, out: str, resume: bool, allow_world_change: bool,
              note: str | None) -> tuple[int, str]:
-    """An elastic job (run/elastic_job.py): workers come and go, so there is no world to change."""
-    from lowband.run.elastic_job import start as start_elastic  # redis: loaded by elastic jobs alone
+    """An elastic job (training/elastic/job.py): workers come and go, so there is no world to change."""
+    from lowband.training.elastic.job import start as start_elastic  # redis: loaded by elastic jobs alone
 
     if launched_by_torchrun():
         raise UsageError("--elastic starts its own workers; run `lowband train --elastic` without torchrun")

@@ -1,11 +1,11 @@
-"""Warm starts: run a lowband entry point (a tuning trial: lowband.run.session:run_prepared) in a
+"""Warm starts: run a lowband entry point (a tuning trial: lowband.training.session:run_prepared) in a
 process forked from a server that has imported torch and lowband already, not in a fresh interpreter.
 
 A tuning trial on a small model is mostly start-up. On a 2-core machine a 4-epoch MNIST-1D trial
 trains for 0.6 s, and its process spends about 3.5 s of CPU importing torch, its dynamo (which every
 optimizer imports on first use) and lowband. A search runs a dozen such trials.
 
-The server (`python -m lowband.run.warm serve FD`) is a fresh interpreter, so it inherits no thread
+The server (`python -m lowband.training.warm serve FD`) is a fresh interpreter, so it inherits no thread
 and no state of the caller's. It imports PRELOAD once, runs no tensor operation, then forks one child
 per command it is sent over a Unix socket. A command is JSON (the entry point 'module:function', its
 arguments, the environment, the working directory, whether SIGINT is ignored) and the caller's
@@ -16,7 +16,7 @@ server dies with the caller and a child with the server (PR_SET_PDEATHSIG): no c
 killed comparison. A server that cannot start leaves the command to start cold, with one warning.
 
 Where workers may not be forked (workers.can_fork: a CUDA build of torch, whose driver a forked child
-cannot use; LOWBAND_START=exec), a command starts cold: `python -m lowband.run.warm run ENTRY ARGV`.
+cannot use; LOWBAND_START=exec), a command starts cold: `python -m lowband.training.warm run ENTRY ARGV`.
 """
 
 from __future__ import annotations
@@ -33,7 +33,7 @@ import sys
 
 from lowband.run.workers import can_fork, die_with_parent, leave_now
 
-PRELOAD = ["torch", "torch._dynamo", "lowband.run.session", "lowband.run.trainer", "lowband.registry.catalog"]
+PRELOAD = ["torch", "torch._dynamo", "lowband.training.session", "lowband.training.trainer", "lowband.catalog"]
 MESSAGE_BYTES = 1 << 20  # a command (its environment included) fits; a larger one is refused by the caller
 ENDED = -signal.SIGKILL  # the exit code of a command whose server is gone: its child died with it
 _client: Client | None = None
@@ -45,7 +45,7 @@ class Client:
 
     def __init__(self):
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.server = subprocess.Popen([sys.executable, "-m", "lowband.run.warm", "serve",
+        self.server = subprocess.Popen([sys.executable, "-m", "lowband.training.warm", "serve",
                                         str(theirs.fileno())],
                                        pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
                                        preexec_fn=die_with_parent)
@@ -152,7 +152,7 @@ def start(entry: str, argv: list[str], env: dict | None = None) -> Command | sub
             return Command(_client, _client.start(entry, argv, env))
         except OSError as e:  # the server could not start or died: this command starts cold
             print(f"lowband: warning: {e}; starting cold", file=sys.stderr, flush=True)
-    return subprocess.Popen([sys.executable, "-m", "lowband.run.warm", "run", entry, *argv], env=env,
+    return subprocess.Popen([sys.executable, "-m", "lowband.training.warm", "run", entry, *argv], env=env,
                             preexec_fn=die_with_parent)
 
 
@@ -224,13 +224,13 @@ def _child(sock: socket.socket, command: dict, fds: list[int]) -> None:
 
 
 def main(argv: list[str]) -> int:
-    """`python -m lowband.run.warm serve FD`: the server, FD its end of the caller's socket;
-    `python -m lowband.run.warm run ENTRY ARGS...`: one command started cold."""
+    """`python -m lowband.training.warm serve FD`: the server, FD its end of the caller's socket;
+    `python -m lowband.training.warm run ENTRY ARGS...`: one command started cold."""
     if argv[0] == "run":
         return run(argv[1], argv[2:])
     for name in PRELOAD:
         importlib.import_module(name)
-    importlib.import_module("lowband.registry.catalog").load_all()  # the methods, models and data sets
+    importlib.import_module("lowband.catalog").load_all()  # the methods, models and data sets
     serve(socket.socket(fileno=int(argv[1])))
     return 0
 

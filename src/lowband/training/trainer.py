@@ -6,8 +6,8 @@ it too); `Trainer` runs the epochs: the steps its `Team` feeds it, each at the r
 its place, then the epoch's record (the team's figures, completed here and written through the
 metrics sink), on the epochs `due` names evaluated and checkpointed, and at the end the final model.
 
-The `Team` is who trains together: `FixedRanks` (run/ranks.py) for `lowband train`'s ranks, an
-elastic job's `ElasticWorker` (run/elastic_worker.py). It feeds the data and writes the records,
+The `Team` is who trains together: `FixedRanks` (training/ranks.py) for `lowband train`'s ranks, an
+elastic job's `ElasticWorker` (training/elastic/worker.py). It feeds the data and writes the records,
 checkpoints and final model; its `quorum` (comm/quorum.py) is who takes the method's outer steps, which
 the method consults from its own hooks (torchft's Manager in our shape), so one method object trains
 either membership.
@@ -28,6 +28,7 @@ import torch
 import torch.nn.functional as F
 
 from lowband import __version__
+from lowband.catalog import load_all
 from lowband.comm import Communicator
 from lowband.comm.placement import here, local_rank, local_world
 from lowband.comm.quorum import Quorum
@@ -39,7 +40,6 @@ from lowband.methods.base import Context, Method
 from lowband.models import build_for_task
 from lowband.records import EpochRecord, Scores
 from lowband.registry import METHODS
-from lowband.registry.catalog import load_all
 from lowband.run.reporter import TrainingError, first_reached, set_corpus, target_of
 from lowband.run.rundir import RunDir
 from lowband.run.schedule import MethodSchedule
@@ -166,8 +166,8 @@ class Team(Protocol):
     """Who trains together, as the trainer consults it: the data each worker trains, and who writes the
     epoch's record, checkpoint and final model. It never steps the model nor sets the trainer's counters.
 
-    `FixedRanks` (run/ranks.py) is `lowband train`'s: the same ranks every epoch, each its shard. An
-    elastic job's is `ElasticWorker` (run/elastic_worker.py): the slices of the epoch's order that each
+    `FixedRanks` (training/ranks.py) is `lowband train`'s: the same ranks every epoch, each its shard. An
+    elastic job's is `ElasticWorker` (training/elastic/worker.py): the slices of the epoch's order that each
     round of its quorum hands out. Who takes part in the method's outer steps is the team's `quorum`
     (comm/quorum.py), which the method consults (torchft's Manager in our shape); the method, its hooks
     and its state are the trainer's, one object for every membership."""

@@ -1,4 +1,4 @@
-"""One worker of an elastic job: the trainer's team (run/trainer.py's `Team`) while workers leave and join.
+"""One worker of an elastic job: the trainer's team (training/trainer.py's `Team`) while workers leave and join.
 
 The worker runs the trainer's loop (`Trainer(cfg, ElasticWorker(...), run_dir).fit()`) and the method's
 own hooks: its outer steps go through the job's quorum (comm/elastic_quorum.py), which the method consults
@@ -12,7 +12,7 @@ as it would a fixed world's. What this team adds is the data and the job's files
             by a meeting without an exchange, which hands out the next slices.
   records   the round that uses the order up ends the epoch: the trainer asks for the epoch's record, which
             the source of this worker's last round makes (θ_global's scores on the epochs train.eval_every
-            names, the job's figures: run/elastic_files.py); the trainer completes it and writes it through
+            names, the job's figures: training/elastic/files.py); the trainer completes it and writes it through
             the metrics sink. After the last epoch every member takes part in the method's final model
             (its last outer steps: one more round), whose source writes model.safetensors and finishes the job.
 
@@ -21,7 +21,7 @@ model as rank 0 does, so all start from one θ and agreeing needs no transfer. S
 workers all stay trains what `lowband train` of the same method trains, step for step, and writes records
 with the same keys (tests/faults/test_elastic_equal.py).
 
-For tests, LOWBAND_ELASTIC_FAULT plans a fault per worker (run/elastic_faults.py).
+For tests, LOWBAND_ELASTIC_FAULT plans a fault per worker (training/elastic/faults.py).
 """
 
 from __future__ import annotations
@@ -42,19 +42,19 @@ from lowband.comm.quorum import OuterState, Quorum
 from lowband.comm.rendezvous import check_bindable
 from lowband.config import Config
 from lowband.data import Batch
-from lowband.run.elastic_faults import Faults
-from lowband.run.elastic_files import JobFiles, read_job
-from lowband.run.elastic_order import EpochOrder
 from lowband.run.metrics import MetricsSink, setup_logging
 from lowband.run.rundir import RunDir
-from lowband.run.trainer import Resumed, Trainer, WorkerData
 from lowband.run.workers import leave_now
+from lowband.training.elastic.faults import Faults
+from lowband.training.elastic.files import JobFiles, read_job
+from lowband.training.elastic.order import EpochOrder
+from lowband.training.trainer import Resumed, Trainer, WorkerData
 
 
 def main(run_dir: str, resume: str = "0", joiner: str = "0") -> None:
     """Entry point of an elastic worker process (`lowband.run.workers` calls it); `joiner` "1": started by
-    `lowband join`. The worker is the trainer's team (run/trainer.py): the trainer's loop runs it."""
-    from lowband.run.runconfig import read_run_config
+    `lowband join`. The worker is the trainer's team (training/trainer.py): the trainer's loop runs it."""
+    from lowband.training.runconfig import read_run_config
 
     cfg = read_run_config(run_dir)
     torch.set_num_threads(cfg.train.threads)
@@ -75,7 +75,7 @@ def outer_state(method) -> OuterState:
 
 class ElasticWorker(JobFiles):
     """One elastic worker: the trainer's `Team` in an elastic job (its quorum, the epoch's order, the job's
-    files: JobFiles, run/elastic_files.py)."""
+    files: JobFiles, training/elastic/files.py)."""
 
     def __init__(self, cfg: Config, run_dir: str, job: dict, joiner: bool = False):
         self.cfg, self.e = cfg, cfg.elastic
@@ -151,7 +151,7 @@ class ElasticWorker(JobFiles):
         return self.feed_s
 
     def should_stop(self, trainer: Trainer) -> bool:
-        return False  # train.stop_at_target is refused with --elastic (elastic_job.check)
+        return False  # train.stop_at_target is refused with --elastic (training/elastic/job.py: check)
 
     def _q(self) -> Decision | None:
         return self.outer.q if self.outer else None

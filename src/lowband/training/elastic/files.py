@@ -1,7 +1,7 @@
 """What an elastic job's worker writes when it is a round's source, and how a worker resumes from it.
 
 When a round ends an epoch, the trainer asks every member for the epoch's record: the source of its
-last round makes it (run/elastic_records.py: `lowband train`'s record of θ_global, evaluated on the
+last round makes it (training/elastic/records.py: `lowband train`'s record of θ_global, evaluated on the
 epochs train.eval_every names) and the trainer completes it and writes it through this worker's metrics
 sink, so train.loggers mirror it; the source writes the round's line in quorums.jsonl, and on the epochs
 train.checkpoint_every names the job's checkpoint (the trainer's `due` rule): the method's shared state
@@ -31,11 +31,11 @@ from lowband.config import Config, to_dict
 from lowband.errors import UsageError
 from lowband.records import EpochRecord
 from lowband.run import checkpoint
-from lowband.run.elastic_records import checkpoint_state, epoch_record
 from lowband.run.loggers import build as build_loggers
 from lowband.run.metrics import MetricsSink, read_metrics
 from lowband.run.rundir import RunDir
-from lowband.run.trainer import Steps, Trainer
+from lowband.training.elastic.records import checkpoint_state, epoch_record
+from lowband.training.trainer import Steps, Trainer
 
 JOB_FILE = "elastic.json"
 
@@ -61,7 +61,7 @@ def read_job(run_dir: str) -> dict:
 class JobFiles:
     """The records, checkpoints and final model of an elastic job, as its worker writes and reads them."""
 
-    # the worker's (run/elastic_worker.py), read here
+    # the worker's (training/elastic/worker.py), read here
     cfg: Config
     id: int
     run_dir: RunDir
@@ -119,7 +119,7 @@ class JobFiles:
             self._finish_job(self.final)
 
     def record(self, trainer: Trainer, epoch: int, done: Steps, evaluate: bool) -> tuple[EpochRecord, int] | None:
-        """The job's record of epoch `epoch` (run/elastic_records.py), when this worker is the source of its
+        """The job's record of epoch `epoch` (training/elastic/records.py), when this worker is the source of its
         last round; θ_global evaluated when `evaluate`. After the last epoch every member first takes part
         in the method's final model (its last outer steps are a round of their own)."""
         if epoch == self.cfg.train.epochs:

@@ -5,7 +5,7 @@
 model  Every byte the communicator puts on the wire waits its turn on a per-link queue drained
        at RATE (a token bucket with no burst), plus LATENCY per message. Portable, no privileges.
        Collectives use one link (to the next rank on the ring); point-to-point calls one per peer.
-       With sites (lowband.comm.sites) a message crossing a site boundary takes the `--link` link,
+       With sites (lowband.net.sites) a message crossing a site boundary takes the `--link` link,
        one inside a site the `link.intra` link (default unlimited: no delay); each class has its
        own queues.
 netns  (root only) Every worker runs in its own network namespace, joined to the others through

@@ -1,0 +1,122 @@
+"""lowband's methods in a user's own training loop: `lowband.wrap(model, optimizer, "sparseloco:tau=8")`.
+
+    sync = lowband.wrap(model, optimizer, "sparseloco:tau=8:density=0.015625")  # under torchrun, or a group
+    for batch in loader:
+        loss = loss_fn(sync.model(batch.x), batch.y)     # sync.model: the model the method trains
+        loss.backward()
+        optimizer.step()                                   # the method's gradient hook runs first (Allreduce)
+        optimizer.zero_grad()
+        sync.step()                                        # its outer steps and exchanges, every byte counted
+    sync.bytes_sent, sync.final_model()                    # the ledger's figures; the model to evaluate
+
+The method object is the one `lowband train` builds (the same class, config and hooks), over a
+communicator from torchrun's environment (or the `comm` given). A method that works around the optimizer
+step runs here: allreduce, local_sgd, diloco (Streaming DiLoCo), sparseloco, dpsgd, rdpsgd, topk; the
+others shape the loss or need services beside the workers, and are refused with one ConfigError. The
+method's own options are the spec's (`NAME:KEY=VALUE:...`, as `lowband compare --methods` takes them);
+`total_steps` is the length of the run, for the options that change over it (a tau schedule, an inner
+rate's factor, SparseLoCo's decay and density ramps).
+"""
+
+from __future__ import annotations
+
+import tempfile
+from typing import Any
+
+import torch
+from torch import nn
+
+from lowband import config as C
+from lowband.comm import BOOKKEEPING_TAGS, Communicator
+from lowband.errors import ConfigError, require
+from lowband.methods.base import Context, Method
+from lowband.run.rundir import RunDir
+
+#: the methods whose work happens around the optimizer step (their hooks: setup, after_backward, after_step)
+AROUND_THE_STEP = ("allreduce", "local_sgd", "diloco", "sparseloco", "dpsgd", "rdpsgd", "topk")
+
+
+class Sync:
+    """One worker's method in a user's loop: `model` to train, `step()` after each optimizer step, the bytes
+    it moved and the final model."""
+
+    def __init__(self, method: Method, model: nn.Module, comm: Communicator, optimizer: torch.optim.Optimizer):
+        self.method, self.model, self.comm = method, model, comm
+        self.steps = 0
+        self._hook = optimizer.register_step_pre_hook(lambda *_: method.after_backward(self.steps))
+
+    def step(self) -> None:
+        """After the optimizer's step: the method's exchanges due at this step (an outer step, a gossip)."""
+        self.method.after_step(self.steps)
+        self.steps += 1
+
+    @property
+    def bytes_sent(self) -> float:
+        """Bytes this worker has sent for training (bookkeeping tags aside), as the ledger counts them."""
+        return sum(s.sent for tag, s in self.comm.ledger.stats.items() if tag not in BOOKKEEPING_TAGS)
+
+    @property
+    def bytes_received(self) -> float:
+        return sum(s.recv for tag, s in self.comm.ledger.stats.items() if tag not in BOOKKEEPING_TAGS)
+
+    def bytes_by_tag(self) -> dict[str, float]:
+        return {tag: s.sent for tag, s in sorted(self.comm.ledger.stats.items()) if s.sent}
+
+    def final_model(self) -> nn.Module:
+        """The model to evaluate at the end: the method's global model (θ_global with its last outer steps,
+        the workers' average), else this worker's own. Every worker must call it (it may communicate)."""
+        glob = self.method.global_model(final=True)
+        return glob if glob is not None else self.method.local_model()
+
+    def close(self) -> None:
+        self._hook.remove()
+        self.method.close()
+
+
+def wrap(model: nn.Module, optimizer: torch.optim.Optimizer, spec: str = "allreduce", *,
+         comm: Communicator | None = None, total_steps: int = 1, seed: int = 0, run_dir: str | None = None) -> Sync:
+    """`model` and `optimizer` trained by the method `spec` ('NAME:KEY=VALUE:...') over `comm` (None: the
+    process group torchrun's environment describes, or this process alone); see the module docstring.
+    Raises ConfigError naming the field for a method or option it cannot run."""
+    name, cfg = method_config(spec)
+    require(isinstance(total_steps, int) and total_steps >= 1, "total_steps", total_steps, "must be an integer >= 1")
+    device = next(model.parameters()).device
+    comm = comm if comm is not None else Communicator.from_env(device)
+    from lowband.catalog import load_all
+    from lowband.registry import METHODS
+
+    load_all()
+    method_cls = METHODS.get(name)
+    method_cls.check(cfg.method, comm.world)
+    method_cls.check_model(cfg.method, model)
+    if comm.world < method_cls.min_workers:
+        raise ConfigError("workers", comm.world, f"{name} needs at least {method_cls.min_workers}")
+    run = RunDir(run_dir or tempfile.mkdtemp(prefix="lowband-wrap-"), comm.rank)  # where a method writes its streams
+    ctx = Context(cfg, comm, device, _logger(), run, total_steps, width=comm.world)
+    method = method_cls(cfg.method, ctx)
+    trained = method.setup(model)
+    return Sync(method, trained, comm, optimizer)
+
+
+def method_config(spec: str) -> tuple[str, C.Config]:
+    """The method's name and a Config holding its options from `spec` (its rounds' evaluations off: they need
+    the run's data, which a user's loop keeps)."""
+    from lowband.comparison.plan import parse_spec
+    from lowband.training.runconfig import method_configs
+
+    if not isinstance(spec, str) or not spec.strip():
+        raise ConfigError("spec", spec, "must be NAME[:KEY=VALUE...], e.g. sparseloco:tau=8")
+    name, options = parse_spec(spec.strip())
+    if name not in AROUND_THE_STEP:
+        raise ConfigError("spec", spec, f"wrap runs the methods that work around the optimizer step: "
+                                        f"{', '.join(AROUND_THE_STEP)}")
+    method: dict[str, Any] = {"name": name, **options}
+    if "round_evals" in C.from_dict({"method": {"name": name}}, method_configs()).method.__dataclass_fields__:
+        method.setdefault("round_evals", 0)
+    return name, C.from_dict({"method": method, "train": {"epochs": 1}}, method_configs())
+
+
+def _logger():
+    import logging
+
+    return logging.getLogger("lowband.wrap")
