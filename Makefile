@@ -22,7 +22,7 @@ test: $(STAMP) lint
 
 # ruff (lint + import order) and mypy (types, src/), both configured in pyproject.toml, gate `make test`
 lint: $(STAMP)
-	$(BIN)/python -m ruff check src tests benchmarks
+	$(BIN)/python -m ruff check src tests benchmarks examples
 	$(BIN)/python -m mypy
 
 # the inner loop: the unit layer without its slow tests (about 30 s)

@@ -14,8 +14,10 @@ communicator from torchrun's environment (or the `comm` given). A method that wo
 step runs here: allreduce, local_sgd, diloco (Streaming DiLoCo), sparseloco, dpsgd, rdpsgd, topk; the
 others shape the loss or need services beside the workers, and are refused with one ConfigError. The
 method's own options are the spec's (`NAME:KEY=VALUE:...`, as `lowband compare --methods` takes them);
-`total_steps` is the length of the run, for the options that change over it (a tau schedule, an inner
-rate's factor, SparseLoCo's decay and density ramps).
+`total_steps` is the length of the run, for the options that change over it (a tau schedule,
+SparseLoCo's decay and density ramps). The learning rate is the loop's own: the method's rules for it
+(linear scaling, DiLoCo's inner_lr_factor) are `lowband.run.schedule.MethodSchedule(cfg, sync.method)`'s
+to apply, as tests/distributed/helpers.py's `wrapped_loop` does.
 """
 
 from __future__ import annotations
@@ -78,7 +80,7 @@ def wrap(model: nn.Module, optimizer: torch.optim.Optimizer, spec: str = "allred
     """`model` and `optimizer` trained by the method `spec` ('NAME:KEY=VALUE:...') over `comm` (None: the
     process group torchrun's environment describes, or this process alone); see the module docstring.
     Raises ConfigError naming the field for a method or option it cannot run."""
-    name, cfg = method_config(spec)
+    name, cfg = method_config(spec, seed)
     require(isinstance(total_steps, int) and total_steps >= 1, "total_steps", total_steps, "must be an integer >= 1")
     device = next(model.parameters()).device
     comm = comm if comm is not None else Communicator.from_env(device)
@@ -98,9 +100,9 @@ def wrap(model: nn.Module, optimizer: torch.optim.Optimizer, spec: str = "allred
     return Sync(method, trained, comm, optimizer)
 
 
-def method_config(spec: str) -> tuple[str, C.Config]:
+def method_config(spec: str, seed: int = 0) -> tuple[str, C.Config]:
     """The method's name and a Config holding its options from `spec` (its rounds' evaluations off: they need
-    the run's data, which a user's loop keeps)."""
+    the run's data, which a user's loop keeps) and `seed` (a stochastic codec's, as train.seed seeds it)."""
     from lowband.comparison.plan import parse_spec
     from lowband.training.runconfig import method_configs
 
@@ -113,7 +115,8 @@ def method_config(spec: str) -> tuple[str, C.Config]:
     method: dict[str, Any] = {"name": name, **options}
     if "round_evals" in C.from_dict({"method": {"name": name}}, method_configs()).method.__dataclass_fields__:
         method.setdefault("round_evals", 0)
-    return name, C.from_dict({"method": method, "train": {"epochs": 1}}, method_configs())
+    require(isinstance(seed, int) and seed >= 0, "seed", seed, "must be an integer >= 0")
+    return name, C.from_dict({"method": method, "train": {"epochs": 1, "seed": seed}}, method_configs())
 
 
 def _logger():

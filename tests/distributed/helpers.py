@@ -451,3 +451,40 @@ def ends_with(what: str) -> None:
 def sleep_for(seconds: str) -> None:
     """A worker entry that only waits (to be stopped)."""
     time.sleep(float(seconds))
+
+
+def wrapped_loop(run_dir: str, spec: str, out: str) -> None:
+    """A user's plain loop over `lowband train`'s run `run_dir` (its config, data plan, model, optimizer and
+    rate), its method through `lowband.wrap(spec)`: rank 0 writes the final model and its bytes by tag to `out`."""
+    import lowband
+    from lowband.run.schedule import MethodSchedule
+    from lowband.training.runconfig import read_run_config
+    from lowband.training.trainer import make_optimizer, rank_batches, task_loss, worker_data
+
+    torch.set_num_threads(1)
+    cfg = read_run_config(run_dir)
+    comm = Communicator.from_env(torch.device("cpu"), "gloo", timeout_s=60)
+    plan = worker_data(cfg, comm.world)
+    torch.manual_seed(cfg.train.seed)
+    from lowband.models import build_for_task
+
+    model = build_for_task(cfg.model, plan.data.in_shape, plan.data.num_classes, plan.data.task)
+    optimizer = make_optimizer(cfg.optim, model.parameters())
+    sync = lowband.wrap(model, optimizer, spec, comm=comm, total_steps=plan.steps * cfg.train.epochs,
+                        seed=cfg.train.seed)
+    schedule, batches = MethodSchedule(cfg, sync.method), rank_batches(cfg, plan, comm.rank, torch.device("cpu"))
+    for epoch in range(1, cfg.train.epochs + 1):
+        for i, batch in enumerate(batches.epoch(epoch)):
+            schedule.apply(optimizer, epoch - 1 + i / plan.steps)
+            task_loss(sync.model(batch.x), batch.y).backward()
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            sync.step()
+    final = sync.final_model()
+    if comm.rank == 0:
+        from safetensors.torch import save_file
+
+        save_file({k: v.contiguous() for k, v in final.state_dict().items()}, os.path.join(out, "final.safetensors"))
+        with open(os.path.join(out, "bytes.json"), "w") as f:
+            json.dump(sync.bytes_by_tag(), f)
+    sync.close()

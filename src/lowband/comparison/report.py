@@ -285,9 +285,25 @@ def check_target(target: float | None, metric) -> None:
 
 def facts(runs: list[SummaryRow], folders: list[str], target: float | None, why: str) -> list[str]:
     budget = budgets(folders)
-    return [table.describe_target(target, why, table.metric_of(runs)), f"Machine: {machine()}", *corpus_facts(runs),
-            f"Link: {link_of(runs)}",
+    return [table.describe_target(target, why, table.metric_of(runs)), f"Machine: {machine()}", *model_facts(runs),
+            *corpus_facts(runs), f"Link: {link_of(runs)}",
             *([f"Budget: {budget}"] if budget else []), f"Comparisons: {', '.join(folders)}"]
+
+
+def model_facts(runs: list[SummaryRow]) -> list[str]:
+    """'Model: NAME (its size or options)' of the runs (a built-in's or a user's `package.module:factory`), from
+    their configs; a warning when they trained different models."""
+    seen = {shown_model(cfg.model) for run in runs if run.run_dir and (cfg := read_config(run.run_dir))}
+    if not seen:
+        return []
+    return [("Model: " if len(seen) == 1 else "Model (WARNING: the runs trained different models): ")
+            + "; ".join(sorted(seen))]
+
+
+def shown_model(model: C.ModelConfig) -> str:
+    detail = [f"size {model.size}"] if model.name == "gpt" else []
+    detail += [f"{k}={v}" for k, v in sorted((model.kwargs or {}).items())]
+    return model.name + (f" ({', '.join(detail)})" if detail else "")
 
 
 def corpus_facts(runs: list[SummaryRow]) -> list[str]:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import inspect
+
 import torch
 from torch import nn
 
@@ -33,7 +35,7 @@ def build_model(cfg: ModelConfig, in_shape: tuple[int, ...], num_classes: int, *
     inputs of `input_dtype` (int64 for text: data.x_train.dtype), and logits (batch, num_classes),
     or (batch, T, num_classes) when every position has a target (`per_position`: data.task == "lm")."""
     if ":" in cfg.name:
-        model = _call_factory(cfg.name, in_shape, num_classes, cfg.kwargs)
+        model = _call_factory(cfg.name, in_shape, num_classes, cfg.kwargs, per_position)
     else:
         model = MODELS.get(cfg.name)(cfg, in_shape, num_classes)
     _check_fits(model, cfg.name, in_shape, num_classes, input_dtype, per_position)
@@ -46,12 +48,18 @@ def build_for_task(cfg: ModelConfig, in_shape: tuple[int, ...], num_classes: int
     return build_model(cfg, in_shape, num_classes, input_dtype=torch.int64 if lm else torch.float32, per_position=lm)
 
 
-def _call_factory(spec: str, in_shape, num_classes: int, kwargs: dict | None = None) -> nn.Module:
-    """factory(in_shape=..., num_classes=..., **model.kwargs), whose failure or non-module result is one line."""
+def _call_factory(spec: str, in_shape, num_classes: int, kwargs: dict | None = None,
+                  per_position: bool = False) -> nn.Module:
+    """factory(in_shape=..., num_classes=..., **model.kwargs), whose failure or non-module result is one line.
+    For text (`per_position`) a factory that names them also gets vocab_size= (num_classes) and context=
+    (the window, in_shape[0]). A model whose output carries `.logits` (a Hugging Face model) is wrapped
+    so that it gives the logits alone (`LogitsOf`)."""
     factory = import_factory(spec, "model.name")
     kwargs = kwargs or {}
+    text = {k: v for k, v in (("vocab_size", num_classes), ("context", in_shape[0]))
+            if per_position and k not in kwargs and _takes(factory, k)}
     try:
-        model = factory(in_shape=in_shape, num_classes=num_classes, **kwargs)
+        model = factory(in_shape=in_shape, num_classes=num_classes, **text, **kwargs)
     except TypeError as e:
         field, value = ("model.kwargs", kwargs) if kwargs else ("model.name", spec)
         raise ConfigError(field, value, f"factory(in_shape=, num_classes=, **model.kwargs) failed (TypeError: {e})") from None
@@ -59,7 +67,41 @@ def _call_factory(spec: str, in_shape, num_classes: int, kwargs: dict | None = N
         raise ConfigError("model.name", spec, f"factory(in_shape=, num_classes=) failed ({type(e).__name__}: {e})") from None
     if not isinstance(model, nn.Module):
         raise ConfigError("model.name", spec, f"factory returned {type(model).__name__}, expected a torch.nn.Module")
-    return model
+    return LogitsOf(model) if _gives_logits_field(model, in_shape, per_position) else model
+
+
+def _takes(factory, name: str) -> bool:
+    """Whether `factory` accepts a keyword `name` (by name, or through **kwargs)."""
+    try:
+        params = inspect.signature(factory).parameters.values()
+    except (TypeError, ValueError):
+        return False
+    return any(p.name == name or p.kind is inspect.Parameter.VAR_KEYWORD for p in params)
+
+
+class LogitsOf(nn.Module):
+    """A model whose output holds its logits in `.logits` (a Hugging Face model's ModelOutput), giving them."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.model = model
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        return self.model(x).logits
+
+
+def _gives_logits_field(model: nn.Module, in_shape, per_position: bool) -> bool:
+    """Whether `model`'s output is not a tensor but has `.logits` (one forward of two zero inputs)."""
+    was_training = model.training
+    model.eval()
+    try:
+        with torch.no_grad():
+            out = model(torch.zeros(2, *in_shape, dtype=torch.int64 if per_position else torch.float32))
+    except Exception:  # noqa: BLE001 - _check_fits says what is wrong, in one line
+        return False
+    finally:
+        model.train(was_training)
+    return not isinstance(out, torch.Tensor) and isinstance(getattr(out, "logits", None), torch.Tensor)
 
 
 def _check_fits(model: nn.Module, name: str, in_shape, num_classes: int, input_dtype: torch.dtype = torch.float32,
