@@ -4,7 +4,7 @@ VENV   := .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-fast lint bench clean
+.PHONY: demo test test-fast lint bench docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -28,6 +28,10 @@ lint: $(STAMP)
 # the inner loop: the unit layer without its slow tests (about 30 s)
 test-fast: $(STAMP)
 	$(BIN)/python -m pytest tests/unit -m "not slow"
+
+# the user guide (docs/, mkdocs.yml) into build/site; --strict: a broken link or a page left out fails
+docs: $(STAMP)
+	$(BIN)/python -m mkdocs build --strict
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/overhead.py
