@@ -85,6 +85,9 @@ def cmd_train(args) -> int:
     from lowband.comm import launched_by_torchrun
     from lowband.training import session
 
+    for flag, value in (("--run-dir", args.run_dir), ("--resume", args.resume), ("--out", args.out)):
+        if value is not None and not value.strip():
+            raise UsageError(f"{flag} is empty; give a directory, or leave the option off")
     if args.resume:
         if args.run_dir:
             raise UsageError("--resume and --run-dir both name a run directory; give one")

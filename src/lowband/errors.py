@@ -47,10 +47,12 @@ class Diverged(LowbandError):
 
     exit_code = 4
 
-    def __init__(self, epoch: int, step: int, rank: int, loss: float, lr: float):
+    def __init__(self, epoch: int, step: int, rank: int, loss: float, lr: float, suspects: str = ""):
+        """`suspects`: the method's own settings that could have done it, named after the rate (an outer step)."""
         self.epoch, self.step, self.rank, self.loss, self.lr = epoch, step, rank, loss, lr
+        also = f", {suspects}," if suspects else ""
         super().__init__(f"training diverged at epoch {epoch}, step {step} (worker {rank}): loss {loss}; lower "
-                         f"optim.lr (the step's rate was {lr:.4g}) or check the data")
+                         f"optim.lr (the step's rate was {lr:.4g}){also} or check the data")
 
 
 class Unavailable(LowbandError):

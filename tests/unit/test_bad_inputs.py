@@ -126,6 +126,7 @@ CASES = {
     **{f"diloco-{s}": (["--method", "diloco", "--workers", "2", *SET("tau=4", s)], f)
        for s, f in [("tau=0", "method.tau"), ("fragments=5", "method.fragments"), ("overlap=4", "method.overlap"),
                     ("codec=int3", "method.codec"), ("codec=topk:1.5", "method.codec"),
+                    ("codec='topk:0.0001'", "method.codec"),  # round(0.0001 x 4096) = 0 values a chunk
                     ("outer_momentum=1", "method.outer_momentum"), ("mix=0", "method.mix")]},
     **{f"sparseloco-{s}": (["--method", "sparseloco", "--workers", "2", *SET("tau=4", s)], f)
        for s, f in [("density=0", "method.density"), ("density=1.5", "method.density"), ("chunk=0", "method.chunk"),
@@ -133,7 +134,11 @@ CASES = {
                     ("codec=int3", "method.codec"), ("ef_decay=1.5", "method.ef_decay"),
                     ("tau_schedule='8@0.5/4@0.6'", "method.tau_schedule"), ("tau_schedule=abc", "method.tau_schedule"),
                     ("error_feedback=false", "method.error_feedback"), ("mean=median", "method.mean"),
-                    ("outer_lr_end=0", "method.outer_lr_end"), ("outer_lr_from=1", "method.outer_lr_from")]},
+                    ("outer_lr_end=0", "method.outer_lr_end"), ("outer_lr_from=1", "method.outer_lr_from"),
+                    ("density=1e-9", "method.density"),  # nothing a chunk: the workers would never exchange
+                    ("density_end=0.0001", "method.density_end")]},
+    "run-dir-empty": (["--run-dir", ""], "--run-dir is empty"),  # not taken as "no --run-dir"
+    "resume-empty": (["--resume", ""], "--resume is empty"),
     "model-beyond-memory": (["--model", "gpt", "--dataset", "text", "--set", "model.n_embd=1000000000000",
                              "--set", "model.n_head=1"], "does not fit in this machine's memory"),
 }

@@ -42,7 +42,8 @@ def test_tune_lists_log_spacing_and_ranges():
     ("optim.lr=log:0.2:0.1:3", "0 < LO < HI"), ("optim.lr=log:0.1:1:1", "N in [2, 1000]"),
     ("optim.lr=log:0.1:1:x", "N in [2, 1000]"), ("optim.lr=log:1e-3:1e-2:1000000000", "N in [2, 1000]"),
     ("optim.lr=0.2:0.1", "0.2 is not below 0.1"), ("optim.lr=0.1:0.1", "LO < HI"),
-    ("optim.lr=log:0:0.1", "0 is not above 0"), ("optim.lr=log:-1:0.1", "not above 0"), ("optim.lr=1:2:3:4", "expected")])
+    ("optim.lr=log:0:0.1", "0 is not above 0"), ("optim.lr=log:-1:0.1", "not above 0"), ("optim.lr=1:2:3:4", "expected"),
+    ("optim.lr=log:1e-3:1e-2:\u00b2", "N in [2, 1000]")])  # '²' is a digit to str.isdigit, not to int()
 def test_bad_tune_specs(bad, message):
     with pytest.raises(ConfigError, match="--tune") as e:
         parse_tune(bad)
@@ -50,10 +51,12 @@ def test_bad_tune_specs(bad, message):
 
 
 @pytest.mark.parametrize("option, kwargs, message", [
-    ("--tune-epochs", {"epochs": 0}, "must be >= 1"), ("--tune-trials", {"trials": 0}, "must be in [1, 1000]"),
+    ("--tune-epochs", {"epochs": 0}, "must be in [1, 10000]"), ("--tune-epochs", {"epochs": 1_000_000_000}, "10000"),
+    ("--tune-trials", {"trials": 0}, "must be in [1, 1000]"),
     ("--tune-trials", {"trials": 1_000_000_000}, "must be in [1, 1000]"),
     ("--tune-sampler", {"sampler": "bayes"}, "one of auto, axis, grid"), ("--tune-pruner", {"pruner": "hyper"}, "median"),
-    ("--tune-seed", {"seed": -1}, ">= 0"), ("--tune", {"texts": ["optim.lr=0.1", "optim.lr=0.2"]}, "at most once")])
+    ("--tune-seed", {"seed": -1}, "[0, 2**32)"), ("--tune-seed", {"seed": 99999999999999999999999}, "[0, 2**32)"),
+    ("--tune", {"texts": ["optim.lr=0.1", "optim.lr=0.2"]}, "at most once")])
 def test_bad_tune_options(option, kwargs, message):
     texts = kwargs.pop("texts", ["optim.lr=0.1,0.2"])
     with pytest.raises(ConfigError, match=option) as e:
@@ -221,7 +224,8 @@ def test_a_target_budget_runs_the_reference_first_and_caps_the_others_at_factor_
 @pytest.mark.parametrize("budget, message", [
     ("target:0.5", "FACTOR must be a number in [1, 100]"), ("target:x", "FACTOR must be"), ("target:inf", "FACTOR must be"),
     ("target:1e300", "FACTOR must be a number in [1, 100]"),
-    ("samples:2", "epochs, steps, samples or target"), ("time", "epochs, steps, samples or target")])
+    ("samples:2", "epochs, steps, samples or target"), ("time", "epochs, steps, samples or target"),
+    ("target:", "FACTOR after 'target:' is empty"), ("samples:", "epochs, steps, samples or target")])
 def test_bad_budgets(budget, message):
     with pytest.raises(ConfigError, match="--budget") as e:
         P.make_plan(["allreduce"], {"train": {"workers": 2}}, {}, "F", budget=budget)

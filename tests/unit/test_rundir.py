@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import json
+import os
+
+import pytest
 
 from lowband.run.rundir import RunDir
 
@@ -27,3 +30,40 @@ def test_a_record_whose_epoch_is_not_a_number_is_skipped_with_one_warning(tmp_pa
     _write(tmp_path / "rounds.jsonl", [{"epoch": 0.5}, {"epoch": True}, {"epoch": "x"}, {"epoch": 1}])
     assert [r["epoch"] for r in RunDir(str(tmp_path)).read("rounds")] == [0.5, 1]
     assert len(capsys.readouterr().err.splitlines()) == 2
+
+
+def test_a_run_directory_is_held_by_one_launcher_at_a_time(tmp_path):
+    """A second launcher for a directory in use is refused in one line naming the holder; the first one's
+    directory is untouched, and once it lets go the directory can be held again."""
+    from lowband.errors import UsageError
+    from lowband.run.rundir import held
+
+    run = str(tmp_path / "run")
+    with held(run):
+        with pytest.raises(UsageError, match=r"^--run-dir .* is in use by another lowband process \(pid \d+\)"), \
+                held(run):
+            pass
+        assert os.path.isdir(run)
+    with held(run):
+        pass
+
+
+def test_a_run_that_never_started_leaves_no_directory(tmp_path):
+    from lowband.run.rundir import held
+
+    run = tmp_path / "run"
+    with pytest.raises(RuntimeError), held(str(run)):
+        raise RuntimeError("a check failed before any worker started")
+    assert not run.exists()
+
+
+@pytest.mark.parametrize("where, says", [("afile", "a file is in the way"),
+                                         ("afile/sub", "a part of the path is a file")])
+def test_a_run_directory_that_cannot_be_made_is_one_line_and_exit_2(tmp_path, capsys, where, says):
+    from lowband.cli import main
+
+    (tmp_path / "afile").write_text("not a directory")
+    code = main(["train", "--workers", "2", "--epochs", "1", "--samples", "300", "--run-dir", str(tmp_path / where)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and says in err, err
+    assert (tmp_path / "afile").read_text() == "not a directory"

@@ -271,6 +271,8 @@ def parse_codec(spec: str, field: str = "method.codec", seed: int = 0) -> Codec:
     except ValueError:
         f = float("nan")
     require(name == "topk" and 0 < f <= 1, field, spec, f"topk needs a fraction in (0, 1]; {SPEC_HELP}")
+    require(round(f * TOPK_CHUNK) >= 1, field, spec, f"keeps round({f:g} x {TOPK_CHUNK}) = 0 values of each "
+                                                      f"chunk; the smallest fraction is 1/{TOPK_CHUNK} = {1 / TOPK_CHUNK:.3g}")
     return TopKCodec(f, _value_codec(parts[1], spec, field, seed) if len(parts) == 2 else None)
 
 

@@ -126,6 +126,10 @@ def neighbours(best: TuningRow, ran: list[TuningRow], params: list[Param], never
     if not missing:
         return ["Every one-field change of the chosen setting was tried: it is the best along each field."
                 + local_caveat(ran, never)]
-    shown = "; ".join(" ".join(f"{f}={v}" for f, v in m.items() if v != best.values.get(f)) for m in missing)
-    return [f"Not tried, one field away from the chosen setting: {shown} (a larger --tune-trials runs them; "
-            "--tune-sampler grid runs every setting)."]
+    changes = [" ".join(f"{f}={v}" for f, v in m.items() if v != best.values.get(f)) for m in missing]
+    shown = "; ".join(changes[:SHOWN]) + (f"; and {len(changes) - SHOWN} more" if len(changes) > SHOWN else "")
+    return [f"Not tried, {len(changes)} setting(s) one field away from the chosen one: {shown} (a larger "
+            "--tune-trials runs them; --tune-sampler grid runs every setting)."]
+
+
+SHOWN = 6  # untried one-field changes named in a sentence; the rest counted

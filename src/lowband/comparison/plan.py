@@ -74,7 +74,7 @@ def parse_seeds(text: str) -> list[int]:
     """'0,1,2' -> [0, 1, 2]: distinct integers >= 0."""
     allowed = "a comma-separated list of distinct integers >= 0, e.g. 0,1,2"
     items = [item.strip() for item in text.split(",")]
-    require(all(item.isdigit() for item in items), "--seeds", text, allowed)
+    require(all(item.isascii() and item.isdigit() for item in items), "--seeds", text, allowed)
     seeds = [int(item) for item in items]
     require(len(set(seeds)) == len(seeds), "--seeds", text, allowed)
     return seeds
@@ -164,9 +164,10 @@ MAX_FACTOR = 100.0  # a target budget's cap: at most this many times the referen
 
 def parse_budget(text: str) -> tuple[str, float]:
     """'samples' -> ('samples', 1.0); 'target' -> ('target', 4.0); 'target:2' -> ('target', 2.0)."""
-    name, _, factor = text.partition(":")
+    name, colon, factor = text.partition(":")
     allowed = f"epochs, steps, samples or target[:FACTOR] (1 <= FACTOR <= {MAX_FACTOR:g}, default 4)"
-    require(name in BUDGETS and (not factor or name == "target"), "--budget", text, allowed)
+    require(name in BUDGETS and (not colon or name == "target"), "--budget", text, allowed)
+    require(not colon or factor.strip() != "", "--budget", text, f"FACTOR after 'target:' is empty; {allowed}")
     try:
         value = float(factor) if factor else (DEFAULT_FACTOR if name == "target" else 1.0)
     except ValueError:

@@ -27,6 +27,7 @@ SAMPLERS = ("auto", "axis", "grid", "tpe", "random")
 PRUNERS = ("median", "halving", "none")
 DEFAULT_TRIALS = 12  # per method, when the sampler is not a grid (a grid defaults to all its combinations)
 MAX_POINTS = 1000  # values of one log:LO:HI:N axis, and trials per method: each trial is a whole training run
+MAX_TUNE_EPOCHS = 10_000  # epochs of one trial
 TUNE_SYNTAX = ("expected SECTION.KEY=V1,V2,..., SECTION.KEY=LO:HI, SECTION.KEY=log:LO:HI or SECTION.KEY=log:LO:HI:N, "
                "e.g. optim.lr=log:1e-3:1e-2")
 
@@ -137,7 +138,8 @@ def parse_tune(texts: list[str] | str, epochs: int | None = None, trials: int | 
     params = tuple(parse_param(text) for text in texts)
     fields = [p.field for p in params]
     require(len(set(fields)) == len(fields), "--tune", " ".join(texts), "each field at most once")
-    require(epochs is None or epochs >= 1, "--tune-epochs", epochs, "must be >= 1")
+    require(epochs is None or 1 <= epochs <= MAX_TUNE_EPOCHS, "--tune-epochs", epochs,
+            f"must be in [1, {MAX_TUNE_EPOCHS}] (epochs of each trial, each a training run)")
     require(trials is None or 1 <= trials <= MAX_POINTS, "--tune-trials", trials,
             f"must be in [1, {MAX_POINTS}] (trials per method, each a training run)")
     require(sampler in SAMPLERS, "--tune-sampler", sampler, "one of " + ", ".join(SAMPLERS))
@@ -145,7 +147,7 @@ def parse_tune(texts: list[str] | str, epochs: int | None = None, trials: int | 
             f"{'a grid' if sampler == 'grid' else 'the axis search'} needs every --tune field as a list "
             "(V1,V2,... or log:LO:HI:N)")
     require(pruner in PRUNERS, "--tune-pruner", pruner, "one of " + ", ".join(PRUNERS))
-    require(seed >= 0, "--tune-seed", seed, "must be >= 0")
+    require(0 <= seed < 2**32, "--tune-seed", seed, "must be in [0, 2**32) (the samplers' seed)")
     return Tune(params, epochs, trials, sampler, seed, pruner)
 
 
@@ -188,7 +190,8 @@ def number(text: str, item: str) -> float:
 def log_values(text: str, parts: list[str]) -> list[float]:
     """[LO, HI, N] -> N values from LO to HI evenly spaced on a log scale (4 significant digits)."""
     lo, hi = number(text, parts[0]), number(text, parts[1])
-    require(parts[2].strip().isdigit() and 2 <= int(parts[2]) <= MAX_POINTS, "--tune", text,
+    n_text = parts[2].strip()
+    require(n_text.isascii() and n_text.isdigit() and 2 <= int(n_text) <= MAX_POINTS, "--tune", text,
             f"log:LO:HI:N needs an integer N in [2, {MAX_POINTS}] (each value is a training run)")
     require(0 < lo < hi, "--tune", text, "log:LO:HI:N needs 0 < LO < HI")
     n = int(parts[2])

@@ -170,6 +170,11 @@ class Method:
         default. A pure function of the place, so every worker of any membership agrees on it."""
         return 1.0
 
+    def divergence_suspects(self) -> str:
+        """The method's own settings that could make training diverge, named in the one line a divergence
+        prints beside optim.lr ('' : none)."""
+        return ""
+
     def default_warmup_epochs(self) -> float:
         """Warm-up used when optim.warmup_epochs = 'auto': 2 epochs when the rate is scaled up."""
         return 2.0 if self.lr_scale() > 1 else 0.0

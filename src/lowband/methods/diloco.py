@@ -128,6 +128,11 @@ class DiLoCo(Method):
         return c.inner_lr_factor if c.inner_lr_factor_end == -1 else ramp(c.inner_lr_factor, c.inner_lr_factor_end,
                                                                            0.0, done)
 
+    def divergence_suspects(self) -> str:
+        c = self.cfg
+        return f"method.outer_lr ({c.outer_lr:g})" + (f" or method.outer_momentum ({c.outer_momentum:g})"
+                                                      if c.outer_momentum else "")
+
     def lr_scale(self) -> float:
         """A replica's update averages its g ranks' batches, as Allreduce's averages K."""
         return float(self.cfg.group_size)

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import os
+import pickle  # the error type of a refused checkpoint only: nothing is unpickled here
 import re
 
 import torch
@@ -60,10 +61,17 @@ def damage(path: str) -> str | None:
 
 
 def load_state(path: str) -> dict:
+    """A checkpoint's state, read without unpickling code (weights_only); anything else is one line."""
     try:
         return torch.load(path, map_location="cpu", weights_only=True)
+    except pickle.UnpicklingError as e:  # torch's advice beside it suggests unpickling: not taken, not shown
+        found = re.search(r"Unsupported global: GLOBAL ([\w.]+)", str(e))
+        what = f" ({found.group(1)})" if found else ""
+        raise UsageError(f"checkpoint {path} holds an object that only unpickling code would rebuild{what}; "
+                         "lowband loads tensors and plain values only, so it is refused") from None
     except Exception as e:
-        raise UsageError(f"checkpoint {path} is unreadable ({type(e).__name__}: {e})") from None
+        first = (str(e).strip().splitlines() or [""])[0][:200]
+        raise UsageError(f"checkpoint {path} is unreadable ({type(e).__name__}: {first})") from None
 
 
 def save_model(state_dict: dict, path: str, metadata: dict[str, str] | None = None) -> None:

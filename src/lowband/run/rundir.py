@@ -9,6 +9,8 @@
     model.safetensors           the final model (model.rank{R}.safetensors: rank R's own, when
                                 ranks train separate models); model_L.safetensors the best local one
     NAME.jsonl, NAME.rank{R}.jsonl   record streams: metrics, rounds, distill, samples, ...
+    .lowband.lock               held (flock) by the launcher while the run trains: a second launcher
+                                for the same directory is refused (`held`)
 
 A stream is a JSONL file of records that each carry an `epoch`. Rank 0's stream is NAME.jsonl
 and rank R's NAME.rank{R}.jsonl, unless the stream is `per_rank`, when every rank (0 included)
@@ -20,19 +22,65 @@ Nothing here imports torch: the report and the coordinator read run directories 
 
 from __future__ import annotations
 
+import contextlib
+import errno
+import fcntl
 import glob
 import json
 import os
 import re
+import shutil
 import sys
 from collections.abc import Callable, Iterator
 from typing import Any
 
 from lowband.atomic import write_text_atomic
 from lowband.config import read_toml
+from lowband.errors import UsageError
 
 CONFIG = "config.toml"
 PLACEMENT = "placement.json"
+LOCK = ".lowband.lock"
+
+
+@contextlib.contextmanager
+def held(path: str, field: str = "--run-dir") -> Iterator[None]:
+    """Hold run directory `path` for one launcher while the run trains (an flock on its .lowband.lock,
+    released when the launcher exits or dies); made if it does not exist, and removed again if it was
+    made here and what runs inside fails before any record is written. Refused in one line naming
+    `field`: a directory another lowband holds, or a path that cannot be made or written (a file on the
+    way, a read-only parent, /proc)."""
+    made = not os.path.exists(path)
+    fd = _open_lock(path, field)
+    try:
+        try:
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+        except BlockingIOError:
+            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
+            raise UsageError(f"{field} {path} is in use by another lowband process (pid {holder}); wait for it to "
+                             "end, or give another directory") from None
+        os.ftruncate(fd, 0)
+        os.pwrite(fd, str(os.getpid()).encode(), 0)
+        yield
+    except BaseException:
+        if made and not RunDir(path).has_records():
+            shutil.rmtree(path, ignore_errors=True)  # a run that never started leaves no directory
+        raise
+    finally:
+        os.close(fd)  # the lock goes with it; the file stays (removing it would let two launchers lock two files)
+
+
+def _open_lock(path: str, field: str) -> int:
+    """The lock file's descriptor, the directory made first; any way it cannot be is one UsageError."""
+    try:
+        os.makedirs(path, exist_ok=True)
+        return os.open(os.path.join(path, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
+    except OSError as e:
+        why = {errno.EEXIST: "a file is in the way", errno.ENOTDIR: "a part of the path is a file, not a directory",
+               errno.EACCES: "permission denied", errno.EROFS: "the file system is read-only",
+               errno.EPERM: "permission denied"}.get(e.errno or 0, e.strerror or type(e).__name__)
+        raise UsageError(f"{field} {path} cannot be written ({why}); give a directory lowband can create and "
+                         "write") from None
 
 
 class Stream:

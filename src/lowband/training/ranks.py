@@ -155,7 +155,10 @@ class FixedRanks:
             raise TrainingError(f"ranks see different checkpoints ({[int(a) for a in agreed]}); is the run dir shared?")
         self.run.cut_back(epoch)  # records past the checkpoint would be written twice
         if epoch == 0:
-            self.log.warning(f"no checkpoint in {self.run.path}; starting from scratch")
+            some = checkpoint.ranks_saved(self.run.path)
+            why = (f"no epoch that every rank finished checkpointing (ranks {some} saved one, the others were "
+                   "stopped first)" if some else "no checkpoint")
+            self.log.warning(f"{why} in {self.run.path}; starting from scratch")
             return None
         state = checkpoint.load_state(checkpoint.rank_path(self.run.path, self.rank, epoch))
         t.method.local_model().load_state_dict(state["model"])

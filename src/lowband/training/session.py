@@ -24,7 +24,7 @@ from lowband.registry import METHODS
 from lowband.run import checkpoint, launch, loggers
 from lowband.run.metrics import read_metrics
 from lowband.run.reshard import reshard
-from lowband.run.rundir import RunDir
+from lowband.run.rundir import RunDir, held
 from lowband.run.workers import leave_now
 from lowband.training.ranks import FixedRanks
 from lowband.training.runconfig import check_model, new_run_dir, prepare_run_dir, read_run_config, write_config
@@ -38,7 +38,7 @@ def check_resume_world(run_dir: str, world: int, allow_change: bool = False) -> 
     cfg = read_run_config(run_dir) if RunDir(run_dir).is_run() else None
     recorded = resolve(cfg).world if cfg is not None else world
     ranks = checkpoint.ranks_saved(run_dir)
-    if ranks and ranks != list(range(recorded)):
+    if ranks and ranks != list(range(recorded)) and not cut_short(run_dir, ranks, recorded):
         raise UsageError(f"--resume {run_dir}: its checkpoints are of ranks {ranks}, its config records {recorded} "
                          f"worker(s) (ranks 0..{recorded - 1}); resume with the world size that wrote them")
     if cfg is None or recorded == world:
@@ -54,6 +54,13 @@ def check_resume_world(run_dir: str, world: int, allow_change: bool = False) -> 
         raise UsageError(f"--allow-world-change: {run_dir} has no epoch with an intact checkpoint of each of its "
                          f"{recorded} ranks; resume it with {recorded} worker(s) (it starts from scratch)")
     return recorded
+
+
+def cut_short(run_dir: str, ranks: list[int], recorded: int) -> bool:
+    """Whether checkpoints of only some of the run's ranks are a first checkpoint cut short (the run was killed
+    while its ranks wrote their first one: each rank that finished has that one epoch alone), not those of a
+    run with another number of workers. The run then resumes from scratch, saying so."""
+    return set(ranks) < set(range(recorded)) and all(len(checkpoint.epochs_saved(run_dir, r)) == 1 for r in ranks)
 
 
 def change_world(run_dir: str, old: int, new: int) -> None:
@@ -92,8 +99,8 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
         check_netns_possible(cfg.link.intra_spec, "link.intra")
         netns, sites = cfg.link.spec, spec.sites
     method = spec.method
-    with method.services(cfg.method):  # e.g. Redis and teachers: failing here leaves no run directory behind
-        if not resume:
+    with method.services(cfg.method), held(run_dir):  # services (Redis, teachers) and the directory: refused or
+        if not resume:                                 # failing here leaves no run directory behind
             prepare_run_dir(cfg, run_dir)
         else:
             _settle_resume(spec, run_dir, old_world, note)

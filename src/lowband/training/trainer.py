@@ -123,7 +123,7 @@ def checked_step(model: torch.nn.Module, method: Method, optimizer, batch, step:
     the 1-based `epoch` and the step's number) and the launcher stops the others."""
     loss = train_step(model, method, optimizer, batch, step, counted)
     if not math.isfinite(loss):
-        raise Diverged(epoch, step + 1, worker, loss, optimizer.param_groups[0]["lr"])
+        raise Diverged(epoch, step + 1, worker, loss, optimizer.param_groups[0]["lr"], method.divergence_suspects())
     return loss
 
 

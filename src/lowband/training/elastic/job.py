@@ -30,7 +30,7 @@ from lowband.records import EpochRecord
 from lowband.registry import METHODS
 from lowband.run import checkpoint, launch, workers
 from lowband.run.metrics import human_bytes, read_metrics
-from lowband.run.rundir import RunDir
+from lowband.run.rundir import RunDir, held
 from lowband.training.elastic.files import JOB_FILE, read_job
 from lowband.training.elastic.records import EARLIER
 from lowband.training.runconfig import check_model, new_run_dir, prepare_run_dir, read_run_config, write_config
@@ -81,6 +81,15 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
     run_dir = run_dir or new_run_dir(out, cfg.method.name)
     if cfg.elastic.coordinator:
         Membership(cfg.elastic.coordinator, "check").ping()
+    with held(run_dir):  # one launcher per directory; one that cannot be written is refused here
+        code = _run_job(cfg, run_dir, resume)
+    if code == 0:
+        summarize(run_dir)
+    return code, run_dir
+
+
+def _run_job(cfg: C.Config, run_dir: str, resume: bool) -> int:
+    """The coordinator (an embedded Redis unless one is named), the job's files, its workers; the exit code."""
     server = None if cfg.elastic.coordinator else EmbeddedRedis()
     url = server.start() if server is not None else cfg.elastic.coordinator
     try:
@@ -100,13 +109,10 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
         print(f"lowband: elastic job {members.job}: {cfg.train.workers} worker(s), coordinator {_shown(url)}; "
               f"add one with `lowband join {run_dir}`", file=sys.stderr, flush=True)
         procs = workers.spawn(ENTRY, [run_dir, "1" if resume else "0"], cfg.train.workers, run_dir, cfg.train.threads)
-        code = supervise(procs, members, cfg.elastic, crash_dir=run_dir)
+        return supervise(procs, members, cfg.elastic, crash_dir=run_dir)
     finally:
         if server is not None:
             server.stop()
-    if code == 0:
-        summarize(run_dir)
-    return code, run_dir
 
 
 def finished(run_dir: str, epochs: int) -> bool:
