@@ -305,6 +305,20 @@ def test_a_killed_launcher_resumes_without_training_a_sample_twice(tmp_path):
 
 
 @pytest.mark.slow
+def test_an_epochs_record_is_written_once_whoever_dies(tmp_path):
+    """Worker 0, the source of the round that ends epoch 1, dies holding the claim to write its record: the
+    survivor takes the claim over and writes it, and the job's records read epochs 1, 2, 3, each once."""
+    run = tmp_path / "job"
+    out = lowband("train", "--elastic", "--method", "local_sgd", "--workers", "2", "--epochs", "3", *SMALL,
+                  *FAST_FAILURE, "--run-dir", str(run), env={"LOWBAND_ELASTIC_FAULT": "0:1:record:kill"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    with open(run / "metrics.jsonl") as f:
+        assert [json.loads(line)["epoch"] for line in f] == [1, 2, 3]
+    with open(run / "train.log") as f:
+        assert "epoch 1's record was owed by worker 0, who left before writing it; writing it" in f.read()
+
+
+@pytest.mark.slow
 def test_below_min_workers_the_job_waits_and_says_so(tmp_path):
     run = tmp_path / "job"
     job = start("train", "--elastic", "--method", "local_sgd", "--workers", "1", "--min-workers", "2",

@@ -100,9 +100,9 @@ class ElasticQuorum:
     # ---- joining and leaving -----------------------------------------------------------------------
     def join(self, info: dict, heartbeat_s: float, joiner: bool) -> int:
         """Register with the job (a new worker id) and keep a heartbeat; the id."""
-        self.id = self._coordinator(lambda: self.members.register(info))
+        self.id = self.ask(lambda: self.members.register(info))
         self.members.start_heartbeat(heartbeat_s)
-        self.first_round, self.launched = self._coordinator(self.members.launched)
+        self.first_round, self.launched = self.ask(self.members.launched)
         self.joiner = joiner
         return self.id
 
@@ -223,7 +223,7 @@ class ElasticQuorum:
         return Communicator.over_store(store, workers.index(self.id), len(workers), torch.device("cpu"),
                                        self.patience.timeout_s, self.ledger, host=self.host)
 
-    def _coordinator(self, call):
+    def ask(self, call):
         """call() once the coordinator answers (it may be restarting); Unavailable after wait_s."""
         answer = wait_until(lambda: (call(),), self.patience.wait_s, poll_s=0.2)
         if answer is None:

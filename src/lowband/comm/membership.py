@@ -14,6 +14,8 @@ Keys live under `lowband:elastic:JOB:`:
   done:R:A:N, fail:R:A:N  who finished that quorum's exchange and who failed it
   outcome:R:A:N       "commit" or "abort", decided once
   ledger              hash ID -> JSON of that worker's bytes sent and received per tag
+  record:E            the id of the worker that writes epoch E's record (the first claim holds; a claim
+                      whose holder is gone is taken over, so a record is written once whoever dies)
 
 A round: the live workers arrive with what they hold (their version, a fingerprint of θ_global, the
 steps they trained since); once every live worker has arrived (or `quorum_wait_s` passed with at
@@ -332,6 +334,20 @@ class Membership:
         self.r.set(key, verdict, nx=True, px=3_600_000)
         held = self.r.get(key)
         return verdict if held is None else _text(held)
+
+    # ---- who writes an epoch's record ---------------------------------------------------------------
+    def record_holder(self, epoch: int) -> int | None:
+        """The worker that claimed the writing of epoch `epoch`'s record (None: nobody yet)."""
+        raw = self.r.get(self.key("record", epoch))
+        return int(raw) if raw is not None else None
+
+    def claim_record(self, epoch: int, take: bool = False) -> int | None:
+        """Claim the writing of epoch `epoch`'s record for this worker (SET NX: the first claim holds; `take`:
+        overwrite a claim whose holder is gone). The holder's id after the attempt (None: no claim)."""
+        key = self.key("record", epoch)
+        self.r.set(key, str(self.worker), nx=not take, ex=KEEP_S)
+        raw = self.r.get(key)
+        return int(raw) if raw is not None else None
 
     # ---- bytes -----------------------------------------------------------------------------------
     def publish_ledger(self, by_tag: dict, entry: str | None = None) -> None:

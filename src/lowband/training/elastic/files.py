@@ -17,6 +17,7 @@ and are named below.
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 import os
@@ -27,13 +28,14 @@ from torch import nn
 from lowband.comm.elastic_quorum import ElasticQuorum
 from lowband.comm.membership import Decision, Membership, wait_until
 from lowband.comm.quorum import OuterState
-from lowband.config import Config, to_dict
+from lowband.config import Config, ElasticConfig, to_dict
 from lowband.errors import UsageError
 from lowband.records import EpochRecord
 from lowband.run import checkpoint
 from lowband.run.loggers import build as build_loggers
 from lowband.run.metrics import MetricsSink, read_metrics
 from lowband.run.rundir import RunDir
+from lowband.training.elastic.faults import Faults
 from lowband.training.elastic.records import checkpoint_state, epoch_record
 from lowband.training.trainer import Steps, Trainer
 
@@ -73,6 +75,9 @@ class JobFiles:
     samples: int
     started: float
     state: OuterState
+    writes: int  # the epoch whose record this worker claimed (0: none)
+    e: ElasticConfig
+    faults: Faults
     trainer: Trainer
 
     def close_files(self) -> None:
@@ -92,19 +97,47 @@ class JobFiles:
             "dropped": q.dropped, "elapsed_s": round(time.monotonic() - self.started, 3)})
 
     def _writer(self, epoch: int) -> Decision | None:
-        """The round that ended epoch `epoch`, when this worker is the source of its last round (the one that
-        writes the epoch's record and checkpoint); else None."""
+        """The round that ended epoch `epoch`, when this worker writes its record and checkpoint (it holds the
+        coordinator's claim on the epoch); else None."""
         outer = self.outer
-        if outer is None or outer.ended is None or outer.ended.epoch_end != epoch or not outer.is_source():
+        if outer is None or outer.ended is None or outer.ended.epoch_end != epoch or self.writes != epoch:
             return None
         return outer.ended
+
+    def _claim(self, epoch: int) -> bool:
+        """Whether this worker writes epoch `epoch`'s record: the source of its last round claims it first;
+        every other member of the round that ended the epoch waits until the record is in metrics.jsonl, and
+        takes the claim over if its holder is gone before writing it (a record is written once, whoever dies).
+        False once the record is written (by another) or the job has finished without it."""
+        assert self.outer is not None
+        outer, members = self.outer, self.members
+        start, deadline = time.monotonic(), time.monotonic() + self.cfg.elastic.wait_s
+        source = outer.q.members[0] if outer.q is not None else self.id
+        if source == self.id:
+            outer.ask(lambda: members.claim_record(epoch))
+        while time.monotonic() < deadline:
+            if any(r.epoch == epoch for r in read_metrics(self.run_dir.path)):
+                return False
+            holder, live = outer.ask(lambda: members.record_holder(epoch)), outer.ask(members.live)
+            unclaimed_too_long = holder is None and (source not in live or time.monotonic() - start > self.e.dead_after_s)
+            if unclaimed_too_long or (holder is not None and holder not in live):
+                if holder is not None:
+                    self.log.warning(f"worker {self.id}: epoch {epoch}'s record was owed by worker {holder}, who "
+                                     "left before writing it; writing it")
+                holder = outer.ask(functools.partial(members.claim_record, epoch, take=holder is not None))
+            if holder == self.id:
+                self.writes = epoch
+                self.faults.maybe(epoch, "record")  # a test's fault: the writer dies holding the claim
+                return True
+            time.sleep(0.1)
+        return False
 
     def _finish_job(self, glob: nn.Module | None) -> None:
         """The job's final model, then its status: finished."""
         glob = glob if glob is not None else self.trainer.method.global_model(final=False)
         assert glob is not None  # a method that runs elastic has a global model (θ_global)
         checkpoint.save_model(glob.state_dict(), self.run_dir.model_path(0), self.trainer.model_metadata())
-        self.outer._coordinator(self.members.finish) if self.outer else self.members.finish()
+        self.outer.ask(self.members.finish) if self.outer else self.members.finish()
         self.log.info(f"worker {self.id}: last epoch done; model.safetensors written")
 
     def _see_finished(self, q: Decision) -> None:
@@ -124,9 +157,11 @@ class JobFiles:
         in the method's final model (its last outer steps are a round of their own)."""
         if epoch == self.cfg.train.epochs:
             self.final = trainer.method.global_model(final=True)
+        ended = self.outer.ended if self.outer is not None else None
+        if ended is None or ended.epoch_end != epoch or not self._claim(epoch):
+            return None  # another member of the round that ended it writes it (or this worker joined after)
         q = self._writer(epoch)
-        if q is None:
-            return None
+        assert q is not None
         glob = self.final if self.final is not None else trainer.method.global_model(final=False)
         scores = trainer.scores(glob) if evaluate and glob is not None else None
         record = epoch_record(q, scores, trainer.metric, self._ledgers(), extra=trainer.method.end_epoch(epoch),
