@@ -277,8 +277,28 @@ def summarize(run_dir: str) -> None:
     print(f"lowband: elastic job done: {len(epochs)} epoch(s) in {len(rounds)} round(s); workers per round "
           f"{min(sizes)}..{max(sizes)} (mean {sum(sizes) / len(sizes):.2f}), membership changed {changes} time(s), "
           f"{redone} round(s) redone; {figure}; sent {tags}", file=sys.stderr)
+    warning = regression(epochs, rounds)
+    if warning:
+        print(f"lowband: warning: {warning}", file=sys.stderr)
     with contextlib.suppress(ImportError):
         plot(run_dir, rounds, epochs)
+
+
+def regression(epochs: list[EpochRecord], rounds: list[dict]) -> str | None:
+    """A job that ended well behind its best epoch (validation loss 25% above its lowest): said, with the
+    workers it had, since fewer workers make an outer step noisier (one DiLoCo worker at a rate that
+    three train well with can stall at chance, as a fixed run of one does; BENCHMARKS.md, chaos)."""
+    losses = [(r.epoch, r.val_loss) for r in epochs if r.val_loss is not None]
+    if len(losses) < 2:
+        return None
+    best_epoch, best = min(losses, key=lambda e: e[1])
+    last = losses[-1][1]
+    if last <= 1.25 * best:
+        return None
+    late = [len(q["members"]) for q in rounds if q["epoch"] > best_epoch] or [len(rounds[-1]["members"])]
+    return (f"the validation loss ended at {last:.4f}, {100 * (last / best - 1):.0f}% above its best ({best:.4f} at "
+            f"epoch {best_epoch}); after that epoch rounds had {min(late)}..{max(late)} worker(s). Fewer workers "
+            "average fewer pseudo-gradients: lower optim.lr or method.outer_lr, or raise elastic.min_workers")
 
 
 def plot(run_dir: str, rounds: list[dict], epochs: list[EpochRecord]) -> str:

@@ -1,0 +1,397 @@
+"""Chaos: faults in series, as users of elastic pools and long comparisons meet them (issue 56).
+
+Elastic soak: an elastic DiLoCo job on MNIST-1D (3 launched workers, `--epochs E`, min_workers 1, a Redis
+this script owns) while a seeded schedule, every 10-30 s (`--every`), does one of: SIGKILL a random
+worker, SIGSTOP one for 2-8 s then SIGCONT it, start `lowband join`; and restarts the coordinator once,
+empty, half-way. A job that ends without finishing is resumed (`train --resume`, same coordinator). Then
+it checks, and prints one line per check:
+
+  finished      the job exited 0 (after resumes, if any) and wrote model.safetensors, which loads
+  records       metrics.jsonl holds every epoch once, in order; every checkpoint's checksum verifies
+  samples       no sample handed out twice within an epoch's order (quorums.jsonl), the dropped counted
+  loss          the final validation loss within the fault-free runs' spread (`--baseline` seeds, mean ±
+                3 sd, at least ±10% of the mean)
+  processes     no lowband worker, joiner or Redis of the job left running
+  keys          every key of the job in the coordinator expires (none kept for good)
+  files         no temporary file (*.tmp-PID) and no .rendezvous file left in the run directory
+  messages      every line the launcher and joiners printed to stderr is one line, no traceback
+
+Comparison soak: `lowband compare` (two methods, two seeds, 2 epochs on MNIST-1D; with --tune, a 2-value
+lr search) SIGKILLed at `--kills` random moments, `--resume`d after each, until it finishes; then its
+summary.csv (deterministic columns) must equal an uninterrupted comparison's, stderr must hold no
+traceback, and no process may be left.
+
+Run:  python benchmarks/chaos.py --elastic --seed 0 [--faults 90] [--epochs 60]
+      python benchmarks/chaos.py --compare --seed 0 [--kills 10] [--tune]
+Prints the schedule as it goes and a summary line per soak; exit 1 when a check fails.
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import csv
+import glob
+import json
+import math
+import os
+import random
+import re
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from common import commit
+
+PY = [sys.executable, "-m", "lowband"]
+JOB = ["train", "--elastic", "--method", "diloco", "--workers", "3", "--set", "data.num_samples=2000",
+       "--batch-size", "16", "--lr", "0.01", "--set", "method.tau=4", "--set", "method.outer_lr=0.7",
+       "--set", "elastic.min_workers=1",
+       "--set", "elastic.dead_after_s=2", "--set", "elastic.heartbeat_s=0.4", "--set", "elastic.timeout_s=10", "-q"]
+
+
+def log(msg: str) -> None:
+    print(f"[{time.strftime('%H:%M:%S')}] {msg}", flush=True)
+
+
+def children(pid: int) -> list[int]:
+    """Every descendant of `pid` (from /proc)."""
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        with contextlib.suppress(OSError):
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    kids = [int(c) for c in f.read().split()]
+                found += kids
+                todo += kids
+    return found
+
+
+def name_of(pid: int) -> str:
+    try:
+        with open(f"/proc/{pid}/comm") as f:
+            return f.read().strip()
+    except OSError:
+        return ""
+
+
+def workers_of(pids: list[int]) -> list[int]:
+    return [p for root in pids for p in [root, *children(root)] if name_of(p).startswith("lowband-r")]
+
+
+# ---- the elastic soak ------------------------------------------------------------------------------------
+
+class ElasticSoak:
+    def __init__(self, args, work: str):
+        self.args, self.rng = args, random.Random(args.seed)
+        self.run = os.path.join(work, "job")
+        self.stderr: list[str] = []
+        self.faults = {"kill": 0, "stop": 0, "join": 0, "coordinator": 0}
+        self.joiners: list[subprocess.Popen] = []
+
+    def go(self) -> bool:
+        from lowband.distill.redis_server import EmbeddedRedis
+
+        baseline = self.baseline()
+        self.server = EmbeddedRedis()
+        url = self.server.start()
+        try:
+            self.soak(url)
+        finally:
+            for j in self.joiners:
+                with contextlib.suppress(OSError):
+                    j.kill()
+        ok = self.check(url, baseline)
+        self.server.stop()
+        return ok
+
+    def baseline(self) -> list[float]:
+        """The fault-free job's final validation loss at each of `--baseline` seeds."""
+        losses = []
+        for seed in self.args.baseline:
+            run = self.run + f"-clean-{seed}"
+            p = subprocess.run([*PY, *JOB, "--epochs", str(self.args.epochs), "--seed", str(seed), "--run-dir", run],
+                               capture_output=True, text=True)
+            recs = records(run)
+            if p.returncode == 0 and recs:
+                losses.append(recs[-1]["val_loss"])
+            log(f"fault-free seed {seed}: exit {p.returncode}, val loss {losses[-1] if losses else 'none'}")
+        return losses
+
+    def start(self, url: str, resume: bool) -> subprocess.Popen:
+        args = ["train", "--resume", self.run, "--coordinator", url] if resume else [
+            *JOB, "--epochs", str(self.args.epochs), "--seed", str(self.args.seed), "--run-dir", self.run,
+            "--coordinator", url]
+        return subprocess.Popen([*PY, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+
+    def soak(self, url: str) -> None:
+        job, done, resumes = self.start(url, False), 0, 0
+        restart_at = self.args.faults // 2
+        while True:
+            time.sleep(self.rng.uniform(*self.args.every))
+            code = job.poll()
+            if code is not None:
+                self.stderr += job.stderr.read().splitlines()
+                if code == 0 or resumes >= 5:
+                    log(f"the job exited {code} after {done} faults" + (f" and {resumes} resume(s)" if resumes else ""))
+                    return
+                resumes += 1
+                log(f"the job exited {code}: resuming it ({resumes})")
+                job = self.start(url, True)
+                continue
+            if done >= self.args.faults:
+                continue  # the schedule is spent: let the job finish
+            kind = "coordinator" if done == restart_at and not self.faults["coordinator"] else self.rng.choice(
+                ["kill", "stop", "join"])
+            if self.fault(kind, job, url):
+                self.faults[kind] += 1
+                done += 1
+
+    def fault(self, kind: str, job: subprocess.Popen, url: str) -> bool:
+        pool = workers_of([job.pid, *[j.pid for j in self.joiners if j.poll() is None]])
+        if kind == "coordinator":
+            import redis
+
+            with contextlib.suppress(redis.ConnectionError):
+                redis.Redis.from_url(url).shutdown(nosave=True)
+            time.sleep(0.5)
+            self.server.start()
+            log("coordinator restarted, empty")
+            return True
+        if kind == "join":
+            if len(pool) >= 5:
+                return False
+            self.joiners.append(subprocess.Popen([*PY, "join", self.run], stdout=subprocess.DEVNULL,
+                                                 stderr=subprocess.PIPE, text=True))
+            log(f"join ({len(pool)} workers before)")
+            return True
+        if len(pool) < 2:  # keep one worker: the job must be able to go on
+            return False
+        victim = self.rng.choice(pool)
+        if kind == "kill":
+            os.kill(victim, signal.SIGKILL)
+            log(f"SIGKILL worker pid {victim}")
+            return True
+        pause = self.rng.uniform(2, 8)
+        os.kill(victim, signal.SIGSTOP)
+        subprocess.Popen(["sh", "-c", f"sleep {pause:.1f}; kill -CONT {victim}"], start_new_session=True)
+        log(f"SIGSTOP worker pid {victim} for {pause:.1f} s")
+        return True
+
+    def check(self, url: str, baseline: list[float]) -> bool:
+        for j in self.joiners:
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                j.wait(timeout=60)
+            if j.stderr:
+                self.stderr += j.stderr.read().splitlines()
+        recs = records(self.run)
+        results = {
+            "finished": finished(self.run, self.args.epochs),
+            "records": [r["epoch"] for r in recs] == list(range(1, self.args.epochs + 1)) and checksums_verify(self.run),
+            "samples": each_sample_once(self.run),
+            "loss": within_spread(recs[-1]["val_loss"] if recs else math.nan, baseline),
+            "processes": not leftovers(self.run),
+            "keys": keys_expire(url),
+            "files": not [p for p in glob.glob(os.path.join(self.run, "**", "*"), recursive=True)
+                          if re.search(r"\.tmp-\d+$|\.rendezvous-", p)],
+            "messages": one_liners(self.stderr),
+        }
+        for name, ok in results.items():
+            print(f"  {name:10} {'ok' if ok else 'FAILED'}")
+        print(f"elastic soak, seed {self.args.seed}, commit {commit()}: faults {self.faults}; final val loss "
+              f"{recs[-1]['val_loss'] if recs else 'none'} against fault-free {fmt(baseline)}; "
+              f"{sum(results.values())}/{len(results)} checks ok", flush=True)
+        return all(results.values())
+
+
+def records(run: str) -> list[dict]:
+    try:
+        with open(os.path.join(run, "metrics.jsonl")) as f:
+            return [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError):
+        return []
+
+
+def finished(run: str, epochs: int) -> bool:
+    try:
+        import lowband
+
+        lowband.load_model(run)
+    except Exception as e:  # noqa: BLE001 - a check: anything that keeps the model from loading fails it
+        log(f"final model does not load: {e}")
+        return False
+    return bool(records(run)) and records(run)[-1]["epoch"] == epochs
+
+
+def checksums_verify(run: str) -> bool:
+    from lowband.run import checkpoint
+
+    paths = glob.glob(os.path.join(run, "checkpoints", "*.pt"))
+    return all(checkpoint.damage(p) is None for p in paths)
+
+
+def each_sample_once(run: str) -> bool:
+    by_epoch: dict[int, list[int]] = {}
+    try:
+        with open(os.path.join(run, "quorums.jsonl")) as f:
+            for line in f:
+                rec = json.loads(line)
+                for a, b in rec["slices"].values():
+                    by_epoch.setdefault(rec["epoch"], []).extend(range(a, b))
+    except OSError:
+        return False
+    return all(len(ids) == len(set(ids)) for ids in by_epoch.values())
+
+
+def within_spread(loss: float, baseline: list[float]) -> bool:
+    if not baseline or not math.isfinite(loss):
+        return False
+    mean = statistics.mean(baseline)
+    sd = statistics.stdev(baseline) if len(baseline) > 1 else 0.0
+    return abs(loss - mean) <= max(3 * sd, 0.1 * mean)
+
+
+def leftovers(run: str) -> list[str]:
+    """lowband processes still running that belong to this run (workers, joiners, launchers)."""
+    found = []
+    for pid in os.listdir("/proc"):
+        if not pid.isdigit() or int(pid) == os.getpid():
+            continue
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                cmd = f.read().replace(b"\0", b" ").decode(errors="replace")
+        except OSError:
+            continue
+        if run in cmd and "chaos.py" not in cmd:
+            found.append(f"{pid}: {cmd[:120]}")
+    if found:
+        log("left running: " + "; ".join(found))
+    return found
+
+
+def keys_expire(url: str) -> bool:
+    import redis
+
+    r = redis.Redis.from_url(url)
+    forever = [k for k in r.scan_iter(match="lowband:elastic:*") if r.ttl(k) == -1]
+    if forever:
+        log(f"keys kept for good: {forever[:5]}")
+    return not forever
+
+
+def one_liners(lines: list[str]) -> bool:
+    bad = [line for line in lines if "Traceback" in line or line.startswith("  File ")]
+    if bad:
+        log(f"a traceback reached the console: {bad[:3]}")
+    return not bad
+
+
+def fmt(values: list[float]) -> str:
+    if not values:
+        return "none"
+    sd = statistics.stdev(values) if len(values) > 1 else 0.0
+    return f"{statistics.mean(values):.4f} ± {sd:.4f} ({len(values)} seeds)"
+
+
+# ---- the comparison soak ---------------------------------------------------------------------------------
+
+COMPARE = ["compare", "--methods", "single,local_sgd:tau=4", "--workers", "2", "--seeds", "0,1", "--epochs", "2",
+           "--samples", "400", "--batch-size", "16", "-q"]
+STEADY = ("label", "seed", "status", "final_val_acc", "final_test_acc", "epochs", "samples", "bytes_sent_per_worker")
+
+
+def compare_soak(args, work: str) -> bool:
+    """Comparisons killed at random moments of their length and resumed until each finishes; another one
+    is started while kills remain. Every finished one must give the uninterrupted one's summary."""
+    extra = ["--tune", "optim.lr=0.05,0.1", "--tune-epochs", "1"] if args.tune else []
+    clean, t0 = os.path.join(work, "clean"), time.monotonic()
+    subprocess.run([*PY, *COMPARE, *extra, "--out", clean], capture_output=True, text=True, check=False)
+    length, want = time.monotonic() - t0, summary(clean)
+    rng, kills, stderr, results, n = random.Random(args.seed), 0, [], [], 0
+    while kills < args.kills:
+        n += 1
+        out = os.path.join(work, f"killed-{n}")
+        kills, ok = one_killed(out, args.kills, extra, length, rng, kills, stderr)
+        results.append(ok and summary(out) == want and bool(want))
+    checks = {"finished": all(results), "same table": all(results), "messages": one_liners(stderr),
+              "processes": not leftovers(work)}
+    for name, ok in checks.items():
+        print(f"  {name:10} {'ok' if ok else 'FAILED'}")
+    print(f"comparison soak{' (tuned)' if args.tune else ''}, seed {args.seed}, commit {commit()}: {kills} kills over "
+          f"{n} comparison(s) of {length:.0f} s each uninterrupted; {sum(checks.values())}/{len(checks)} checks ok",
+          flush=True)
+    return all(checks.values())
+
+
+def one_killed(out: str, budget: int, extra: list[str], length: float, rng: random.Random, kills: int,
+               stderr: list[str]) -> tuple[int, bool]:
+    """One comparison in `out`, SIGKILLed (with everything it started) at random moments of its uninterrupted
+    `length` and resumed, until it finishes or `budget` kills are spent; the kills so far, and whether it
+    finished."""
+    def launch() -> subprocess.Popen:
+        folder = next(iter(sorted(glob.glob(os.path.join(out, "compare-*")))), None)
+        args = ["compare", "--resume", folder, "-q"] if folder else [*COMPARE, *extra, "--out", out]
+        return subprocess.Popen([*PY, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True,
+                                start_new_session=True)
+
+    for _ in range(budget * 4 + 4):
+        proc = launch()
+        try:
+            proc.wait(timeout=rng.uniform(0.05, 0.95) * length if kills < budget else 3600)
+        except subprocess.TimeoutExpired:
+            os.killpg(proc.pid, signal.SIGKILL)  # the comparison and everything it started
+            proc.wait()
+            kills += 1
+            log(f"comparison killed ({kills})")
+        stderr += proc.stderr.read().splitlines() if proc.stderr else []
+        if proc.returncode == 0:
+            return kills, True
+    return kills, False
+
+
+def summary(out: str) -> list[dict]:
+    paths = sorted(glob.glob(os.path.join(out, "compare-*", "summary.csv")))
+    if not paths:
+        return []
+    with open(paths[0]) as f:
+        return sorted(({k: row.get(k) for k in STEADY} for row in csv.DictReader(f)), key=lambda r: (r["label"], r["seed"]))
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--elastic", action="store_true", help="the elastic soak")
+    p.add_argument("--compare", action="store_true", help="the comparison soak")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--faults", type=int, default=90, help="faults of the elastic soak (a third of each kind)")
+    p.add_argument("--every", type=float, nargs=2, default=(10.0, 30.0), metavar=("MIN_S", "MAX_S"))
+    p.add_argument("--epochs", type=int, default=60)
+    p.add_argument("--baseline", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1, 2],
+                   help="fault-free seeds for the loss check (comma-separated)")
+    p.add_argument("--kills", type=int, default=10, help="kills of the comparison soak")
+    p.add_argument("--tune", action="store_true", help="the comparison soak with a tuning search")
+    p.add_argument("--keep", default="", help="keep the work here instead of a temporary directory")
+    args = p.parse_args()
+    if not (args.elastic or args.compare):
+        p.error("give --elastic or --compare")
+    if not (1 <= args.faults <= 1000 and 0 <= args.kills <= 100 and 1 <= args.epochs <= 10_000):
+        p.error("--faults in [1, 1000], --kills in [0, 100], --epochs in [1, 10000]")
+    work = args.keep or tempfile.mkdtemp(prefix="lowband-chaos-")
+    os.makedirs(work, exist_ok=True)
+    ok = True
+    if args.elastic:
+        ok &= ElasticSoak(args, work).go()
+    if args.compare:
+        ok &= compare_soak(args, work)
+    if not args.keep:
+        shutil.rmtree(work, ignore_errors=True)
+    sys.exit(0 if ok else 1)
+
+
+if __name__ == "__main__":
+    main()
