@@ -4,7 +4,8 @@ tests that should notice it, and print which failed.
 Each plant replaces one exact piece of source text with a wrong one (a bug a tired hand could write): the
 sparse top-k, the error buffer's decay, the tau schedule, the tuning's trial choice, the target budget's
 stop, the done.jsonl repair, the ring's byte count, the placement rule, a forked worker's exit code, the
-decay schedule, the trainer's rate at a step's place, an elastic worker's figures per round. A plant
+decay schedule, the trainer's rate at a step's place, an elastic worker's figures per round, an elastic
+joiner's fragments, SparseLoCo's flush over fragments, the epoch at target, a pruned trial run again. A plant
 whose text is not in the tree (older code) is reported as absent, not as caught.
 A plant is caught when at least one of its tests fails; the tests named are those a developer would run
 for that code (the whole suite catches at least as much).
@@ -58,9 +59,25 @@ PLANTS = [
     ("the trainer sets the rate of a later place", "src/lowband/training/trainer.py",
      "            self.schedule.apply(self.optimizer, place)\n", "            self.schedule.apply(self.optimizer, place + 0.5)\n",
      ["tests/unit/test_trainer_team.py"]),
-    ("an elastic worker's round figures never restart", "src/lowband/training/elastic/worker.py",
-     "        self.marks = (self.trainer.step, self.trainer.loss_total)\n", "",
+    ("an elastic worker's round figures never restart", "src/lowband/comm/elastic_quorum.py",
+     "        self.round_at = self.progress()\n", "",
      ["tests/faults/test_elastic_equal.py"]),
+    # issue 56: the kinds of plants that passed the whole suite before its tests
+    ("an elastic joiner takes one fragment of θ_global", "src/lowband/methods/diloco.py",
+     "for frag, state in zip(self.fragments, shared[\"fragments\"], strict=True):\n            frag.load_shared(state)",
+     "for frag, state in zip(self.fragments[:1], shared[\"fragments\"][:1], strict=True):\n            frag.load_shared(state)",
+     ["tests/faults/test_elastic.py::test_a_joiner_of_a_streaming_job_receives_every_fragment"]),
+    ("SparseLoCo's flush reaches the first fragment alone", "src/lowband/methods/sparseloco.py",
+     "        for frag in self.fragments:\n            if self.group.rank == 0:\n                assert frag.feedback",
+     "        for frag in self.fragments[:1]:\n            if self.group.rank == 0:\n                assert frag.feedback",
+     ["tests/distributed/test_sparseloco.py"]),
+    ("the epoch at target moves when the run goes on past it", "src/lowband/training/trainer.py",
+     "if self.reached_target is None and found is not None:", "if found is not None:",
+     ["tests/unit/test_trainer_team.py"]),
+    ("a pruned trial's values run again", "src/lowband/comparison/tuning.py",
+     "    earlier = next((t for t in study.trials if t.state.is_finished() and t.params == values",
+     "    earlier = next((t for t in study.trials if t.value is not None and t.params == values",
+     ["tests/unit/test_tuning.py"]),
 ]
 
 

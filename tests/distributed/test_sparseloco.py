@@ -248,3 +248,15 @@ def test_local_sgd_takes_a_tau_schedule(tmp_path):
         if s - last >= schedule.at(s / steps):
             last, syncs = s, syncs + 1
     assert record.extra["outer_steps"] == syncs and steps // 4 < syncs < steps // 2
+
+
+def test_the_flush_reaches_every_fragment(tmp_path):
+    """Streaming SparseLoCo (2 fragments): the final model's dense flush steps every fragment's θ_global, not
+    the first alone; against the same run without a flush, both halves of the model move."""
+    options = dict(tau=4, density=0.02, chunk=512, outer_lr=0.8, fragments=2, epochs=1)
+    flushed = trace(tmp_path / "flush", 2, 8, flush="fp32", **options)[0]
+    plain = trace(tmp_path / "plain", 2, 8, **options)[0]["final"]
+    sizes = [f["anchor"].numel() for f in flushed["state"]["fragments"]]
+    assert len(sizes) == 2 and sum(sizes) == len(plain)
+    for part in (slice(0, sizes[0]), slice(sizes[0], None)):  # each fragment's θ_global, in parameter order
+        assert (flushed["final"][part] - plain[part]).abs().max() > 1e-6

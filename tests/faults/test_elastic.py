@@ -231,6 +231,22 @@ def test_a_worker_that_joins_during_an_exchange_waits_for_the_next_round(tmp_pat
 
 
 @pytest.mark.slow
+def test_a_joiner_of_a_streaming_job_receives_every_fragment(tmp_path):
+    """Streaming DiLoCo (2 fragments): a worker that joins mid-job receives θ_global of every fragment and the
+    outer state with it, so it agrees with the job's members at once (never needs it sent again) and ends
+    with their θ_global."""
+    run = tmp_path / "job"
+    out = lowband("train", "--elastic", "--method", "diloco", "--workers", "2", "--epochs", "6", *SMALL,
+                  "--set", "method.fragments=2", *FAST_FAILURE, "--set", "elastic.timeout_s=60", "--run-dir", str(run),
+                  env={"LOWBAND_ELASTIC_FAULT": "0:6:exchange:join:60"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    recs = rounds(run)
+    first = next(r for r in recs if 2 in r["members"])
+    assert 2 in first["receivers"] and any(2 in r["contributors"] for r in recs)
+    assert_one_model(run, {0, 1, 2})
+
+
+@pytest.mark.slow
 def test_the_job_survives_a_coordinator_restart(tmp_path):
     run = tmp_path / "job"
     with EmbeddedRedis() as url:

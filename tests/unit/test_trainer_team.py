@@ -32,6 +32,7 @@ class Scripted:
         self.finished = False
         self.sums: list[tuple[float, float]] = []  # per epoch: (the loss of its first step, its losses' sum)
         self.first: list[float] = []
+        self.val_acc: dict[int, float] = {}  # epoch -> the validation accuracy its record reports
 
     def shard(self, plan):
         return None
@@ -69,7 +70,8 @@ class Scripted:
         self.sums.append((self.first_loss(trainer), done.loss_sum))
         if epoch not in self.records:
             return None
-        return EpochRecord(epoch=epoch, train_loss=done.loss, extra={"taken": done.taken}), 7 * done.taken
+        return EpochRecord(epoch=epoch, train_loss=done.loss, val_acc=self.val_acc.get(epoch),
+                           extra={"taken": done.taken}), 7 * done.taken
 
     def first_loss(self, trainer) -> float:
         return self.first[len(self.sums)]
@@ -130,3 +132,13 @@ def test_the_trainer_stops_when_the_team_says_so_and_still_finishes(tmp_path):
     team = Scripted(cfg, per_epoch=2, records={1, 2, 3, 4}, stop_after=2)
     Trainer(cfg, team, str(tmp_path)).fit()
     assert [r.epoch for r in team.made] == [1, 2] and team.finished
+
+
+def test_the_first_epoch_at_target_stays_when_the_run_goes_on(tmp_path):
+    """A target reached at epoch 1 of a run that goes on (no early stop): every later record keeps epoch 1,
+    even when a later epoch reaches it too, or falls below it again."""
+    cfg = config(epochs=3, target_accuracy=0.5)
+    team = Scripted(cfg, per_epoch=2, records={1, 2, 3})
+    team.val_acc = {1: 0.6, 2: 0.4, 3: 0.7}
+    Trainer(cfg, team, str(tmp_path)).fit()
+    assert [r.reached_target_epoch for r in team.made] == [1, 1, 1]

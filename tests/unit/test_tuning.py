@@ -218,3 +218,21 @@ def test_a_search_whose_trials_have_one_epoch_says_they_are_never_pruned(tmp_pat
     T.tune_label(str(tmp_path), p, "local_sgd", ACCURACY)
     said = "local_sgd: trials of one epoch are never pruned" in capsys.readouterr().out
     assert said == (epochs == 1)
+
+
+@pytest.mark.parametrize("outcome", [T.Outcome("pruned", 0.91, 1), T.Outcome("failed (1)", None, 1),
+                                     T.Outcome("ok", 0.88, 2)])
+def test_values_a_finished_trial_ran_are_not_run_again_whatever_its_end(tmp_path, outcome):
+    """A sampler proposing the values of a pruned, failed or complete trial again: the new trial is told the
+    earlier result and marked a repeat, not run (and not counted); its state is the earlier one's."""
+    p = plan(tmp_path, specs=("allreduce",), tune=("optim.lr=0.05,0.1",))
+    study = T.open_study(str(tmp_path), p, "allreduce", ACCURACY)
+    first = study.ask()
+    values = T.suggest(first, p.tune, ["optim.lr"])
+    first.set_user_attr("dir", "tune/allreduce/trial-000")
+    T.finish(study, first, outcome)
+    again = study.ask()
+    again.set_user_attr("probe", True)
+    assert T.repeat(study, again, values) is True
+    done = study.trials[-1]
+    assert done.user_attrs["repeat_of"] == 0 and done.state == study.trials[0].state and T.counted(study) == 1
