@@ -21,7 +21,7 @@ lr search) SIGKILLed at `--kills` random moments, `--resume`d after each, until 
 summary.csv (deterministic columns) must equal an uninterrupted comparison's, stderr must hold no
 traceback, and no process may be left.
 
-Run:  python benchmarks/chaos.py --elastic --seed 0 [--faults 90] [--epochs 60]
+Run:  python benchmarks/chaos.py --elastic --seed 0 [--faults 90] [--epochs 600] [--every 4 12]
       python benchmarks/chaos.py --compare --seed 0 [--kills 10] [--tune]
 Prints the schedule as it goes and a summary line per soak; exit 1 when a check fails.
 """
@@ -111,16 +111,19 @@ class ElasticSoak:
         return ok
 
     def baseline(self) -> list[float]:
-        """The fault-free job's final validation loss at each of `--baseline` seeds."""
+        """The fault-free job's final validation loss at each of `--baseline` seeds (kept in --baseline-dir
+        and reused: the same job whatever the soak's seed)."""
         losses = []
         for seed in self.args.baseline:
-            run = self.run + f"-clean-{seed}"
-            p = subprocess.run([*PY, *JOB, "--epochs", str(self.args.epochs), "--seed", str(seed), "--run-dir", run],
-                               capture_output=True, text=True)
+            run = os.path.join(self.args.baseline_dir, f"epochs-{self.args.epochs}-seed-{seed}")
+            if not finished_quietly(run, self.args.epochs):
+                shutil.rmtree(run, ignore_errors=True)
+                subprocess.run([*PY, *JOB, "--epochs", str(self.args.epochs), "--seed", str(seed), "--run-dir", run],
+                               capture_output=True, text=True, check=False)
             recs = records(run)
-            if p.returncode == 0 and recs:
+            if recs and recs[-1]["epoch"] == self.args.epochs:
                 losses.append(recs[-1]["val_loss"])
-            log(f"fault-free seed {seed}: exit {p.returncode}, val loss {losses[-1] if losses else 'none'}")
+            log(f"fault-free seed {seed}: val loss {losses[-1] if losses else 'none'}")
         return losses
 
     def start(self, url: str, resume: bool) -> subprocess.Popen:
@@ -215,6 +218,11 @@ def records(run: str) -> list[dict]:
             return [json.loads(line) for line in f if line.strip()]
     except (OSError, ValueError):
         return []
+
+
+def finished_quietly(run: str, epochs: int) -> bool:
+    recs = records(run)
+    return bool(recs) and recs[-1]["epoch"] == epochs and os.path.exists(os.path.join(run, "model.safetensors"))
 
 
 def finished(run: str, epochs: int) -> bool:
@@ -370,9 +378,11 @@ def main() -> None:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--faults", type=int, default=90, help="faults of the elastic soak (a third of each kind)")
     p.add_argument("--every", type=float, nargs=2, default=(10.0, 30.0), metavar=("MIN_S", "MAX_S"))
-    p.add_argument("--epochs", type=int, default=60)
+    p.add_argument("--epochs", type=int, default=600, help="the job's epochs (600: about 15 minutes on 2 cores)")
     p.add_argument("--baseline", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1, 2],
                    help="fault-free seeds for the loss check (comma-separated)")
+    p.add_argument("--baseline-dir", default=os.path.join(tempfile.gettempdir(), "lowband-chaos-baseline"),
+                   help="where the fault-free runs are kept and reused")
     p.add_argument("--kills", type=int, default=10, help="kills of the comparison soak")
     p.add_argument("--tune", action="store_true", help="the comparison soak with a tuning search")
     p.add_argument("--keep", default="", help="keep the work here instead of a temporary directory")

@@ -185,3 +185,41 @@ def test_the_failure_seen_first_is_the_cause_when_none_explains_itself(capsys):
     assert supervise(procs) == 128 + signal.SIGKILL
     err = capsys.readouterr().err
     assert "worker 1" in err and "SIGABRT" not in err
+
+
+@pytest.mark.slow
+def test_a_comparison_killed_while_it_prepares_leaves_nothing_training(tmp_path):
+    """SIGKILL of `lowband compare --suite edl` while its teacher trains (the suite's preparation): the
+    teacher's run and its worker die with it, and nothing goes on writing into the comparison's folder."""
+    import subprocess
+    import sys
+
+    proc = subprocess.Popen([sys.executable, "-m", "lowband", "compare", "--suite", "edl", "--out", str(tmp_path), "-q"],
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    deadline = time.monotonic() + 60
+    while not list(tmp_path.glob("compare-*/teacher/train.log")) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert list(tmp_path.glob("compare-*/teacher/train.log")), "the teacher never started"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    deadline = time.monotonic() + 5  # they die with it at once; the teacher alone would train for longer
+    while running_under(str(tmp_path)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    left = running_under(str(tmp_path))
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    assert not left
+
+
+def running_under(folder: str) -> list[int]:
+    """Processes whose command line names `folder` (a launcher started for it, and its forked workers)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if folder.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found

@@ -8,20 +8,24 @@ import importlib.util
 import os
 from dataclasses import fields
 
+import pytest
+
 from tests.conftest import ROOT
 
 
-def generator():
-    spec = importlib.util.spec_from_file_location("methods_page", os.path.join(ROOT, "docs", "methods.py"))
+def generator(script: str = "methods.py"):
+    """docs/`script`, a page's generator, as a module."""
+    spec = importlib.util.spec_from_file_location(script[:-3] + "_page", os.path.join(ROOT, "docs", script))
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
 
 
-def test_the_methods_page_is_the_code_s_own_account():
-    docs = generator()
+@pytest.mark.parametrize("script", ["methods.py", "options.py"])
+def test_a_generated_page_is_the_code_s_own_account(script):
+    docs = generator(script)
     with open(docs.PAGE) as f:
-        assert f.read() == docs.page(), "docs/METHODS.md is stale: run `python docs/methods.py`"
+        assert f.read() == docs.page(), f"docs/{os.path.basename(docs.PAGE)} is stale: run `python docs/{script}`"
 
 
 def test_every_registered_method_has_a_section_with_its_paper_and_options():
@@ -35,20 +39,10 @@ def test_every_registered_method_has_a_section_with_its_paper_and_options():
         assert len(body.splitlines()) > 6, f"{name}: no algorithm stated"
 
 
-def options_generator():
-    spec = importlib.util.spec_from_file_location("options_page", os.path.join(ROOT, "docs", "options.py"))
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-def test_the_options_page_is_the_config_schema_s_own_account():
-    docs = options_generator()
-    with open(docs.PAGE) as f:
-        assert f.read() == docs.page(), "docs/options.md is stale: run `python docs/options.py`"
+def test_the_options_page_names_every_field_of_the_config_schema():
     from lowband.config import DataConfig, ElasticConfig, TrainConfig
 
-    page = docs.page()
+    page = generator("options.py").page()
     for config, section in ((TrainConfig, "train"), (DataConfig, "data"), (ElasticConfig, "elastic")):
         for f in fields(config):
             assert f"| `{section}.{f.name}` |" in page, f"{section}.{f.name}"

@@ -188,11 +188,16 @@ def dedicated_step(cfg: C.Config, folder: str) -> float | None:
 
 
 def run_prepare(command: str) -> int:
+    """A suite's preparation (`lowband COMMAND`, e.g. its teacher's training): a process that dies with the
+    comparison, so a comparison killed while it prepares leaves nothing training into its folder."""
     import shlex
     import subprocess
 
-    print(f"\n=== prepare: lowband {command} ===", flush=True)
-    return subprocess.run([sys.executable, "-m", "lowband", *shlex.split(command)]).returncode
+    from lowband.run.workers import die_with_parent
+
+    print(f"\n=== prepare: lowband {command} ===\n(the suite's own settings: the comparison's --set and --epochs do "
+          "not apply to it)", flush=True)
+    return subprocess.run([sys.executable, "-m", "lowband", *shlex.split(command)], preexec_fn=die_with_parent).returncode
 
 
 def summarize(label: str, cfg: C.Config, run_dir: str, code: int) -> SummaryRow:
