@@ -159,3 +159,13 @@ def test_an_elastic_jobs_old_checkpoints_are_adopted_as_rank_0s_and_still_verify
     assert path == checkpoint.rank_path(str(tmp_path), 0, 2) and passed == []  # the checksum is of the bytes
     assert torch.equal(checkpoint.load_state(path)["w"], torch.full((50,), 2.0))
     assert checkpoint.adopt_old_job_checkpoints(str(tmp_path)) == []  # once
+
+
+def test_an_old_elastic_checkpoint_never_replaces_a_newer_rank_0_one(tmp_path):
+    """elastic-epoch3.pt left beside the job's rank0-epoch0003.pt (written since): not adopted, rank 0's stays."""
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    checkpoint.save_state({"w": torch.full((4,), 9.0)}, checkpoint.rank_path(str(tmp_path), 0, 3))
+    checkpoint.save_state({"w": torch.full((4,), 1.0)}, str(folder / "elastic-epoch3.pt"))
+    assert checkpoint.adopt_old_job_checkpoints(str(tmp_path)) == []
+    assert torch.equal(checkpoint.load_state(checkpoint.rank_path(str(tmp_path), 0, 3))["w"], torch.full((4,), 9.0))

@@ -205,3 +205,37 @@ def test_a_worker_that_leaves_mid_write_removes_its_temporary(tmp_path):
     code = subprocess.run([sys.executable, "-c", script, str(target)], timeout=60).returncode
     assert code == 130
     assert os.listdir(tmp_path) == [], os.listdir(tmp_path)
+
+
+def _elastic_job_with(tmp_path, state: dict) -> str:
+    from lowband.run import checkpoint
+
+    run = str(tmp_path / "job")
+    os.makedirs(run)
+    checkpoint.save_state(state, checkpoint.rank_path(run, 0, 2))
+    with open(os.path.join(run, "quorums.jsonl"), "w") as f:
+        f.write('{"round": 0, "epoch": 1, "slices": {}}\n{}\n{"round": 7, "epoch": 3, "slices": {}}\n')
+    with open(os.path.join(run, "metrics.jsonl"), "w") as f:
+        f.write('{"epoch": 1}\n{"epoch": 2}\n{"epoch": 3}\n')
+    return run
+
+
+def test_an_elastic_resume_drops_damaged_round_lines_and_whats_past_its_checkpoint(tmp_path):
+    """A `{}` line in quorums.jsonl (a write cut short) is dropped by the resume's cut, not a KeyError."""
+    from lowband.run.rundir import RunDir
+    from lowband.training.elastic.job import _resume_point
+
+    run = _elastic_job_with(tmp_path, {"version": 5, "round": 5, "epoch": 2, "shared": {}, "extra": {}})
+    assert _resume_point(run)[0] == 5
+    assert [r.get("round") for r in RunDir(run).read("quorums")] == [0]
+    assert [r["epoch"] for r in RunDir(run).read("metrics")] == [1, 2]
+
+
+def test_an_elastic_resume_from_a_plain_runs_checkpoint_is_one_line(tmp_path):
+    from lowband.errors import UsageError
+    from lowband.training.elastic.job import _resume_point
+
+    run = _elastic_job_with(tmp_path, {"epoch": 2, "step": 10, "model": {}})  # a plain run's, its checksum intact
+    with pytest.raises(UsageError, match="is not an elastic job's checkpoint of this lowband") as e:
+        _resume_point(run)
+    assert "\n" not in str(e.value)

@@ -146,13 +146,18 @@ def resumable_epoch(run_dir: str, ranks: list[int]) -> tuple[int, list[str]]:
 
 def adopt_old_job_checkpoints(run_dir: str) -> list[str]:
     """Rename an elastic job's checkpoints of the layout before rank 0's (elastic-epoch{E}.pt, lowband up to
-    stop 50) to rank 0's names, sidecars included (a checksum is of the bytes, not the name); the new names."""
+    stop 50) to rank 0's names, sidecars included (a checksum is of the bytes, not the name); the new names.
+    Nothing is renamed once the job has rank 0's checkpoints, nor onto anything in the way."""
     folder = RunDir(run_dir).checkpoint_dir
     names = os.listdir(folder) if os.path.isdir(folder) else []
     found = sorted((m for m in map(re.compile(r"elastic-epoch(\d+)\.pt$").match, names) if m), key=lambda m: int(m[1]))
+    if epochs_saved(run_dir, 0):  # the job already has rank 0's checkpoints: an old file never replaces one
+        return []
     renamed = []
     for m in found:
         new = rank_path(run_dir, 0, int(m.group(1)))
+        if os.path.exists(new):  # not a file to replace (a directory in its way): left as it is
+            continue
         for suffix in ("", SIDECAR):
             if os.path.exists(os.path.join(folder, m.group(0) + suffix)):
                 os.replace(os.path.join(folder, m.group(0) + suffix), new + suffix)

@@ -130,12 +130,23 @@ def _resume_point(run_dir: str) -> tuple[int, dict]:
               file=sys.stderr)
     path, _ = checkpoint.newest_intact(run_dir)  # a worker that resumes says what it passed over
     state: dict = checkpoint.load_state(path) if path else {"round": 0, "epoch": 0}
+    missing = [k for k in ("version", "round", "epoch", "shared", "extra") if path and k not in state]
+    if missing:
+        raise UsageError(f"--resume {run_dir}: {path} is not an elastic job's checkpoint of this lowband (no "
+                         f"{', '.join(missing)}): a plain run's, or an older version's; move it away to start the job "
+                         "from the one before, or from scratch")
     run = RunDir(run_dir)
-    for name, keep in (("quorums", lambda r: r["round"] < state["round"]),
-                       ("metrics", lambda r: r["epoch"] <= state["epoch"])):
+    for name, keep in (("quorums", lambda r: _int(r, "round") < state["round"]),
+                       ("metrics", lambda r: _int(r, "epoch") <= state["epoch"])):
         kept = [lost_slices(r, state["round"]) if name == "quorums" else r for r in run.read(name) if keep(r)]
         run.write_text(f"{name}.jsonl", "".join(json.dumps(r) + "\n" for r in kept))
     return int(state["round"]), dict(state.get("bytes_by_tag", {}))
+
+
+def _int(record, key: str) -> float:
+    """record[key] when it is an integer, else infinity (a damaged line: dropped by the cut)."""
+    value = record.get(key) if isinstance(record, dict) else None
+    return value if isinstance(value, int) and not isinstance(value, bool) else float("inf")
 
 
 def lost_slices(record: dict, resume_round: int) -> dict:
