@@ -1,3 +1,9 @@
-from lowband.cli import main
+import sys
+
+try:  # Ctrl-C while the command's modules import (torch takes seconds): one line, as at any later moment
+    from lowband.cli import main
+except KeyboardInterrupt:
+    sys.stderr.write("lowband: interrupted\n")
+    raise SystemExit(130) from None
 
 raise SystemExit(main())

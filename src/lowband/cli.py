@@ -7,6 +7,7 @@ from __future__ import annotations
 import contextlib
 import os
 import sys
+import threading
 
 from lowband import config as C
 from lowband.cli_parser import SHORTCUTS, parser
@@ -276,8 +277,37 @@ def describe_method(name: str, method) -> str:
 
 
 def main(argv: list[str] | None = None) -> int:
+    """The `lowband` command; its exit code. Ctrl-C at any moment, start-up included, is one line."""
+    import signal
+
+    before = signal.getsignal(signal.SIGINT)
+    try:
+        return _main(argv)
+    except KeyboardInterrupt:
+        print("lowband: interrupted", file=sys.stderr)
+        return 130
+    finally:
+        if threading.current_thread() is threading.main_thread():
+            signal.signal(signal.SIGINT, before)  # an in-process caller gets its own handler back
+
+
+def _interrupted_while_importing(*_) -> None:
+    """Ctrl-C while the command imports torch and the methods: nothing is started yet, so leave at once. A
+    KeyboardInterrupt raised inside a library's import can leave it half-imported (numpy has then no
+    `matrix`), which later fails as some other error."""
+    sys.stderr.write("lowband: interrupted\n")
+    os._exit(130)
+
+
+def _main(argv: list[str] | None) -> int:
+    import signal
+
     from lowband.catalog import load_all
 
+    quiet_start = threading.current_thread() is threading.main_thread() and \
+        signal.getsignal(signal.SIGINT) is signal.default_int_handler
+    if quiet_start:
+        signal.signal(signal.SIGINT, _interrupted_while_importing)
     p = parser()
     args = p.parse_args(argv)
     if not args.command:
@@ -288,6 +318,8 @@ def main(argv: list[str] | None = None) -> int:
     try:
         if args.command != "coordinator":  # it needs no model or method: start in a fraction of a second
             load_all()
+        if quiet_start:
+            signal.signal(signal.SIGINT, signal.default_int_handler)  # from here on Ctrl-C cleans up
         code = {"train": cmd_train, "compare": cmd_compare, "config": cmd_config, "list": cmd_list,
                 "churn": cmd_churn, "report": cmd_report, "distill": cmd_distill, "teacher": cmd_teacher,
                 "coordinator": cmd_coordinator, "join": cmd_join}[args.command](args)
@@ -302,6 +334,3 @@ def main(argv: list[str] | None = None) -> int:
     except LowbandError as e:  # e.g. a torchrun worker's divergence (exit code 4)
         print(f"lowband: error: {e}", file=sys.stderr)
         return e.exit_code
-    except KeyboardInterrupt:
-        print("lowband: interrupted", file=sys.stderr)
-        return 130

@@ -223,3 +223,20 @@ def running_under(folder: str) -> list[int]:
         except OSError:
             continue
     return found
+
+
+@pytest.mark.parametrize("after_s", [0.4, 1.0, 2.0])  # after the interpreter itself has started
+def test_ctrl_c_during_start_up_is_one_line(tmp_path, after_s):
+    """Ctrl-C while the command starts (Python importing torch, the launcher forking its workers): the one
+    line "lowband: interrupted", no traceback, and no run directory for a run that never trained."""
+    proc = subprocess.Popen([sys.executable, "-m", "lowband", "train", "--workers", "2", "--epochs", "1",
+                             *small(tmp_path), "--run-dir", str(tmp_path / "run")], cwd=ROOT,
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    time.sleep(after_s)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    if proc.returncode == 0:
+        return  # it finished before the signal came: nothing to check
+    assert proc.returncode in (130, -signal.SIGINT) and "Traceback" not in err, err[-2000:]
+    assert err.strip().splitlines()[-1] == "lowband: interrupted", err[-2000:]
+    assert not (tmp_path / "run").exists() or (tmp_path / "run" / "metrics.jsonl").exists()

@@ -236,3 +236,31 @@ def test_values_a_finished_trial_ran_are_not_run_again_whatever_its_end(tmp_path
     assert T.repeat(study, again, values) is True
     done = study.trials[-1]
     assert done.user_attrs["repeat_of"] == 0 and done.state == study.trials[0].state and T.counted(study) == 1
+
+
+@pytest.mark.parametrize("kind", ["directory", "link-to-dev-null", "locked"])
+def test_a_tuning_db_that_is_no_study_file_or_is_locked_is_one_line(tmp_path, kind):
+    """A directory, a link to /dev/null: not a study file (no sqlalchemy traceback). A study another process
+    holds locked: said as locked, with the advice to wait, not to move it away (which would lose it)."""
+    import sqlite3
+
+    p = plan(tmp_path, tune=("optim.lr=0.01:0.2",))
+    db = tmp_path / "tuning.db"
+    if kind == "directory":
+        db.mkdir()
+    elif kind == "link-to-dev-null":
+        db.symlink_to("/dev/null")
+    else:
+        T.open_study(str(tmp_path), p, "allreduce", ACCURACY)
+        holder = sqlite3.connect(str(db), timeout=0)
+        holder.execute("BEGIN EXCLUSIVE")
+    try:
+        with pytest.raises(ConfigError, match="^tuning.db=") as e:
+            T.check_studies(str(tmp_path), p)
+    finally:
+        if kind == "locked":
+            holder.rollback()
+            holder.close()
+    said = str(e.value)
+    assert "\n" not in said and ("locked by another process" in said) == (kind == "locked")
+    assert ("move it away" in said) == (kind != "locked")

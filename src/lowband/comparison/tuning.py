@@ -81,14 +81,21 @@ def storage_url(folder: str) -> str:
 
 
 def check_studies(folder: str, plan: P.Plan) -> None:
-    """Refuse (one line, nothing written) a tuning.db whose studies belong to another comparison."""
+    """Refuse (one line, nothing written) a tuning.db that is not a study file (a directory, a link to a device,
+    another kind of file), that another process holds locked, or whose studies belong to another comparison."""
     path = ComparisonDir(folder).study_path
+    if os.path.islink(path) or (os.path.exists(path) and not os.path.isfile(path)):
+        raise ConfigError("tuning.db", path, "is not a regular file (a directory, or a link); move it away to tune "
+                                             "afresh, or resume with the folder that holds the study")
     if not os.path.isfile(path):
         return
     o, mine = optuna(), fingerprint(plan)
     try:
         summaries = o.get_all_study_summaries(storage_url(folder))
     except Exception as e:  # noqa: BLE001 - any unreadable file is refused alike
+        if "locked" in str(e).lower():
+            raise ConfigError("tuning.db", path, "is locked by another process (another `lowband compare` on this "
+                                                 "folder?); wait for it to end, then resume") from None
         raise ConfigError("tuning.db", path, f"is not an Optuna study file lowband can read ({type(e).__name__}); "
                                              "move it away to tune afresh") from None
     for summary in summaries:

@@ -89,16 +89,16 @@ class SparseLoCoConfig(DiLoCoConfig):
         require(self.mean in ("workers", "senders"), "method.mean", self.mean, "must be 'workers' or 'senders'")
         require(0 < self.density <= 1, "method.density", self.density, "must be in (0, 1]")
         require(self.chunk >= 1, "method.chunk", self.chunk, "must be an integer >= 1")
-        for field, share in (("method.density", self.density), ("method.density_end", self.density_end)):
-            require(share == -1 or round(share * self.chunk) >= 1, field, share,
-                    f"keeps round({share:g} x method.chunk={self.chunk}) = 0 of each chunk's values, so nothing would "
-                    f"be sent; the smallest is 1/{self.chunk} = {1 / self.chunk:.3g}")
         require(0 <= self.ef_decay <= 1, "method.ef_decay", self.ef_decay, "must be in [0, 1]")
         require(self.ef_decay_end == -1 or 0 <= self.ef_decay_end <= 1, "method.ef_decay_end", self.ef_decay_end,
                 "must be in [0, 1], or -1 for ef_decay throughout")
         require(self.density_end == -1 or 0 < self.density_end <= 1, "method.density_end", self.density_end,
                 "must be in (0, 1], or -1 for density throughout")
         require(0 <= self.density_from < 1, "method.density_from", self.density_from, "must be in [0, 1)")
+        for field, share in (("method.density", self.density), ("method.density_end", self.density_end)):
+            require(share == -1 or round(share * self.chunk) >= 1, field, share,
+                    f"keeps round({share:g} x method.chunk={self.chunk}) = 0 of each chunk's values, so nothing would "
+                    f"be sent; the smallest is 1/{self.chunk} = {1 / self.chunk:.3g}")
         require(self.outer_lr_end == -1 or (math.isfinite(self.outer_lr_end) and self.outer_lr_end > 0),
                 "method.outer_lr_end", self.outer_lr_end, "must be > 0, or -1 for outer_lr throughout")
         require(0 <= self.outer_lr_from < 1, "method.outer_lr_from", self.outer_lr_from, "must be in [0, 1)")
