@@ -280,15 +280,27 @@ def main(argv: list[str] | None = None) -> int:
     """The `lowband` command; its exit code. Ctrl-C at any moment, start-up included, is one line."""
     import signal
 
-    before = signal.getsignal(signal.SIGINT)
+    main_thread = threading.current_thread() is threading.main_thread()
+    before = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
+    if main_thread and before[1] is signal.SIG_DFL:  # SIGTERM cleans up as Ctrl-C does, and says so
+        signal.signal(signal.SIGTERM, _terminated)
     try:
         return _main(argv)
-    except KeyboardInterrupt:
-        print("lowband: interrupted", file=sys.stderr)
-        return 130
+    except KeyboardInterrupt as e:
+        print(f"lowband: {'stopped by SIGTERM' if isinstance(e, Terminated) else 'interrupted'}", file=sys.stderr)
+        return 143 if isinstance(e, Terminated) else 130
     finally:
-        if threading.current_thread() is threading.main_thread():
-            signal.signal(signal.SIGINT, before)  # an in-process caller gets its own handler back
+        if main_thread:  # an in-process caller gets its own handlers back
+            signal.signal(signal.SIGINT, before[0])
+            signal.signal(signal.SIGTERM, before[1])
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C would be: the same clean-up (workers stopped, files whole)."""
+
+
+def _terminated(*_) -> None:
+    raise Terminated
 
 
 def _interrupted_while_importing(*_) -> None:

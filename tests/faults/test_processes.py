@@ -240,3 +240,21 @@ def test_ctrl_c_during_start_up_is_one_line(tmp_path, after_s):
     assert proc.returncode in (130, -signal.SIGINT) and "Traceback" not in err, err[-2000:]
     assert err.strip().splitlines()[-1] == "lowband: interrupted", err[-2000:]
     assert not (tmp_path / "run").exists() or (tmp_path / "run" / "metrics.jsonl").exists()
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("command", [
+    ["compare", "--methods", "single,allreduce", "--workers", "2", "--epochs", "3"],
+    ["train", "--elastic", "--method", "local_sgd", "--workers", "2", "--epochs", "30"]])
+def test_sigterm_stops_a_comparison_or_an_elastic_job_with_one_line(tmp_path, command):
+    """SIGTERM (a scheduler, `kill`) cleans up as Ctrl-C does and says so: "lowband: stopped by SIGTERM", exit
+    143, every worker and service stopped."""
+    where = ["--out", str(tmp_path)] if command[0] == "compare" else ["--run-dir", str(tmp_path / "job")]
+    proc = subprocess.Popen([sys.executable, "-m", "lowband", *command, *small(tmp_path), *where, "-q"], cwd=ROOT,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+    time.sleep(6)
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 143 and err.strip().splitlines()[-1] == "lowband: stopped by SIGTERM", err[-2000:]
+    assert "Traceback" not in err
+    wait_for(lambda: not running_under(str(tmp_path)), 10, "every process of it to end")
