@@ -258,3 +258,20 @@ def test_sigterm_stops_a_comparison_or_an_elastic_job_with_one_line(tmp_path, co
     assert proc.returncode == 143 and err.strip().splitlines()[-1] == "lowband: stopped by SIGTERM", err[-2000:]
     assert "Traceback" not in err
     wait_for(lambda: not running_under(str(tmp_path)), 10, "every process of it to end")
+
+
+def test_a_checkpoint_the_system_refuses_to_write_is_one_line(tmp_path):
+    """A file-size limit smaller than a checkpoint (as a full disk would): one line naming the file and the
+    cause in words (not torch's "[enforce fail at inline_container.cc]"), said once for all the ranks."""
+    import resource
+
+    def small_files() -> None:
+        resource.setrlimit(resource.RLIMIT_FSIZE, (20_000, 20_000))
+
+    proc = subprocess.run([sys.executable, "-m", "lowband", "train", "--workers", "2", "--epochs", "1", "-q",
+                           *small(tmp_path), "--run-dir", str(tmp_path / "run")], cwd=ROOT, capture_output=True,
+                          text=True, timeout=120, preexec_fn=small_files)
+    errors = [line for line in proc.stderr.splitlines() if line.startswith("lowband: error:")]
+    assert proc.returncode != 0 and len(errors) == 1, proc.stderr[-2000:]
+    assert "could not write the checkpoint" in errors[0] and "file-size limit" in errors[0]
+    assert "enforce fail" not in proc.stderr and "Traceback" not in proc.stderr

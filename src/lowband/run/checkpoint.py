@@ -11,6 +11,7 @@ directory and is renamed into place, so a reader sees the old file or the new on
 
 from __future__ import annotations
 
+import errno
 import hashlib
 import os
 import pickle  # the error type of a refused checkpoint only: nothing is unpickled here
@@ -40,9 +41,27 @@ def file_digest(path: str) -> str:
 
 
 def save_state(state: dict, path: str) -> None:
-    """Write resumable state, then its checksum sidecar (a file without one is never resumed from)."""
-    write_atomic(path, lambda tmp: torch.save(state, tmp))
-    write_text_atomic(path + SIDECAR, file_digest(path) + "\n")
+    """Write resumable state, then its checksum sidecar (a file without one is never resumed from). A write the
+    system refuses (a full disk, the file-size limit, a read-only file system) is one line naming the file;
+    the checkpoint before it stays."""
+    try:
+        write_atomic(path, lambda tmp: torch.save(state, tmp))
+        write_text_atomic(path + SIDECAR, file_digest(path) + "\n")
+    except (OSError, RuntimeError) as e:
+        raise UsageError(f"could not write the checkpoint {path} ({why_unwritten(e)}); the one before it is kept: "
+                         "free space or raise the limit, then --resume") from None
+
+
+def why_unwritten(e: BaseException) -> str:
+    """A write's failure in words: the system's reason (a full disk, the file-size limit), not torch's C++ frame."""
+    code = getattr(e, "errno", None)
+    if code == errno.ENOSPC or "No space left" in str(e):
+        return "the disk is full"
+    if code == errno.EFBIG or "enforce fail" in str(e) or "File too large" in str(e):
+        return "the file-size limit (ulimit -f) or a full disk stopped it"
+    if code in (errno.EROFS, errno.EACCES, errno.EPERM):
+        return os.strerror(code or 0).lower()
+    return (str(e).strip().splitlines() or [type(e).__name__])[0][:160]
 
 
 def damage(path: str) -> str | None:

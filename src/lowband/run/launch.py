@@ -72,7 +72,7 @@ def _run(entry, args, world, rendezvous_dir, threads, keep_going, net) -> int:
         stop(procs)
         signal.signal(signal.SIGTERM, previous)
         for f in os.listdir(rendezvous_dir):
-            if f.startswith(".rendezvous-"):
+            if f.startswith((".rendezvous-", ".said-")):
                 remove_quietly(os.path.join(rendezvous_dir, f))
 
 

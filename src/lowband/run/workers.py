@@ -229,6 +229,21 @@ def record_crash(error: BaseException) -> None:
 
 
 
+def say_once(line: str) -> None:
+    """Print `line` from the first worker of the run to say anything (an O_EXCL marker beside the rendezvous
+    file): every rank often meets the same cause (a full disk, a coordinator away), and one line is enough."""
+    folder = os.path.dirname(os.environ.get("LOWBAND_INIT_FILE", ""))
+    if folder and os.path.isdir(folder):
+        try:
+            os.close(os.open(os.path.join(folder, f".said-{os.getppid()}"), os.O_CREAT | os.O_EXCL | os.O_WRONLY))
+        except FileExistsError:
+            return
+        except OSError:
+            pass
+    print(line, file=sys.stderr, flush=True)
+
+
+
 def remove_quietly(path: str) -> None:
     with contextlib.suppress(OSError):
         os.remove(path)
@@ -256,8 +271,8 @@ def worker_main(argv: list[str]) -> int:
     try:
         getattr(importlib.import_module(module), func)(*argv[1:])
         return 0
-    except (UsageError, Unavailable) as e:  # the launcher checks the config first, so this is rank-specific
-        print(f"lowband: error: {e}", file=sys.stderr)
+    except (UsageError, Unavailable) as e:  # found while training (a write the system refused, a service away)
+        say_once(f"lowband: error: {e}")
         return e.exit_code
     except Diverged as e:  # several ranks may diverge at once: the run's starter says it once (session.py)
         leave_now(e.exit_code)
