@@ -191,6 +191,7 @@ def main() -> None:
     p.add_argument("--json", default="gpu_check.json", help="where every figure is written")
     p.add_argument("--work", default=None, help="where the runs go (default: a temporary folder)")
     args = p.parse_args()
+    check_args(p, args)
     import torch
 
     head = {"gpu": gpu_name(), "torch": torch.__version__, "gpus": torch.cuda.device_count(),
@@ -211,6 +212,25 @@ def main() -> None:
     summarize(results)
     with open(args.json, "w") as f:
         json.dump({**head, "results": results}, f, indent=1)
+    refused = [r for r in results if r.get("exit") not in (None, 0)]
+    if refused:
+        print(f"{len(refused)} check(s) failed: {', '.join(str(r.get('check')) for r in refused)} (see {args.json})")
+        sys.exit(1)
+
+
+def check_args(p: argparse.ArgumentParser, args) -> None:
+    """Everything a check needs, before any runs: the checks named, the workers bounded, the JSON's folder
+    there (so no figure is lost after the runs), the work folder a directory."""
+    unknown = [c for c in args.checks.split(",") if c and c not in CHECKS]
+    if unknown:
+        p.error(f"--checks {args.checks!r}: unknown {', '.join(unknown)}; each of {', '.join(CHECKS)}")
+    if not 1 <= args.workers <= 64 or not 1 <= args.trio_epochs <= 1000:
+        p.error("--workers must be in [1, 64] and --trio-epochs in [1, 1000]")
+    folder = os.path.dirname(os.path.abspath(args.json))
+    if not os.path.isdir(folder) or os.path.isdir(args.json):
+        p.error(f"--json {args.json!r}: its folder {folder} must exist, and it must not be a directory")
+    if args.work and os.path.exists(args.work) and not os.path.isdir(args.work):
+        p.error(f"--work {args.work!r} is a file; give a directory (made if missing)")
 
 
 def summarize(results: list[dict]) -> None:
