@@ -67,3 +67,18 @@ def test_a_run_directory_that_cannot_be_made_is_one_line_and_exit_2(tmp_path, ca
     err = capsys.readouterr().err.strip()
     assert code == 2 and len(err.splitlines()) == 1 and says in err, err
     assert (tmp_path / "afile").read_text() == "not a directory"
+
+
+@pytest.mark.parametrize("name, make, says", [("metrics.jsonl", "dir", "metrics.jsonl there is not a file"),
+                                              ("checkpoints", "file", "checkpoints there is not a directory")])
+def test_a_run_directory_whose_files_are_of_the_wrong_kind_is_one_line_before_any_worker(tmp_path, capsys, name,
+                                                                                        make, says):
+    from lowband.cli import main
+
+    run = tmp_path / "run"
+    run.mkdir()
+    (run / name).mkdir() if make == "dir" else (run / name).write_text("")
+    code = main(["train", "--workers", "2", "--epochs", "1", "--samples", "300", "--run-dir", str(run)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1 and says in err, err
+    assert sorted(p.name for p in run.iterdir()) == sorted([name, ".lowband.lock"])  # nothing else written

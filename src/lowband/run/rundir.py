@@ -61,6 +61,7 @@ def held(path: str, field: str = "--run-dir") -> Iterator[None]:
                              "end, or give another directory") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
+        _check_kinds(path, field)
         yield
     except BaseException:
         if made and not RunDir(path).has_records():
@@ -68,6 +69,19 @@ def held(path: str, field: str = "--run-dir") -> Iterator[None]:
         raise
     finally:
         os.close(fd)  # the lock goes with it; the file stays (removing it would let two launchers lock two files)
+
+
+def _check_kinds(path: str, field: str) -> None:
+    """The run's own names hold what they should (checkpoints/ a directory, the records and config files),
+    or nothing yet: one line now rather than a crash once the workers write there."""
+    run = RunDir(path)
+    wrong = [(p, "a directory") for p in (run.checkpoint_dir,) if os.path.lexists(p) and not os.path.isdir(p)]
+    wrong += [(p, "a file") for p in (run.file("metrics.jsonl"), run.config_path, run.file("train.log"))
+              if os.path.lexists(p) and not os.path.isfile(p)]
+    if wrong:
+        name, kind = wrong[0]
+        raise UsageError(f"{field} {path}: {os.path.basename(name)} there is not {kind}; move it away, or give "
+                         "another directory")
 
 
 def _open_lock(path: str, field: str) -> int:
