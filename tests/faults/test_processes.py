@@ -275,3 +275,19 @@ def test_a_checkpoint_the_system_refuses_to_write_is_one_line(tmp_path):
     assert proc.returncode != 0 and len(errors) == 1, proc.stderr[-2000:]
     assert "could not write the checkpoint" in errors[0] and "file-size limit" in errors[0]
     assert "enforce fail" not in proc.stderr and "Traceback" not in proc.stderr
+
+
+@pytest.mark.slow
+def test_ctrl_c_during_a_tuning_search_is_one_line(tmp_path):
+    """Ctrl-C while a trial trains (forked from the warm server): "lowband: interrupted", exit 130, and no
+    traceback from the warm server whose caller went away."""
+    proc = subprocess.Popen([sys.executable, "-m", "lowband", "compare", "--methods", "allreduce", "--workers", "2",
+                             "--epochs", "3", *small(tmp_path), "--tune", "optim.lr=0.05,0.1,0.2", "--tune-epochs", "2",
+                             "--out", str(tmp_path), "-q"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
+                            text=True)
+    time.sleep(7)
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=90)
+    assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
+    assert err.strip().splitlines()[-1] == "lowband: interrupted"
+    wait_for(lambda: not running_under(str(tmp_path)), 10, "every process of it to end")

@@ -169,7 +169,10 @@ def serve(sock: socket.socket) -> None:
     running: set[int] = set()
     while True:
         if select.select([sock], [], [], 0.05)[0]:
-            message, fds, _, _ = socket.recv_fds(sock, MESSAGE_BYTES, 3)
+            try:
+                message, fds, _, _ = socket.recv_fds(sock, MESSAGE_BYTES, 3)
+            except OSError:  # the caller died (its end reset): nothing to serve, nothing to say
+                return
             if not message:
                 return  # the caller closed its end
             pid = os.fork()
@@ -179,7 +182,10 @@ def serve(sock: socket.socket) -> None:
                 os.close(fd)
             running.add(pid)
             sock.send(json.dumps({"pid": pid}).encode())
-        running -= _reap(sock, running)
+        try:
+            running -= _reap(sock, running)
+        except OSError:  # the caller left while a child ended: its children die with it
+            return
 
 
 def _reap(sock: socket.socket, running: set[int]) -> set[int]:
