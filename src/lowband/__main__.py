@@ -1,3 +1,4 @@
+import signal
 import sys
 
 try:  # Ctrl-C while the command's modules import (torch takes seconds): one line, as at any later moment
@@ -6,4 +7,6 @@ except KeyboardInterrupt:
     sys.stderr.write("lowband: interrupted\n")
     raise SystemExit(130) from None
 
-raise SystemExit(main())
+code = main()
+signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C while the interpreter exits: nothing left to stop
+raise SystemExit(code)

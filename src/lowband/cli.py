@@ -11,7 +11,7 @@ import threading
 
 from lowband import config as C
 from lowband.cli_parser import SHORTCUTS, parser
-from lowband.errors import ConfigError, LowbandError, UsageError
+from lowband.errors import ConfigError, LowbandError, Terminated, UsageError, raise_terminated
 
 # Each command imports the layers it runs inside its own function: a command pays for nobody else's
 # modules (the comparison's matplotlib, EDL-Dist's redis, the trainer's torch for `lowband list`).
@@ -283,7 +283,7 @@ def main(argv: list[str] | None = None) -> int:
     main_thread = threading.current_thread() is threading.main_thread()
     before = (signal.getsignal(signal.SIGINT), signal.getsignal(signal.SIGTERM))
     if main_thread and before[1] is signal.SIG_DFL:  # SIGTERM cleans up as Ctrl-C does, and says so
-        signal.signal(signal.SIGTERM, _terminated)
+        signal.signal(signal.SIGTERM, raise_terminated)
     try:
         return _main(argv)
     except KeyboardInterrupt as e:
@@ -293,14 +293,6 @@ def main(argv: list[str] | None = None) -> int:
         if main_thread:  # an in-process caller gets its own handlers back
             signal.signal(signal.SIGINT, before[0])
             signal.signal(signal.SIGTERM, before[1])
-
-
-class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where Ctrl-C would be: the same clean-up (workers stopped, files whole)."""
-
-
-def _terminated(*_) -> None:
-    raise Terminated
 
 
 def _interrupted_while_importing(*_) -> None:

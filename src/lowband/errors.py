@@ -59,3 +59,13 @@ class Unavailable(LowbandError):
     """A service the run needs (teachers, a coordinator) stayed away past its timeout; exit code 3."""
 
     exit_code = 3
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM (a scheduler, `kill`), raised where Ctrl-C would be: the same clean-up (workers stopped, files
+    whole); `lowband` then says "stopped by SIGTERM" and exits 143."""
+
+
+def raise_terminated(*_) -> None:
+    """A SIGTERM handler: raise Terminated in the main thread."""
+    raise Terminated

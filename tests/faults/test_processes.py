@@ -8,6 +8,7 @@ import signal
 import subprocess
 import sys
 import time
+from pathlib import Path
 
 import pytest
 
@@ -242,18 +243,28 @@ def test_ctrl_c_during_start_up_is_one_line(tmp_path, after_s):
     assert not (tmp_path / "run").exists() or (tmp_path / "run" / "metrics.jsonl").exists()
 
 
+def signal_once_training(proc: subprocess.Popen, folder, sig: int) -> None:
+    """Send `sig` once a first epoch's record is written under `folder` (training, not starting up), or fail
+    if the command ended before that."""
+    def training() -> bool:
+        assert proc.poll() is None, f"it ended (exit {proc.returncode}) before training: {proc.stderr.read()[-2000:]}"
+        return any(p.stat().st_size > 0 for p in Path(folder).rglob("metrics.jsonl"))
+
+    wait_for(training, 120, "a first epoch's record")
+    proc.send_signal(sig)
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("command", [
-    ["compare", "--methods", "single,allreduce", "--workers", "2", "--epochs", "3"],
-    ["train", "--elastic", "--method", "local_sgd", "--workers", "2", "--epochs", "30"]])
+    ["compare", "--methods", "single,allreduce", "--workers", "2", "--epochs", "300"],
+    ["train", "--elastic", "--method", "local_sgd", "--workers", "2", "--epochs", "300"]])
 def test_sigterm_stops_a_comparison_or_an_elastic_job_with_one_line(tmp_path, command):
     """SIGTERM (a scheduler, `kill`) cleans up as Ctrl-C does and says so: "lowband: stopped by SIGTERM", exit
     143, every worker and service stopped."""
     where = ["--out", str(tmp_path)] if command[0] == "compare" else ["--run-dir", str(tmp_path / "job")]
     proc = subprocess.Popen([sys.executable, "-m", "lowband", *command, *small(tmp_path), *where, "-q"], cwd=ROOT,
                             stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    time.sleep(6)
-    proc.send_signal(signal.SIGTERM)
+    signal_once_training(proc, tmp_path, signal.SIGTERM)
     _, err = proc.communicate(timeout=90)
     assert proc.returncode == 143 and err.strip().splitlines()[-1] == "lowband: stopped by SIGTERM", err[-2000:]
     assert "Traceback" not in err
@@ -282,11 +293,10 @@ def test_ctrl_c_during_a_tuning_search_is_one_line(tmp_path):
     """Ctrl-C while a trial trains (forked from the warm server): "lowband: interrupted", exit 130, and no
     traceback from the warm server whose caller went away."""
     proc = subprocess.Popen([sys.executable, "-m", "lowband", "compare", "--methods", "allreduce", "--workers", "2",
-                             "--epochs", "3", *small(tmp_path), "--tune", "optim.lr=0.05,0.1,0.2", "--tune-epochs", "2",
+                             "--epochs", "300", *small(tmp_path), "--tune", "optim.lr=0.05,0.1,0.2", "--tune-epochs", "200",
                              "--out", str(tmp_path), "-q"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
                             text=True)
-    time.sleep(7)
-    proc.send_signal(signal.SIGINT)
+    signal_once_training(proc, tmp_path, signal.SIGINT)
     _, err = proc.communicate(timeout=90)
     assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
     assert err.strip().splitlines()[-1] == "lowband: interrupted"

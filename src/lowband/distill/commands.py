@@ -15,9 +15,8 @@ from lowband.distill.coordinator import Coordinator, TeacherInfo, redact
 from lowband.distill.redis_server import EmbeddedRedis
 from lowband.distill.serve import Registration, find_run_config, load_teacher
 from lowband.distill.teacher import TeacherServer, token_from_env
-from lowband.errors import ConfigError, UsageError
+from lowband.errors import ConfigError, UsageError, raise_terminated
 from lowband.methods.edl import EDLConfig, check_fits
-from lowband.run.launch import raise_interrupt
 from lowband.run.metrics import read_metrics
 from lowband.training import session
 
@@ -42,7 +41,7 @@ def run_teacher(args) -> int:
     info = TeacherInfo(host=args.advertise or args.host, port=server.port, model=cfg.model.name, device=args.device,
                        throughput=round(rate, 1))
     reg = Registration(coord, info, args.ttl / 3).start()
-    signal.signal(signal.SIGTERM, raise_interrupt)
+    signal.signal(signal.SIGTERM, raise_terminated)
     print(f"teacher {info.id}: {cfg.model.name} on {args.device}, {rate:.0f} samples/s; serving {args.host}:{server.port}, "
           f"registered in {redact(args.coordinator)}", flush=True)
     try:
@@ -71,7 +70,7 @@ def run_coordinator(args) -> int:
 
 
 def _watch(coord: Coordinator, every: float) -> int:
-    signal.signal(signal.SIGTERM, raise_interrupt)
+    signal.signal(signal.SIGTERM, raise_terminated)
     last = None
     try:
         while True:

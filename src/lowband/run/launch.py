@@ -16,6 +16,7 @@ import sys
 import time
 from collections.abc import Collection, Sequence
 
+from lowband.errors import Terminated, raise_terminated
 from lowband.run.workers import Worker, crash_path, remove_quietly, spawn
 
 GRACE_S = 5.0
@@ -59,12 +60,14 @@ def _restarting(entry, args, world, rendezvous_dir, threads, keep_going, net, ma
 
 
 def _run(entry, args, world, rendezvous_dir, threads, keep_going, net) -> int:
-    previous = signal.signal(signal.SIGTERM, raise_interrupt)  # SIGTERM cleans up like Ctrl-C
+    previous = signal.signal(signal.SIGTERM, raise_terminated)  # SIGTERM cleans up like Ctrl-C
     procs = spawn(entry, args, world, rendezvous_dir, threads, net)
     try:
         return supervise(procs, keep_going=keep_going, crash_dir=rendezvous_dir)
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         stop(procs)
+        if isinstance(e, Terminated):
+            raise  # `lowband` says "stopped by SIGTERM" (a pruned trial's caller: nothing)
         if os.environ.get(STOPPED_QUIETLY) != "1":
             print("lowband: interrupted; stopped every worker", file=sys.stderr)
         return 130
@@ -77,8 +80,6 @@ def _run(entry, args, world, rendezvous_dir, threads, keep_going, net) -> int:
 
 
 
-def raise_interrupt(*_):  # a signal handler: SIGTERM then cleans up like Ctrl-C
-    raise KeyboardInterrupt
 
 
 

@@ -379,8 +379,8 @@ class Trainer:
         """`samples`: trained this epoch by every worker."""
         record.samples_per_s = round(samples / max(times["epoch_train_s"], 1e-9), 2)
         record.lr = self.optimizer.param_groups[0]["lr"]
-        record.time = {**{k: round(v, 4) for k, v in times.items()}, "train_s": round(self.train_s, 4),
-                       "elapsed_s": round(self.elapsed, 4)}
+        record.time = {**{k: round(v, 6) for k, v in times.items()}, "train_s": round(self.train_s, 6),
+                       "elapsed_s": round(self.elapsed, 6)}
 
     def _target(self) -> float:
         """train.target_accuracy, or train.target_bpb for a language model (0: none)."""

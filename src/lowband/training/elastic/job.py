@@ -25,7 +25,7 @@ from lowband.comm.membership import Membership, redact, wait_until
 from lowband.comm.rendezvous import check_bindable
 from lowband.data import load_dataset
 from lowband.distill.redis_server import EmbeddedRedis
-from lowband.errors import ConfigError, UsageError
+from lowband.errors import ConfigError, Terminated, UsageError
 from lowband.records import EpochRecord
 from lowband.registry import METHODS
 from lowband.run import checkpoint, launch, workers
@@ -210,8 +210,10 @@ def supervise(procs, members: Membership, e: C.ElasticConfig, poll_s: float | No
     stops every worker."""
     try:
         return launch.supervise(procs, poll_s, crash_dir=crash_dir, watch=ElasticWatch(members, e))
-    except KeyboardInterrupt:
+    except KeyboardInterrupt as e:
         launch.stop(procs)
+        if isinstance(e, Terminated):
+            raise  # `lowband` says "stopped by SIGTERM"
         print("lowband: interrupted; stopped every worker", file=sys.stderr)
         return 130
     finally:
