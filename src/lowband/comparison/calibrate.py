@@ -69,7 +69,7 @@ def measure(cfg: C.Config, steps: int = STEPS, warmup: int = WARMUP) -> float:
 
 def step_seconds(cfg: C.Config, folder: str) -> float:
     """`cfg`'s dedicated step time, from the folder's calibration.json or measured now (and kept there)."""
-    path = ComparisonDir(folder).calibration_path
+    path = ComparisonDir.of(folder).calibration_path
     known = read(path)
     k = key(cfg)
     if k not in known:

@@ -30,10 +30,10 @@ def spaces(folders: list[str], prefixes: list[str]) -> dict[str, tuple[list[Para
     folder without a readable plan)."""
     out: dict[str, tuple[list[Param], str]] = {}
     for folder, prefix in zip(folders, prefixes, strict=True):
-        if not os.path.isfile(ComparisonDir(folder).file(ComparisonDir.PLAN)):
+        if not os.path.isfile(ComparisonDir.of(folder).file(ComparisonDir.PLAN)):
             continue
         try:
-            plan = ComparisonDir(folder).load_plan()
+            plan = ComparisonDir.of(folder).load_plan()
         except UsageError:
             continue
         if plan.tune is None:

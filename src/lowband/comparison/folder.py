@@ -19,6 +19,7 @@ recorded is looked at again), and every other reader skips a damaged line with a
 from __future__ import annotations
 
 import csv
+import functools
 import json
 import os
 
@@ -38,10 +39,18 @@ class ComparisonDir:
     STUDY = "tuning.db"
 
     def __init__(self, path: str):
-        self.path = path
+        self.path = os.fspath(path)
 
     def __fspath__(self) -> str:
         return self.path
+
+    def __str__(self) -> str:
+        return self.path
+
+    @classmethod
+    def of(cls, folder: str | ComparisonDir) -> ComparisonDir:
+        """`folder` as a ComparisonDir (itself when it is one already: its plan is read once)."""
+        return folder if isinstance(folder, ComparisonDir) else cls(folder)
 
     def file(self, *parts: str) -> str:
         return os.path.join(self.path, *parts)
@@ -117,6 +126,7 @@ class ComparisonDir:
     def save_plan(self, plan: Plan) -> None:
         os.makedirs(self.path, exist_ok=True)
         write_text_atomic(self.file(self.PLAN), json.dumps(plan.to_json(), indent=1))
+        self.__dict__.pop("_saved", None)  # read again when next asked
 
     def load_plan(self) -> Plan:
         """The saved plan; a directory without one, or with a damaged one, is a UsageError naming --resume."""
@@ -130,37 +140,35 @@ class ComparisonDir:
             raise UsageError(f"--resume {self.path}: {self.PLAN} is damaged ({type(e).__name__}: {e}); "
                              "the runs cannot be planned again: start the comparison afresh") from None
 
+    @functools.cached_property
+    def _saved(self) -> tuple[Plan | None, bool]:
+        """plan.json, read once for this directory: (the plan or None, whether a file there is damaged)."""
+        if not os.path.isfile(self.file(self.PLAN)):
+            return None, False
+        try:
+            return self.load_plan(), False
+        except UsageError:
+            return None, True
+
     def reference(self) -> str | None:
         """The label of the comparison's reference (the suite's target method, Allreduce by default) from its
         plan.json; None without one (an older plan without a target budget: the table takes Allreduce)."""
-        if not os.path.isfile(self.file(self.PLAN)):
-            return None
-        try:
-            return self.load_plan().reference
-        except UsageError:
-            return None
+        return self._saved[0].reference if self._saved[0] is not None else None
 
     def budget(self) -> str | None:
         """What the plan gave every method equally (older comparisons, without a plan: epochs; None, with a
         warning, when plan.json is damaged)."""
-        if not os.path.isfile(self.file(self.PLAN)):
-            return "epochs"
-        try:
-            return self.load_plan().budget
-        except UsageError:
+        plan, damaged = self._saved
+        if damaged:
             warn(f"{self.file(self.PLAN)} is damaged: the report leaves out what the plan gave every method")
             return None
+        return plan.budget if plan is not None else "epochs"
 
     def cap(self) -> float | None:
         """A target budget's FACTOR (a method stopped at FACTOR x the reference's samples); None: another budget,
         or a plan.json that is missing or damaged (`budget()` warns of that)."""
-        if not os.path.isfile(self.file(self.PLAN)):
-            return None
-        try:
-            plan = self.load_plan()
-        except UsageError:
-            return None
-        return plan.factor if plan.budget == "target" else None
+        plan = self._saved[0]
+        return plan.factor if plan is not None and plan.budget == "target" else None
 
     def finished(self) -> dict[str, dict]:
         """done.jsonl: the last completion record of each key ({key, run_dir, code}); a damaged line is

@@ -48,24 +48,26 @@ def compare(plan: P.Plan, folder: str) -> tuple[int, str, list[SummaryRow]]:
         preflight(plan)
     elif plan.tune is not None:
         check_studies(folder, plan)
-    ComparisonDir(folder).save_plan(plan)
-    ComparisonDir(folder).repair_done()
+    where = ComparisonDir(folder)  # the comparison's one directory value, its plan read once
+    where.save_plan(plan)
+    where.repair_done()
     if describe_budget(plan):
         print(describe_budget(plan), flush=True)
     for i, command in enumerate(plan.prepare or []):
-        code = prepared(folder, f"prepare/{i}", command)
+        code = prepared(where, f"prepare/{i}", command)
         if code:
             return code, folder, []
     metric = metric_for(plan.config(plan.labels[0]).data.name)
-    chosen = tune(plan, folder, metric) if plan.tune is not None else {}
+    chosen = tune(plan, where, metric) if plan.tune is not None else {}
     if chosen is None:
+        print("lowband: interrupted (a tuning trial was stopped)", file=sys.stderr)
         return 130, folder, []
     rows: list[SummaryRow] = []
     targets: dict[int, float | None] = {}  # a target budget: the reference's final validation figure per seed
     full = P.full_runs(plan, chosen)
     for i, run in enumerate(full, 1):
         run = aimed(plan, run, targets, metric)
-        code, run_dir = execute(folder, run, f"run {i}/{len(full)}")
+        code, run_dir = execute(where, run, f"run {i}/{len(full)}")
         if code == 130:
             return 130, folder, rows
         if run.label == plan.reference:
@@ -73,12 +75,12 @@ def compare(plan: P.Plan, folder: str) -> tuple[int, str, list[SummaryRow]]:
         rows.append(replace(summarize(run.label, run.config, run_dir, code), tuned=run.tuned,
                             step_s=dedicated_step(run.config, folder)))
     add_speed(rows, reference=plan.reference)
-    ComparisonDir(folder).write_summary(rows)
-    build([folder])
+    where.write_summary(rows)
+    build([where])
     return (0 if all(r.status == "ok" for r in rows) else 1), folder, rows
 
 
-def tune(plan: P.Plan, folder: str, metric: Metric) -> dict[str, dict] | None:
+def tune(plan: P.Plan, where: ComparisonDir, metric: Metric) -> dict[str, dict] | None:
     """Each label's search (lowband.comparison.tuning), tuning.csv rewritten after each; per label the
     chosen values ({}: none finished, or it tunes nothing), or None when interrupted."""
     chosen: dict[str, dict] = {}
@@ -86,12 +88,12 @@ def tune(plan: P.Plan, folder: str, metric: Metric) -> dict[str, dict] | None:
     for label in plan.labels:
         if not (plan.tuned or {}).get(label):
             continue
-        result = tune_label(folder, plan, label, metric)
+        result = tune_label(where.path, plan, label, metric)
         if result is None:
             return None
         rows += result[0]
         chosen[label] = result[1]
-        ComparisonDir(folder).write_tuning(rows)
+        where.write_tuning(rows)
         if not result[1]:
             print(f"lowband: no trial of {label} finished; it runs with its own settings", file=sys.stderr)
     return chosen
@@ -131,31 +133,32 @@ def preflight(plan: P.Plan) -> None:
         loggers.check(cfg.train.loggers)
 
 
-def execute(folder: str, run: P.Run, position: str = "") -> tuple[int, str]:
+def execute(folder: str | ComparisonDir, run: P.Run, position: str = "") -> tuple[int, str]:
     """Run `run` unless done.jsonl records it finished; an interrupted run continues from its checkpoint.
     `position` ('run 3/12') heads its banner."""
-    run_dir = ComparisonDir(folder).file(run.dir)
+    where = ComparisonDir.of(folder)
+    run_dir = where.file(run.dir)
     title = (f"{position}: " if position else "") + run.label + f" seed {run.seed}"
-    done = ComparisonDir(folder).finished().get(run.key)
+    done = where.finished().get(run.key)
     if done is not None and done["code"] == 0 and RunDir(run_dir).has_records():
         print(f"\n{title}: finished already", flush=True)
         return 0, run_dir
     print(f"\n{title}", flush=True)
     code, run_dir = session.start(run.config, run_dir, resume=RunDir(run_dir).is_run())
     if code != 130:
-        ComparisonDir(folder).mark(run.key, run_dir, code)
+        where.mark(run.key, run_dir, code)
     return code, run_dir
 
 
-def prepared(folder: str, key: str, command: str) -> int:
+def prepared(where: ComparisonDir, key: str, command: str) -> int:
     """Run a preparation command unless done.jsonl records it finished."""
-    done = ComparisonDir(folder).finished().get(key)
+    done = where.finished().get(key)
     if done is not None and done["code"] == 0:
         print(f"\n=== prepare: lowband {command}: finished already ===", flush=True)
         return 0
-    code = run_prepare(continued(command.replace("{folder}", folder)))
+    code = run_prepare(continued(command.replace("{folder}", where.path)))
     if code != 130:
-        ComparisonDir(folder).mark(key, "", code)
+        where.mark(key, "", code)
     return code
 
 
@@ -240,11 +243,12 @@ def format_table(rows: list[SummaryRow], target: float | None = None, cap: float
 
 
 def print_summary(rows: list[SummaryRow], folder: str, target: float | None = None) -> None:
-    print("\n" + format_table(rows, target, ComparisonDir(folder).cap(), ComparisonDir(folder).reference()))
+    where = ComparisonDir(folder)
+    print("\n" + format_table(rows, target, where.cap(), where.reference()))
     tuned = dict.fromkeys(f"{r.label} {r.tuned}" for r in rows if r.tuned)
     word = table.metric_of(rows).name
     if tuned:
         print(f"\nTuned (the best finished trial's final validation {word}, tuning.csv): " + "; ".join(tuned))
-    print("\n" + "\n".join(verdict([folder], target)))
+    print("\n" + "\n".join(verdict([where], target)))
     print(f"\nruns, summary.csv and report.md/report.html (plots: {word} against epoch, bytes and time; "
           f"projected time to target against link rate; {word} against bytes) in {folder}")

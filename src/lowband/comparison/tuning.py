@@ -77,13 +77,13 @@ def fingerprint(plan: P.Plan) -> str:
 
 
 def storage_url(folder: str) -> str:
-    return "sqlite:///" + os.path.abspath(ComparisonDir(folder).study_path)
+    return "sqlite:///" + os.path.abspath(ComparisonDir.of(folder).study_path)
 
 
 def check_studies(folder: str, plan: P.Plan) -> None:
     """Refuse (one line, nothing written) a tuning.db that is not a study file (a directory, a link to a device,
     another kind of file), that another process holds locked, or whose studies belong to another comparison."""
-    path = ComparisonDir(folder).study_path
+    path = ComparisonDir.of(folder).study_path
     if os.path.islink(path) or (os.path.exists(path) and not os.path.isfile(path)):
         raise ConfigError("tuning.db", path, "is not a regular file (a directory, or a link); move it away to tune "
                                              "afresh, or resume with the folder that holds the study")
@@ -299,9 +299,9 @@ def finish(study, trial, outcome: Outcome) -> None:
 # ---- one trial ---------------------------------------------------------------------------------
 def run_trial(folder: str, run: P.Run, trial, metric: Metric) -> Outcome | None:
     """Run one trial as a process of its own (`lowband train` of its prepared folder), reporting each
-    epoch's validation figure and stopping it when the pruner says so; None when it (or this comparison)
-    was interrupted."""
-    run_dir = ComparisonDir(folder).file(run.dir)
+    epoch's validation figure and stopping it when the pruner says so; None when the trial alone was
+    interrupted. Ctrl-C or SIGTERM here stops the trial and goes on up (it stays `running` in the study)."""
+    run_dir = ComparisonDir.of(folder).file(run.dir)
     if RunDir(run_dir).has_records():  # a retried trial: continue from its checkpoint
         argv = [run_dir, "resume"]
     else:
@@ -341,7 +341,7 @@ def _watched(proc, trial, metric: Metric, run: P.Run, run_dir: str) -> Outcome |
         watch.read(judge=False)  # the epochs written since the last look; the trial has ended
     except KeyboardInterrupt:
         stop(proc)
-        return None
+        raise  # the trial stays `running` in the study; `lowband` says "interrupted" (or "stopped by SIGTERM")
     return outcome_of(proc.returncode, watch)
 
 

@@ -26,13 +26,13 @@ def load_tuning(folders: list[str], prefixes: list[str]) -> list[TuningRow]:
     out = []
     for folder, prefix in zip(folders, prefixes, strict=True):
         try:
-            rows = ComparisonDir(folder).read_tuning()
+            rows = ComparisonDir.of(folder).read_tuning()
         except (OSError, UnicodeDecodeError, ValueError) as e:
-            warn(f"skipping {ComparisonDir(folder).tuning_path}: unreadable ({type(e).__name__})")
+            warn(f"skipping {ComparisonDir.of(folder).tuning_path}: unreadable ({type(e).__name__})")
             continue
         for row in rows:
             if not (row.label and row.field):
-                warn(f"skipping a row of {ComparisonDir(folder).tuning_path}: no label or field")
+                warn(f"skipping a row of {ComparisonDir.of(folder).tuning_path}: no label or field")
                 continue
             row.label = prefix + row.label
             out.append(row)
@@ -98,8 +98,8 @@ def per_method(label: str, rows: list[TuningRow], metric: Metric, out: str, said
               for field in [first] + [f for f in fields if f != first]}
     if any(panels.values()):
         name = f"tuning-{safe(label)}"
-        plots.tuning(panels, metric, f"{label}: every trial against each tuned field", ComparisonDir(out).plot_path(name))
-        lines += ["", f"![tuning]({os.path.basename(ComparisonDir(out).plot_path(name))})"]
+        plots.tuning(panels, metric, f"{label}: every trial against each tuned field", ComparisonDir.of(out).plot_path(name))
+        lines += ["", f"![tuning]({os.path.basename(ComparisonDir.of(out).plot_path(name))})"]
     return lines
 
 
