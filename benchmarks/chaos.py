@@ -117,9 +117,12 @@ class ElasticSoak:
         for seed in self.args.baseline:
             run = os.path.join(self.args.baseline_dir, f"epochs-{self.args.epochs}-seed-{seed}")
             if not finished_quietly(run, self.args.epochs):
-                shutil.rmtree(run, ignore_errors=True)
-                subprocess.run([*PY, *JOB, "--epochs", str(self.args.epochs), "--seed", str(seed), "--run-dir", run],
-                               capture_output=True, text=True, check=False)
+                started = os.path.isfile(os.path.join(run, "config.toml")) and records(run)
+                if not started:
+                    shutil.rmtree(run, ignore_errors=True)
+                fresh = [*JOB, "--epochs", str(self.args.epochs), "--seed", str(seed), "--run-dir", run]
+                subprocess.run([*PY, *(["train", "--resume", run] if started else fresh)], capture_output=True,
+                               text=True, check=False)  # a stopped baseline continues from its checkpoint
             recs = records(run)
             if recs and recs[-1]["epoch"] == self.args.epochs:
                 losses.append(recs[-1]["val_loss"])
