@@ -2,7 +2,7 @@
 
 Runs Allreduce and settings of local_sgd and diloco (with codecs and fragments) on MNIST-1D / cnn1d
 with the same step budget and seeds, each with its own learning rate (given per setting below,
-chosen by short sweeps recorded in BENCHMARKS.md). Prints per setting: mean ± sd of the final
+chosen by short sweeps recorded in benchmarks/history/JOURNAL.md). Prints per setting: mean ± sd of the final
 validation and test accuracy, bytes sent per worker, and Allreduce's bytes divided by the
 setting's ("ratio"), marked "yes" where the mean validation accuracy is within 0.5 points of
 Allreduce's mean (the goal: a ratio of 1000 or more with "yes").

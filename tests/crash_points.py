@@ -13,7 +13,7 @@ The events are counted in the comparison process only (a wrapper patches these f
 `lowband.cli.main` runs); the workers are real processes and die with it. `kill_points(seed, ...)` picks
 them; `try_point` kills, resumes (`compare --resume`, or the same command again when the kill came before
 the comparison had a plan) and returns what the resumed comparison left. tests/faults/test_crash_resume.py
-runs a few; benchmarks/crash_consistency.py runs many and prints the figures BENCHMARKS.md quotes.
+runs a few; benchmarks/crash_consistency.py runs many and prints the figures benchmarks/history/JOURNAL.md quotes.
 """
 
 from __future__ import annotations

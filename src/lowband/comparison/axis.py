@@ -16,7 +16,7 @@ changing one field at a time, each change an improvement; the comparison's repor
 space was tried, and whether the chosen setting's one-field changes were all run
 (lowband.comparison.coverage). The sampler is deterministic but for step 4's random order: the same
 results give the same trials whatever the seed, and a resumed search goes on where it stopped (it reads
-everything from the study). BENCHMARKS.md ("Tuning defaults") measures it against the grid, TPE, a
+everything from the study). benchmarks/history/JOURNAL.md ("Tuning defaults") measures it against the grid, TPE, a
 Gaussian process and pruned variants on three spaces.
 """
 

@@ -111,7 +111,7 @@ def local_caveat(ran: list[TuningRow], never: int) -> str:
     whole = [r.cpu_s for r in ran if r.status == "ok" and r.cpu_s is not None]
     price = f", about {never * sum(whole) / len(whole):.0f} CPU s more" if whole else ""
     return (f" A better setting two fields away or more may be among the {never} never tried: the axis search "
-            "moves one field at a time (BENCHMARKS.md, 'Tuning defaults': it missed the grid's best on 2 of 5 "
+            "moves one field at a time (benchmarks/history/JOURNAL.md, 'Tuning defaults': it missed the grid's best on 2 of 5 "
             f"training seeds of the lm space). `--tune-sampler grid` runs them all{price}.")
 
 

@@ -153,7 +153,7 @@ def pruner(tune: Tune, epochs: int):
 def warm_up(epochs: int) -> int:
     """The first epoch at which the median pruner may stop a trial: three quarters of its epochs, rounded up,
     and before the last (epoch 1 of 2, 3 of 4, 8 of 10). The first epochs' figures are the noisiest, and
-    settings cross late: BENCHMARKS.md "Tuning defaults" shows the median pruner without a warm-up stopping
+    settings cross late: benchmarks/history/JOURNAL.md "Tuning defaults" shows the median pruner without a warm-up stopping
     the best setting at epoch 1 on 9 of 20 seeds, and from half the trial stopping it on 3 of 10 training
     seeds of MNIST-1D (from three quarters: 1 of 10, at 0.07x more of the grid's CPU)."""
     return max(1, min(math.ceil(epochs * 3 / 4), epochs - 1))

@@ -15,7 +15,7 @@ With one worker (M = 1) the outer step is a lookahead on one trajectory (Charles
 it beats plain training), which separates that gain from parallelism.
 Outer lr 1 with momentum 0 is local SGD exactly. The inner learning rate is not scaled with the
 number of workers (the outer step already moves θ_global by about outer_lr / (1 - momentum) times
-the mean change; scaling both diverged on MNIST-1D, BENCHMARKS.md).
+the mean change; scaling both diverged on MNIST-1D, benchmarks/history/JOURNAL.md).
 
 Replicas: with `group_size = g` every g consecutive ranks form one replica that allreduces its
 gradients every step (a site's fast link, as DiLoCo's "workers" are data-parallel groups); the

@@ -19,7 +19,7 @@ defaults (1/64 of each 4,096-value chunk, 12 + 2 bits, plus 16 bytes of levels p
 kept) about 0.22 bit per parameter, against 32 for fp32. Streaming fragments, replicas and the tau
 schedule are DiLoCo's (methods/diloco.py).
 
-For the end of a run (issue 40's study, BENCHMARKS.md): `ef_decay_end` moves the decay linearly
+For the end of a run (issue 40's study, benchmarks/history/JOURNAL.md): `ef_decay_end` moves the decay linearly
 from `ef_decay` at the first step to `ef_decay_end` at the last (1 late in the run: the buffer stops
 forgetting what it could not send while the inner rate is small); `flush` sends, once, when the final
 model is made, what every error buffer still holds through a dense value codec (its bytes counted
@@ -27,7 +27,7 @@ like any sync), so the final θ_global misses nothing the workers learnt. Every 
 where the buffer's mass went (`ef`: the mean per sync of ‖Δ‖, ‖sent‖, ‖decayed‖ and ‖kept‖).
 `outer_lr_end` moves the outer step the same way (from `outer_lr_from` of the run on, linearly from
 `outer_lr` to `outer_lr_end` at the last step; 3 rising to 6 over the second half bought nothing on the
-whole KJV, BENCHMARKS.md). `density_end` widens the channel late instead: from `density_from` of the run on, the share of each
+whole KJV, benchmarks/history/JOURNAL.md). `density_end` widens the channel late instead: from `density_from` of the run on, the share of each
 chunk sent moves linearly from `density` to `density_end` at the last step (every rank computes the
 same share from the step count, so the messages keep one size per sync; the bytes are counted as sent).
 

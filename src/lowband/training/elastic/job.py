@@ -300,7 +300,7 @@ def summarize(run_dir: str) -> None:
 def regression(epochs: list[EpochRecord], rounds: list[dict]) -> str | None:
     """A job that ended well behind its best epoch (validation loss 25% above its lowest): said, with the
     workers it had, since fewer workers make an outer step noisier (one DiLoCo worker at a rate that
-    three train well with can stall at chance, as a fixed run of one does; BENCHMARKS.md, chaos)."""
+    three train well with can stall at chance, as a fixed run of one does; benchmarks/history/JOURNAL.md, chaos)."""
     losses = [(r.epoch, r.val_loss) for r in epochs if r.val_loss is not None]
     if len(losses) < 2:
         return None
