@@ -1,4 +1,5 @@
-"""lowband `allreduce` against a plain PyTorch DDP script: same model, data, K and batch, interleaved.
+"""lowband `allreduce` against a plain PyTorch DDP script: same model, data, K and batch, interleaved,
+each first in turn (a job started right after another shares the cores with that one's exit).
 
 Prints the median training step time of each (first epoch dropped as warm-up) and their ratio.
 Goal: ratio <= 1.05. Run: python benchmarks/overhead.py [--workers 4] [--epochs 10] [--rounds 3]
@@ -56,11 +57,13 @@ def main():
         p.error(f"--against: {a.against} has no src/lowband (make one with `git worktree add DIR REV`)")
     ours, theirs, before = [], [], []
     with tempfile.TemporaryDirectory() as tmp:
+        jobs = [lambda: theirs.extend(plain(a.workers, a.epochs, a.batch, tmp)),
+                lambda: ours.extend(lowband(a.workers, a.epochs, a.batch, tmp))]
+        if a.against:
+            jobs.append(lambda: before.extend(lowband(a.workers, a.epochs, a.batch, tmp, os.path.join(a.against, "src"))))
         for i in range(a.rounds):
-            theirs += plain(a.workers, a.epochs, a.batch, tmp)
-            ours += lowband(a.workers, a.epochs, a.batch, tmp)
-            if a.against:
-                before += lowband(a.workers, a.epochs, a.batch, tmp, os.path.join(a.against, "src"))
+            for job in jobs[i % len(jobs):] + jobs[:i % len(jobs)]:  # each goes first in turn: no order bias
+                job()
             other = f", {a.against} {statistics.median(before) * 1e3:.2f} ms/step" if before else ""
             print(f"round {i + 1}: plain DDP {statistics.median(theirs) * 1e3:.2f} ms/step, "
                   f"lowband {statistics.median(ours) * 1e3:.2f} ms/step{other}", flush=True)

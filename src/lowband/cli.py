@@ -228,7 +228,7 @@ def cmd_churn(args) -> int:
 
 
 def cmd_distill(args) -> int:
-    from lowband.distill.commands import run_distill
+    from lowband.cli_distill import run_distill
 
     if args.token:
         os.environ["LOWBAND_TOKEN"] = args.token  # workers and local teachers read it; never written to disk
@@ -236,13 +236,13 @@ def cmd_distill(args) -> int:
 
 
 def cmd_teacher(args) -> int:
-    from lowband.distill.commands import run_teacher
+    from lowband.cli_distill import run_teacher
 
     return run_teacher(args)
 
 
 def cmd_coordinator(args) -> int:
-    from lowband.distill.commands import run_coordinator
+    from lowband.cli_distill import run_coordinator
 
     return run_coordinator(args)
 

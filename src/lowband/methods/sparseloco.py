@@ -27,9 +27,10 @@ like any sync), so the final θ_global misses nothing the workers learnt. Every 
 where the buffer's mass went (`ef`: the mean per sync of ‖Δ‖, ‖sent‖, ‖decayed‖ and ‖kept‖).
 `outer_lr_end` moves the outer step the same way (from `outer_lr_from` of the run on, linearly from
 `outer_lr` to `outer_lr_end` at the last step; 3 rising to 6 over the second half bought nothing on the
-whole KJV, benchmarks/history/JOURNAL.md). `density_end` widens the channel late instead: from `density_from` of the run on, the share of each
-chunk sent moves linearly from `density` to `density_end` at the last step (every rank computes the
-same share from the step count, so the messages keep one size per sync; the bytes are counted as sent).
+whole KJV, benchmarks/history/JOURNAL.md). `density_end` widens the channel late instead: from
+`density_from` of the run on, the share of each chunk sent moves linearly from `density` to
+`density_end` at the last step (every rank computes the same share from the step count, so the
+messages keep one size per sync; the bytes are counted as sent).
 
 What the study found (whole KJV, GPT tiny, 4 workers, against Allreduce at its best rate): the workers'
 top-k positions barely overlap (`ef.senders`, about 1.04 messages per coordinate sent of 4), so the mean
