@@ -20,7 +20,7 @@ from typing import Any
 
 # Written only when they have a value: data that is not a corpus has no corpus hash; a classifier's
 # records carry no bits per byte (a language model's carry both, one null without a validation split).
-_ONLY_WHEN_SET = frozenset({"corpus_sha256", "corpus_bytes"})
+_ONLY_WHEN_SET = frozenset({"corpus_sha256", "corpus_bytes", "params"})
 _BPB = ("val_bpb", "test_bpb")
 
 
@@ -65,6 +65,7 @@ class EpochRecord:
     time: dict[str, float] = field(default_factory=dict)
     corpus_sha256: str | None = None
     corpus_bytes: int | None = None
+    params: int | None = None  # the model's parameter count (one copy)
     reached_target_epoch: int | None = None
     extra: dict[str, Any] = field(default_factory=dict)
 

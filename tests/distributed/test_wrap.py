@@ -69,7 +69,11 @@ def test_a_text_model_factory_trains_through_compare_and_reads_as_a_built_in(tmp
     folder = next(tmp_path.glob("compare-*"))
     report = (folder / "report.md").read_text()
     assert "| sparseloco:tau=4:chunk=1024 |" in report and "val bpb" in report  # the table, as for a built-in
-    assert "Model: examples.own_model:gpt2 (n_embd=32)" in report  # which model, named as given
+    from examples.own_model import gpt2
+
+    built = gpt2((32,), 256, vocab_size=256, context=32, n_embd=32)  # the bytes' vocabulary, the run's context
+    count = sum(p.numel() for p in built.parameters())  # the tied input and output embedding once
+    assert f"Model: examples.own_model:gpt2 (n_embd=32), {count:,} parameters" in report  # named as given, sized
 
 
 @pytest.mark.parametrize("spec, field", [("codistill", "spec"), ("", "spec"), ("diloco:tau=0", "method.tau"),

@@ -107,17 +107,20 @@ def facts(runs: list[SummaryRow], folders: list[str], target: float | None, why:
 def model_facts(runs: list[SummaryRow]) -> list[str]:
     """'Model: NAME (its size or options)' of the runs (a built-in's or a user's `package.module:factory`), from
     their configs; a warning when they trained different models."""
-    seen = {shown_model(cfg.model) for run in runs if run.run_dir and (cfg := read_config(run.run_dir))}
+    seen = {shown_model(cfg.model, run.records[-1].params if run.records else None)
+            for run in runs if run.run_dir and (cfg := read_config(run.run_dir))}
     if not seen:
         return []
     return [("Model: " if len(seen) == 1 else "Model (WARNING: the runs trained different models): ")
             + "; ".join(sorted(seen))]
 
 
-def shown_model(model: C.ModelConfig) -> str:
+def shown_model(model: C.ModelConfig, params: int | None = None) -> str:
+    """'gpt (size tiny), 220,544 parameters': the model, its options, and its size when the records say it."""
     detail = [f"size {model.size}"] if model.name == "gpt" else []
     detail += [f"{k}={v}" for k, v in sorted((model.kwargs or {}).items())]
-    return model.name + (f" ({', '.join(detail)})" if detail else "")
+    return (model.name + (f" ({', '.join(detail)})" if detail else "")
+            + (f", {params:,} parameters" if params else ""))
 
 
 def corpus_facts(runs: list[SummaryRow]) -> list[str]:

@@ -269,6 +269,7 @@ class Trainer:
         data = self.plan.data
         model = build_for_task(cfg.model, data.in_shape, data.num_classes, data.task).to(self.device)
         self.optimizer = make_optimizer(cfg.optim, model.parameters())
+        self.params = sum(p.numel() for p in model.parameters())  # one copy's, before a method wraps it
         self.metric = metric_for(cfg.data.name)
         self.reached_target: int | None = None
         self.epoch, self.step, self.loss_total, self.elapsed, self.train_s = 0, 0, 0.0, 0.0, 0.0
@@ -366,7 +367,7 @@ class Trainer:
         self.elapsed += time.perf_counter() - t_start
         if made is not None:
             record, samples = made
-            record.steps = self.step
+            record.steps, record.params = self.step, self.params
             self._add_rates(record, samples, times)
             set_corpus(record, self.plan.data.meta)
             self._check_target(epoch, record)
