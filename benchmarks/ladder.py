@@ -572,7 +572,48 @@ def report(sizes: list[str], out: str, figure: str) -> None:
     ladder_table(found)
     if found:
         plot(found, figure)
+        write_summary(found, out)
     print(f"\n{write_csv(sizes, out)} runs listed in {os.path.relpath(CSV)}")
+
+
+#: what `lowband compare`'s report says of model size (lowband.comparison.scale reads it)
+SUMMARY = os.path.join(os.path.dirname(HERE), "src", "lowband", "comparison", "ladder.json")
+
+
+def write_summary(found: dict[str, list[Verdict]], out: str) -> None:
+    """ladder.json in the package: per size, each family's gap to Allreduce and its bytes ratio, held out
+    where the held-out seeds have run (else in-sample, and said so)."""
+    sizes = []
+    for size, vs in found.items():
+        ref = next((v for v in vs if v.family == REFERENCE), None)
+        rows = []
+        for v in vs:
+            if v.family == REFERENCE:
+                continue
+            n = min(len(v.in_sample), len(ref.in_sample)) if ref else 0
+            held = v.gap() is not None and len(v.paired()) == len(HELD_OUT)
+            in_gap = 100 * (statistics.mean(v.in_sample[:n]) / statistics.mean(ref.in_sample[:n]) - 1) if n else None
+            ratio = v.ratio() if held else _in_sample_ratio(size, v, out)
+            if (in_gap is None and not held) or ratio is None:
+                continue
+            rows.append({"method": v.family, "spec": v.job.spec, "lr": v.job.lr, "fewer_bytes": round(ratio, 1),
+                         "gap_pct": round(v.gap() if held else in_gap, 2),
+                         "seeds": "held-out 10-12" if held else f"in-sample ({n} seed{'s' * (n > 1)}, chose the setting)"})
+        sizes.append({"size": size, "params": PARAMS[size], "methods": rows})
+    with open(SUMMARY, "w") as f:
+        json.dump({"commit": commit(), "workload": f"GPT on the whole KJV, {WORKERS} workers, {EPOCHS} epochs, "
+                   "the same samples for every method", "sizes": sizes}, f, indent=1)
+        f.write("\n")
+    print(f"summary for the report: {os.path.relpath(SUMMARY)}")
+
+
+def _in_sample_ratio(size: str, v: Verdict, out_dir: str) -> float | None:
+    """Allreduce's bytes over the family's on the choosing seed."""
+    ref = chosen(family_named(REFERENCE), size, out_dir)
+    mine, theirs = final(v.job, out_dir), final(ref, out_dir) if ref else None
+    if not mine or not theirs or not mine["bytes_sent_per_worker"]:
+        return None
+    return theirs["bytes_sent_per_worker"] / mine["bytes_sent_per_worker"]
 
 
 def plan(sizes: list[str], out: str) -> None:

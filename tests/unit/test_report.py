@@ -271,3 +271,18 @@ def test_a_comparison_whose_reference_is_not_allreduce_names_it_in_the_table_and
     assert rows["single"][5] == "+0.00 pts" and rows["single"][-1] == "1.00x"
     assert rows["local_sgd:tau=16"][-1] == "2.40x" and rows["allreduce"][-1] == "0.80x"
     assert "At 1 mbit the fastest to target is local_sgd:tau=16 (10.2 s; single 24.0 s)" in md
+
+
+def test_a_language_models_report_says_how_the_gaps_move_with_size(tmp_path):
+    """A comparison on bits per byte quotes the packaged scale ladder and the size its model is nearest;
+    one on accuracy does not."""
+    folder = make_comparison(tmp_path / "c")
+    assert "Model size:" not in read(build([str(folder)]))
+    for run_dir in (p for p in folder.iterdir() if p.is_dir()):
+        lines = (run_dir / "metrics.jsonl").read_text().splitlines()
+        text = [json.dumps({**json.loads(line), "val_bpb": 2.5, "test_bpb": 2.6, "params": 800_000}) for line in lines]
+        (run_dir / "metrics.jsonl").write_text("\n".join(text) + "\n")
+    md = read(build([str(folder)]))
+    line = next(x for x in md.splitlines() if x.startswith("Model size: the scale ladder"))
+    assert "small (834,304 parameters): sparseloco" in line
+    assert line.endswith("This comparison's model has 800,000 parameters, nearest to small.")

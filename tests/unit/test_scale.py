@@ -1,0 +1,69 @@
+"""What a report says of its model's size (lowband.comparison.scale), against the ladder's own records."""
+
+from __future__ import annotations
+
+import csv
+import os
+import statistics
+
+import pytest
+
+from lowband.comparison.scale import ladder, scale_note
+from lowband.comparison.summary import SummaryRow
+from lowband.records import EpochRecord
+
+pytestmark = pytest.mark.unit
+
+ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+FOUND = {"workload": "GPT on the whole KJV", "sizes": [
+    {"size": "nano", "params": 22_176, "methods": [
+        {"method": "sparseloco", "fewer_bytes": 579.9, "gap_pct": 2.5, "seeds": "held-out 10-12"}]},
+    {"size": "small", "params": 834_304, "methods": [
+        {"method": "sparseloco", "fewer_bytes": 579.2, "gap_pct": -0.3, "seeds": "held-out 10-12"},
+        {"method": "sparseloco-1000x", "fewer_bytes": 1157.9, "gap_pct": 0.77, "seeds": "in-sample (1 seed)"}]},
+    {"size": "medium", "params": 2_700_000, "methods": []}]}
+
+
+def run(params: int | None, bpb: float | None = 1.8) -> SummaryRow:
+    record = EpochRecord(epoch=4, val_bpb=bpb, val_acc=None if bpb else 0.9, params=params)
+    return SummaryRow(label="allreduce", method="allreduce", workers=4, records=[record])
+
+
+def test_a_language_models_report_quotes_each_size_and_names_the_nearest():
+    [line] = scale_note([run(300_000)], FOUND)
+    assert "nano (22,176 parameters): sparseloco +2.50% at 579x fewer bytes (held-out 10-12)" in line
+    assert "sparseloco-1000x +0.77% at 1,157x fewer bytes (in-sample (1 seed))" in line  # rounded down, never up
+    assert "medium" not in line  # a size without verdicts is not quoted
+    assert line.endswith("This comparison's model has 300,000 parameters, nearest to small.")  # log scale: 300k
+    assert scale_note([run(30_000)], FOUND)[0].endswith("nearest to nano.")
+
+
+def test_other_workloads_and_an_empty_ladder_say_nothing():
+    assert scale_note([run(5_000, bpb=None)], FOUND) == []
+    assert scale_note([run(300_000)], {}) == []
+    assert "nearest" not in scale_note([run(None)], FOUND)[0]  # records from before the count: no size claimed
+
+
+def test_the_packaged_ladder_agrees_with_the_committed_runs():
+    """Every gap and ratio the report quotes is recomputed from benchmarks/results/ladder.csv, the records
+    of the runs themselves (held out: the means over seeds 10-12; in-sample: seed 0 against seed 0), with
+    Allreduce at its chosen rate (its best on seed 0)."""
+    with open(os.path.join(ROOT, "benchmarks", "results", "ladder.csv")) as f:
+        rows = [r for r in csv.DictReader(f) if r["epochs"] == "4"]
+    quoted = [(s["size"], m) for s in ladder()["sizes"] for m in s["methods"]]
+    assert quoted, "ladder.json quotes nothing"
+    for size, m in quoted:
+        seeds = ("10", "11", "12") if m["seeds"].startswith("held-out") else ("0",)
+        here = [r for r in rows if r["size"] == size and r["seed"] in seeds]
+        ref_lr = min((r for r in rows if r["size"] == size and r["method"] == "allreduce" and r["seed"] == "0"),
+                     key=lambda r: float(r["val_bpb"]))["lr"]
+        ref = [r for r in here if r["method"] == "allreduce" and r["lr"] == ref_lr]
+        mine = [r for r in here if r["spec"] == m["spec"] and r["lr"] == f"{m['lr']:g}"]
+        assert len(ref) == len(mine) == len(seeds), (size, m["method"])
+
+        def mean(runs: list[dict], key: str) -> float:
+            return statistics.mean(float(r[key]) for r in runs)
+
+        assert 100 * (mean(mine, "val_bpb") / mean(ref, "val_bpb") - 1) == pytest.approx(m["gap_pct"], abs=0.006)
+        ratio = mean(ref, "bytes_sent_per_worker") / mean(mine, "bytes_sent_per_worker")
+        assert ratio == pytest.approx(m["fewer_bytes"], abs=0.06), (size, m["method"])
