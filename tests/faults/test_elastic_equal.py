@@ -63,10 +63,12 @@ def assert_same_keys(plain: list[dict], elastic: list[dict]) -> None:
         assert (e["samples"], e["steps"], e["reached_target_epoch"]) == (p["samples"], p["steps"], None)
         assert e["bytes_inter_per_worker"] == e["bytes_sent_per_worker"] > 0  # no site map: every byte crosses
         assert e["samples_per_s"] > 0 and set(e["time"]) == set(p["time"])  # the one loop times both
+        for t in (p["time"], e["time"]):  # the parts of an epoch's training fit in it: a round's evaluations
+            assert t["comm_s"] + t["wait_s"] <= t["epoch_train_s"] + 1e-3, t  # are hook_eval_s, never comm_s
 
 
 CASES = [
-    ("local_sgd", []),
+    ("local_sgd", ["--set", "train.eval_batch_size=1"]),  # each round's evaluation slow: it must stay out of comm_s
     ("diloco", ["--set", "method.outer_lr=0.7", "--set", "method.outer_momentum=0.9"]),
     ("diloco", ["--set", "method.outer_lr=0.7", "--set", "method.outer_momentum=0.9", "--set", "method.fragments=2"]),
     ("diloco", ["--set", "method.outer_lr=0.7", "--set", "method.outer_momentum=0.9", "--set", "method.fragments=4"]),

@@ -74,12 +74,13 @@ class ElasticQuorum:
 
     def __init__(self, members: Membership, patience: Patience, plan: Epochs, host: str, log: logging.Logger,
                  progress: Callable[[], tuple[int, float]], quit: Callable[[int], NoReturn],
-                 fault: Callable[[int, str], None] = lambda r, w: None):
+                 fault: Callable[[int, str], None] = lambda r, w: None, busy: Callable[[], float] = lambda: 0.0):
         """`progress()`: the steps this worker has trained and their summed loss since it started; `quit(code)`
         ends the process at once (a worker that gives up after another said why); `fault(round, where)`: a
-        test's planned fault (training/elastic/faults.py)."""
+        test's planned fault (training/elastic/faults.py); `busy()`: seconds the caller has spent on work of
+        its own (the method's evaluations of a round), left out of `sync_s` when spent inside a round."""
         self.members, self.patience, self.plan, self.host, self.log = members, patience, plan, host, log
-        self.progress, self.quit, self.fault = progress, quit, fault
+        self.progress, self.quit, self.fault, self.busy = progress, quit, fault, busy
         #: told of every round this worker commits, and whether it was an outer step (False: a meeting)
         self.committed: Callable[[Decision, bool], None] = lambda q, outer: None
         self.ledger = Ledger()  # this worker's bytes, counted by every round's group in turn
@@ -94,7 +95,7 @@ class ElasticQuorum:
         self.received_at, self.round_at = (0, 0.0), (0, 0.0)  # progress() when it last received; last committed
         self.attempts: dict[int, int] = {}
         self.failed: tuple[str, int] = ("", 0)  # the last exchange failure's cause, and how often in a row
-        self.sync_s = 0.0  # seconds in rounds (meet, exchange, commit)
+        self.sync_s = 0.0  # seconds in rounds (meet, exchange, commit), the method's evaluations left out
         self.first_round, self.launched = -1, 0
 
     # ---- joining and leaving -----------------------------------------------------------------------
@@ -124,7 +125,7 @@ class ElasticQuorum:
     # ---- the outer step ----------------------------------------------------------------------------
     def outer_step(self, exchange: Exchange | None, state: OuterState) -> None:
         """Meet, exchange, vote and commit a round (again until one commits); nothing once the job has finished."""
-        t0 = time.perf_counter()
+        t0, busy0 = time.perf_counter(), self.busy()
         try:
             while True:
                 q = self._meet(state)
@@ -137,7 +138,7 @@ class ElasticQuorum:
                     self._commit(q, state, payload, outer=exchange is not None and bool(q.contributors))
                     return
         finally:
-            self.sync_s += time.perf_counter() - t0
+            self.sync_s += time.perf_counter() - t0 - (self.busy() - busy0)
 
     # ---- meet --------------------------------------------------------------------------------------
     def _arrival(self, state: OuterState) -> Arrival:

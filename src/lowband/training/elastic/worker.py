@@ -102,7 +102,8 @@ class ElasticWorker(JobFiles):
         self.samples = c.train.workers * trainer.plan.steps * c.train.batch_size
         patience = Patience(e.min_workers, e.max_workers, e.timeout_s, e.wait_s, e.max_failed_rounds)
         self.outer = ElasticQuorum(self.members, patience, Epochs(self.samples, c.train.batch_size, c.train.epochs),
-                                   self.host, self.log, lambda: (trainer.step, trainer.loss_total), leave_now)
+                                   self.host, self.log, lambda: (trainer.step, trainer.loss_total), leave_now,
+                                   busy=lambda: trainer.method_eval_s)
         self.id = self.outer.join({"host": socket.gethostname(), "pid": os.getpid()}, e.heartbeat_s, self.is_joiner)
         self.rank, self.comm = self.id, self.outer.alone()
         self.run_dir = RunDir(self.path)  # the job's files: whichever worker is the round's source writes them
