@@ -430,7 +430,9 @@ def test_a_joiner_that_cannot_exchange_leaves_without_stalling_the_job(tmp_path)
         assert joiner.returncode == 3 and "Traceback" not in joiner.stderr, joiner.stderr[-2000:]
         (line,) = errors(joiner.stderr)
         assert "worker 2 (a joiner) could not exchange with the job's workers" in line and "it leaves" in line
-        assert time.monotonic() - t0 < 8 + 10  # one attempt (elastic.timeout_s=8) at most, and its start
+        # one attempt (elastic.timeout_s=8) and its start (torch's import alone took 15 s on a loaded 2-core
+        # machine); that it tried once, not again, the rounds below say
+        assert time.monotonic() - t0 < 8 + 30
         wait_for_rounds(run, job, len(rounds(run)) + 5, timeout_s=10)  # the job goes on
     finally:
         job.terminate()
