@@ -141,7 +141,7 @@ class ElasticSoak:
 
     def soak(self, url: str) -> None:
         job, done, resumes = self.start(url, False), 0, 0
-        restart_at = self.args.faults // 2
+        restart_at, deck = self.args.faults // 2, []
         while True:
             time.sleep(self.rng.uniform(*self.args.every))
             code = job.poll()
@@ -156,11 +156,14 @@ class ElasticSoak:
                 continue
             if done >= self.args.faults:
                 continue  # the schedule is spent: let the job finish
-            kind = "coordinator" if done == restart_at and not self.faults["coordinator"] else self.rng.choice(
-                ["kill", "stop", "join"])
+            if not deck:  # the kinds in shuffled threes: each kind a third of the faults
+                deck = self.rng.sample(["kill", "stop", "join"], 3)
+            kind = "coordinator" if done == restart_at and not self.faults["coordinator"] else deck[-1]
             if self.fault(kind, job, url):
                 self.faults[kind] += 1
                 done += 1
+                if kind != "coordinator":
+                    deck.pop()
 
     def fault(self, kind: str, job: subprocess.Popen, url: str) -> bool:
         pool = workers_of([job.pid, *[j.pid for j in self.joiners if j.poll() is None]])
@@ -394,7 +397,8 @@ def main() -> None:
     p.add_argument("--elastic", action="store_true", help="the elastic soak")
     p.add_argument("--compare", action="store_true", help="the comparison soak")
     p.add_argument("--seed", type=int, default=0)
-    p.add_argument("--faults", type=int, default=90, help="faults of the elastic soak (a third of each kind)")
+    p.add_argument("--faults", type=int, default=90,
+                   help="faults of the elastic soak (a third each of kill, stop and join; one coordinator restart)")
     p.add_argument("--every", type=float, nargs=2, default=(10.0, 30.0), metavar=("MIN_S", "MAX_S"))
     p.add_argument("--epochs", type=int, default=600, help="the job's epochs (600: about 15 minutes on 2 cores)")
     p.add_argument("--baseline", type=lambda s: [int(x) for x in s.split(",")], default=[0, 1, 2],
