@@ -531,32 +531,48 @@ def ladder_table(found: dict[str, list[Verdict]]) -> None:
         print(f"| {size} | {PARAMS[size]:,} | {ref_cell} | " + " | ".join(cells) + " |")
 
 
+def in_sample_gap(v: Verdict, vs: list[Verdict]) -> tuple[float, int] | None:
+    """The family's gap to Allreduce on the in-sample seeds both finished (%, how many), or None."""
+    ref = next((r for r in vs if r.family == REFERENCE), None)
+    n = min(len(v.in_sample), len(ref.in_sample)) if ref else 0
+    return (100 * (statistics.mean(v.in_sample[:n]) / statistics.mean(ref.in_sample[:n]) - 1), n) if ref and n else None
+
+
 def plot(found: dict[str, list[Verdict]], figure: str) -> None:
+    """Gap against parameters per family: held-out (filled, error bar over the seeds) and in-sample (hollow,
+    the seeds that chose the setting), each point labelled with its bytes ratio and its seeds."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7.5, 4.6))
-    for family in FAMILIES:
-        if family.name == REFERENCE:
-            continue
-        points = [(PARAMS[size], v.gap(), statistics.stdev(v.paired()) if len(v.paired()) > 1 else 0.0, v.ratio())
-                  for size, vs in found.items() for v in vs if v.family == family.name and v.gap() is not None]
-        if not points:
-            continue
-        xs, ys, errs, ratios = zip(*points, strict=True)
-        line = ax.errorbar(xs, ys, yerr=errs, marker="o", capsize=3, label=family.name)
-        for x, y, r in zip(xs, ys, ratios, strict=True):
-            ax.annotate(fewer(r), (x, y), textcoords="offset points", xytext=(6, 4), fontsize=8,
-                        color=line[0].get_color())
+    for i, family in enumerate(f for f in FAMILIES if f.name != REFERENCE):
+        color = f"C{i}"
+        mine = [(size, v, vs) for size, vs in found.items() for v in vs if v.family == family.name]
+        held = [(PARAMS[size], v.gap(), statistics.stdev(v.paired()) if len(v.paired()) > 1 else 0.0, v, len(v.paired()))
+                for size, v, _ in mine if v.gap() is not None]
+        inside = [(PARAMS[size], g[0], v, g[1]) for size, v, vs in mine if (g := in_sample_gap(v, vs))]
+        if held:
+            xs, ys, errs, _, _ = zip(*held, strict=True)
+            ax.errorbar(xs, ys, yerr=errs, marker="o", capsize=3, color=color, label=f"{family.name}, held out")
+            for x, y, _, v, n in held:
+                ax.annotate(f"{fewer(v.ratio())}, {n} seed{'s' * (n > 1)}", (x, y), textcoords="offset points",
+                            xytext=(6, 4), fontsize=8, color=color)
+        if inside:
+            xs, ys, _, _ = zip(*inside, strict=True)
+            ax.plot(xs, ys, marker="o", mfc="none", ls="--", color=color, label=f"{family.name}, in-sample")
+            for x, y, _, n in inside:
+                ax.annotate(f"{n} seed{'s' * (n > 1)}", (x, y), textcoords="offset points", xytext=(6, -10),
+                            fontsize=7, color=color)
     ax.axhline(0, color="black", lw=0.8)
     ax.axhspan(0, 100 * MARGIN, color="green", alpha=0.08, label="within 1%")
     ax.set_xscale("log")
     ax.set_xlabel("GPT parameters")
     ax.set_ylabel("final validation bits per byte vs Allreduce (%)")
-    ax.set_title("Gap to Allreduce on held-out seeds 10-12 (labels: fewer bytes)\nwhole KJV, 4 workers, 4 epochs")
-    ax.legend(fontsize=8)
+    ax.set_title("Gap to Allreduce at equal samples (labels: fewer bytes, seeds)\n"
+                 "filled: held-out seeds 10-12; hollow: the seeds that chose the setting")
+    ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     fig.tight_layout()
     os.makedirs(os.path.dirname(figure) or ".", exist_ok=True)
@@ -591,14 +607,17 @@ def write_summary(found: dict[str, list[Verdict]], out: str) -> None:
             if v.family == REFERENCE:
                 continue
             n = min(len(v.in_sample), len(ref.in_sample)) if ref else 0
-            held = v.gap() is not None and len(v.paired()) == len(HELD_OUT)
+            held = [s for s in HELD_OUT if s in v.held and s in v.ref_held]  # held-out seeds both finished
             in_gap = 100 * (statistics.mean(v.in_sample[:n]) / statistics.mean(ref.in_sample[:n]) - 1) if n else None
             ratio = v.ratio() if held else _in_sample_ratio(size, v, out)
             if (in_gap is None and not held) or ratio is None:
                 continue
+            seeds = held or [CHOOSE_SEED, *IN_SAMPLE][:n]
+            said = (f"held-out seed{'s' * (len(held) > 1)} {', '.join(map(str, held))}"
+                    + (f" ({len(held)} of {len(HELD_OUT)})" if len(held) < len(HELD_OUT) else "") if held
+                    else f"in-sample: seed{'s' * (n > 1)} that chose the setting")
             rows.append({"method": v.family, "spec": v.job.spec, "lr": v.job.lr, "fewer_bytes": round(ratio, 1),
-                         "gap_pct": round(v.gap() if held else in_gap, 2),
-                         "seeds": "held-out 10-12" if held else f"in-sample ({n} seed{'s' * (n > 1)}, chose the setting)"})
+                         "gap_pct": round(v.gap() if held else in_gap, 2), "seeds": said, "seed_list": seeds})
         sizes.append({"size": size, "params": PARAMS[size], "methods": rows})
     with open(SUMMARY, "w") as f:
         json.dump({"commit": commit(), "workload": f"GPT on the whole KJV, {WORKERS} workers, {EPOCHS} epochs, "
