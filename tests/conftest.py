@@ -134,6 +134,19 @@ def workers_of(pid: int) -> list[int]:
     return [c for c in children(pid) if worker_rank(c) is not None]
 
 
+def processes_naming(folder: str) -> list[int]:
+    """Processes whose command line names `folder` (a launcher started for it, its forked workers, joiners)."""
+    found = []
+    for pid in filter(str.isdigit, os.listdir("/proc")):
+        try:
+            with open(f"/proc/{pid}/cmdline", "rb") as f:
+                if folder.encode() in f.read():
+                    found.append(int(pid))
+        except OSError:
+            continue
+    return found
+
+
 def wait_for(predicate, timeout: float, what: str) -> None:
     """Poll `predicate` every 0.1 s until it holds; fail naming `what` after `timeout` seconds."""
     deadline = time.monotonic() + timeout

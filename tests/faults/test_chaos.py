@@ -18,26 +18,13 @@ import pytest
 
 import lowband
 from lowband.run import checkpoint
-from tests.conftest import workers_of
+from tests.conftest import processes_naming, workers_of
 from tests.faults.test_elastic import assert_each_sample_at_most_once, rounds, wait_for_rounds
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
 JOB = ["train", "--elastic", "--method", "diloco", "--workers", "3", "--epochs", "40", "--set", "data.num_samples=900",
        "--batch-size", "16", "--lr", "0.01", "--set", "method.tau=4", "--set", "method.outer_lr=0.7",
        "--set", "elastic.dead_after_s=1.5", "--set", "elastic.heartbeat_s=0.3", "--set", "elastic.timeout_s=8"]
-
-
-def processes_of(run: str) -> list[int]:
-    """Processes still running whose command line names the run directory (workers, joiners, launchers)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if run.encode() in f.read():
-                    found.append(int(pid))
-        except OSError:
-            continue
-    return found
 
 
 def test_an_elastic_job_survives_faults_in_series_and_loses_nothing(tmp_path):
@@ -70,6 +57,6 @@ def test_an_elastic_job_survives_faults_in_series_and_loses_nothing(tmp_path):
     assert_each_sample_at_most_once(run)
     lowband.load_model(str(run))  # the final model loads
     assert all(checkpoint.damage(str(p)) is None for p in (run / "checkpoints").glob("*.pt"))
-    assert "Traceback" not in said and not processes_of(str(run))
+    assert "Traceback" not in said and not processes_naming(str(run))
     assert not [p for p in run.rglob("*") if ".tmp-" in p.name or p.name.startswith(".rendezvous-")]
     assert any(len(r["members"]) == 1 for r in rounds(run)) and any(len(r["receivers"]) for r in rounds(run))

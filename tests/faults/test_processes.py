@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from lowband.run import checkpoint
-from tests.conftest import ROOT, alive, children, small, wait_for, worker_rank
+from tests.conftest import ROOT, alive, children, processes_naming, small, wait_for, worker_rank
 
 
 def start_run(tmp_path, world: int, timeout_s: float = 60) -> tuple[subprocess.Popen, str]:
@@ -204,26 +204,13 @@ def test_a_comparison_killed_while_it_prepares_leaves_nothing_training(tmp_path)
     os.kill(proc.pid, signal.SIGKILL)
     proc.wait()
     deadline = time.monotonic() + 5  # they die with it at once; the teacher alone would train for longer
-    while running_under(str(tmp_path)) and time.monotonic() < deadline:
+    while processes_naming(str(tmp_path)) and time.monotonic() < deadline:
         time.sleep(0.2)
-    left = running_under(str(tmp_path))
+    left = processes_naming(str(tmp_path))
     for pid in left:
         with contextlib.suppress(ProcessLookupError):
             os.kill(pid, signal.SIGKILL)
     assert not left
-
-
-def running_under(folder: str) -> list[int]:
-    """Processes whose command line names `folder` (a launcher started for it, and its forked workers)."""
-    found = []
-    for pid in filter(str.isdigit, os.listdir("/proc")):
-        try:
-            with open(f"/proc/{pid}/cmdline", "rb") as f:
-                if folder.encode() in f.read():
-                    found.append(int(pid))
-        except OSError:
-            continue
-    return found
 
 
 @pytest.mark.parametrize("after_s", [0.4, 1.0, 2.0])  # after the interpreter itself has started
@@ -268,7 +255,7 @@ def test_sigterm_stops_a_comparison_or_an_elastic_job_with_one_line(tmp_path, co
     _, err = proc.communicate(timeout=200)  # generous: a loaded 2-core machine is several times slower
     assert proc.returncode == 143 and err.strip().splitlines()[-1] == "lowband: stopped by SIGTERM", err[-2000:]
     assert "Traceback" not in err
-    wait_for(lambda: not running_under(str(tmp_path)), 10, "every process of it to end")
+    wait_for(lambda: not processes_naming(str(tmp_path)), 10, "every process of it to end")
 
 
 def test_a_checkpoint_the_system_refuses_to_write_is_one_line(tmp_path):
@@ -300,4 +287,4 @@ def test_ctrl_c_during_a_tuning_search_is_one_line(tmp_path):
     _, err = proc.communicate(timeout=200)  # generous: a loaded 2-core machine is several times slower
     assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
     assert err.strip().splitlines()[-1] == "lowband: interrupted"
-    wait_for(lambda: not running_under(str(tmp_path)), 10, "every process of it to end")
+    wait_for(lambda: not processes_naming(str(tmp_path)), 10, "every process of it to end")
