@@ -219,7 +219,7 @@ def test_ctrl_c_during_start_up_is_one_line(tmp_path, after_s):
     line "lowband: interrupted", no traceback, and no run directory for a run that never trained."""
     proc = subprocess.Popen([sys.executable, "-m", "lowband", "train", "--workers", "2", "--epochs", "1",
                              *small(tmp_path), "--run-dir", str(tmp_path / "run")], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, preexec_fn=default_sigint)
     time.sleep(after_s)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=60)
@@ -282,7 +282,7 @@ def test_ctrl_c_during_a_tuning_search_is_one_line(tmp_path):
     proc = subprocess.Popen([sys.executable, "-m", "lowband", "compare", "--methods", "allreduce", "--workers", "2",
                              "--epochs", "300", *small(tmp_path), "--tune", "optim.lr=0.05,0.1,0.2", "--tune-epochs", "200",
                              "--out", str(tmp_path), "-q"], cwd=ROOT, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE,
-                            text=True)
+                            text=True, preexec_fn=default_sigint)  # as from a terminal, not CI's background shell
     signal_once_training(proc, tmp_path, signal.SIGINT)
     _, err = proc.communicate(timeout=200)  # generous: a loaded 2-core machine is several times slower
     assert proc.returncode == 130 and "Traceback" not in err, err[-2000:]
