@@ -146,7 +146,10 @@ class ElasticSoak:
             time.sleep(self.rng.uniform(*self.args.every))
             code = job.poll()
             if code is not None:
-                self.stderr += job.stderr.read().splitlines()
+                said = job.stderr.read().splitlines()
+                self.stderr += said
+                if code:
+                    log(f"the job said: {' | '.join(said[-3:]) or 'nothing'}")
                 if code == 0 or resumes >= 5:
                     log(f"the job exited {code} after {done} faults" + (f" and {resumes} resume(s)" if resumes else ""))
                     return
@@ -420,8 +423,10 @@ def main() -> None:
         ok &= ElasticSoak(args, work).go()
     if args.compare:
         ok &= compare_soak(args, work)
-    if not args.keep:
+    if ok and not args.keep:
         shutil.rmtree(work, ignore_errors=True)
+    elif not ok:
+        print(f"the work is kept for a look: {work}", flush=True)
     sys.exit(0 if ok else 1)
 
 
