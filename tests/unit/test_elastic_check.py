@@ -35,3 +35,43 @@ def test_a_job_that_ends_well_behind_its_best_epoch_says_so_with_its_workers():
     assert "\n" not in said
     steady = [EpochRecord(epoch=e, val_loss=v) for e, v in enumerate([2.2, 1.6, 1.58, 1.62], 1)]
     assert regression(steady, rounds) is None
+
+
+class EmptiedCoordinator:
+    """A coordinator restarted empty: no live worker for a while, then a joiner of another launcher registers
+    again (its heartbeat found its key gone)."""
+
+    def __init__(self, empty_looks: int):
+        self.looks, self.empty_looks = 0, empty_looks
+
+    def status(self):
+        return "running"
+
+    def live(self):
+        self.looks += 1
+        return [] if self.looks <= self.empty_looks else [7]
+
+    def keep_for(self):
+        pass
+
+
+def test_a_launcher_whose_workers_are_gone_waits_out_an_emptied_coordinator(monkeypatch):
+    """Its own workers all killed while joiners train on, a launcher that asks a coordinator just restarted
+    empty must not end the job at the first empty answer (it did: exit 137, and --resume was then refused while
+    the joiners trained); it ends it once no worker has been live for dead_after_s + 5 s."""
+    from lowband import config as C
+    from lowband.training.elastic import job
+
+    clock = [0.0]
+    monkeypatch.setattr(job.time, "monotonic", lambda: clock[0])
+    e = C.ElasticConfig(on=True, dead_after_s=2.0)
+    killed = [-9, -9, -9]  # the launcher's own three workers, each SIGKILLed
+    watch = job.ElasticWatch(EmptiedCoordinator(empty_looks=3), e)
+    for _ in range(3):  # empty for 3 looks, 1 s apart: within dead_after_s + 5
+        assert watch.done([], killed) is None
+        clock[0] += 1.0
+    assert watch.done([], killed) is None  # the joiner is back: the job goes on
+    gone = job.ElasticWatch(EmptiedCoordinator(empty_looks=10**6), e)
+    assert gone.done([], killed) is None
+    clock[0] += 7.0  # no live worker for dead_after_s + 5 s: every worker left
+    assert gone.done([], killed) == 137

@@ -173,6 +173,7 @@ class ElasticWatch(launch.Watch):
         self.members, self.e = members, e
         self.finished_at: float | None = None
         self.kept_at = 0.0
+        self.empty_since: float | None = None  # when the coordinator first named no live worker
 
     def churn(self, code: int, codes: list[int | None]) -> bool:
         return not 0 < code < 128  # a signal (a lost machine), not an error the worker raised
@@ -187,14 +188,24 @@ class ElasticWatch(launch.Watch):
                 let_others_leave(self.members, self.e)
                 return 0
         if any(c is None for c in codes) or (status != "finished" and live != 0):
+            self.empty_since = None
             return None
         if status == "finished":
             let_others_leave(self.members, self.e)
             return 0
+        if not self._left_for_good():
+            return None
         failed = [c for c in codes if c]
         print("lowband: every elastic worker left before the job finished; continue it with "
               "`lowband train --resume RUN_DIR`", file=sys.stderr)
         return launch._exit_code(failed[0]) if failed else 1
+
+    def _left_for_good(self) -> bool:
+        """No live worker for elastic.dead_after_s + 5 s: a coordinator restarted empty names none until the
+        workers still training (joiners of another launcher) register again, so one empty look is not enough."""
+        now = time.monotonic()
+        self.empty_since = self.empty_since or now
+        return now - self.empty_since >= self.e.dead_after_s + 5
 
     def _keep(self) -> None:
         """Renew the job's keys in the coordinator every KEEP_EVERY_S (Membership.keep_for)."""
