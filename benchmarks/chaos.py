@@ -257,16 +257,23 @@ def checksums_verify(run: str) -> bool:
 
 
 def each_sample_once(run: str) -> bool:
-    by_epoch: dict[int, list[int]] = {}
+    """No position of an epoch's order is handed out by two committed rounds; the first overlap is logged."""
+    seen: dict[tuple[int, int], int] = {}  # (epoch, position) -> the round that handed it out
     try:
         with open(os.path.join(run, "quorums.jsonl")) as f:
-            for line in f:
-                rec = json.loads(line)
-                for a, b in rec["slices"].values():
-                    by_epoch.setdefault(rec["epoch"], []).extend(range(a, b))
-    except OSError:
+            lines = [json.loads(line) for line in f if line.strip()]
+    except (OSError, ValueError):
         return False
-    return all(len(ids) == len(set(ids)) for ids in by_epoch.values())
+    for rec in lines:
+        for worker, (a, b) in rec["slices"].items():
+            for at in range(a, b):
+                first = seen.setdefault((rec["epoch"], at), rec["round"])
+                if first != rec["round"]:
+                    log(f"epoch {rec['epoch']}: position {at} handed out by round {first} and again by round "
+                        f"{rec['round']} (attempt {rec['attempt']}, to worker {worker}, members {rec['members']}, "
+                        f"version {rec['version']})")
+                    return False
+    return True
 
 
 CHANCE = math.log(10)  # MNIST-1D's ten classes: the validation loss of a model that learnt nothing

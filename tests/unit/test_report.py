@@ -282,6 +282,7 @@ def test_a_language_models_report_says_how_the_gaps_move_with_size(tmp_path):
         lines = (run_dir / "metrics.jsonl").read_text().splitlines()
         text = [json.dumps({**json.loads(line), "val_bpb": 2.5, "test_bpb": 2.6, "params": 800_000}) for line in lines]
         (run_dir / "metrics.jsonl").write_text("\n".join(text) + "\n")
+        (run_dir / "config.toml").write_text('[data]\nname = "text"\n' + (run_dir / "config.toml").read_text())
     md = read(build([str(folder)]))
     line = next(x for x in md.splitlines() if x.startswith("Model size: the scale ladder"))
     assert "small (834,304 parameters): sparseloco" in line

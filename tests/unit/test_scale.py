@@ -10,6 +10,7 @@ import pytest
 
 from lowband.comparison.scale import ladder, scale_note
 from lowband.comparison.summary import SummaryRow
+from lowband.data.metric import ACCURACY, BITS_PER_BYTE
 from lowband.records import EpochRecord
 
 pytestmark = pytest.mark.unit
@@ -26,7 +27,8 @@ FOUND = {"workload": "GPT on the whole KJV", "sizes": [
 
 def run(params: int | None, bpb: float | None = 1.8) -> SummaryRow:
     record = EpochRecord(epoch=4, val_bpb=bpb, val_acc=None if bpb else 0.9, params=params)
-    return SummaryRow(label="allreduce", method="allreduce", workers=4, records=[record])
+    metric = BITS_PER_BYTE if bpb else ACCURACY
+    return SummaryRow(label="allreduce", method="allreduce", workers=4, records=[record], metric=metric)
 
 
 def test_a_language_models_report_quotes_each_size_and_names_the_nearest():

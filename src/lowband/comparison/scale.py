@@ -13,6 +13,8 @@ import math
 from importlib import resources
 
 from lowband.comparison.summary import SummaryRow
+from lowband.comparison.table import metric_of
+from lowband.data.metric import BITS_PER_BYTE
 
 
 def ladder() -> dict:
@@ -25,10 +27,11 @@ def ladder() -> dict:
 
 def scale_note(runs: list[SummaryRow], found: dict | None = None) -> list[str]:
     """Sentences for a language-model comparison: the ladder's gaps per size, and which size this
-    comparison's model is nearest (by parameter count, on a log scale). [] for other workloads."""
+    comparison's model is nearest (by parameter count, on a log scale). [] for a workload not measured
+    in bits per byte."""
     found = ladder() if found is None else found
     sizes = [s for s in found.get("sizes", []) if s.get("methods")]
-    if not sizes or not any(r.records and r.records[-1].val_bpb is not None for r in runs):
+    if not sizes or metric_of(runs) is not BITS_PER_BYTE:
         return []
     parts = [f"{s['size']} ({s['params']:,} parameters): " + ", ".join(_method(m) for m in s["methods"])
              for s in sizes]
