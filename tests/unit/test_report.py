@@ -178,7 +178,7 @@ def test_zero_bytes_sit_a_decade_left_of_the_rest_and_the_front_is_non_dominated
     assert [short_bytes(v) for v in (1e3, 1e5, 2.5e6, 100)] == ["1 kB", "100 kB", "2.5 MB", "100 B"]
 
 
-@pytest.mark.parametrize("name", ["quick", "afsd", "ecdnn", "rdpsgd", "edl", "sites"])
+@pytest.mark.parametrize("name", ["quick", "afsd", "ecdnn", "rdpsgd", "edl", "sites", "demo", "lm", "lm-small"])
 def test_built_in_suites_resolve_to_valid_configs(name):
     from lowband.comparison.plan import make_plan
     from lowband.comparison.request import load_suite

@@ -69,3 +69,26 @@ def test_the_packaged_ladder_agrees_with_the_committed_runs():
         assert 100 * (mean(mine, "val_bpb") / mean(ref, "val_bpb") - 1) == pytest.approx(m["gap_pct"], abs=0.006)
         ratio = mean(ref, "bytes_sent_per_worker") / mean(mine, "bytes_sent_per_worker")
         assert ratio == pytest.approx(m["fewer_bytes"], abs=0.06), (size, m["method"])
+
+
+def test_the_lm_small_suite_runs_what_the_ladder_chose_at_small():
+    """`--suite lm-small` is the ladder's verdict at `small` for users: each of its methods is a setting the
+    ladder ran at that size, at the rate the ladder chose (its best on seed 0 where the rate was bracketed;
+    tau 8's rate for the 1,000x setting, the ladder's rule), and its workload is the ladder's."""
+    from lowband.comparison.request import load_suite
+    from lowband.comparison.plan import parse_spec
+
+    suite = load_suite("lm-small")
+    cfg = suite["config"]
+    assert (cfg["model"]["size"], cfg["data"]["max_bytes"], cfg["train"]["workers"], cfg["train"]["epochs"]) == ("small", 0, 4, 4)
+    with open(os.path.join(ROOT, "benchmarks", "results", "ladder.csv")) as f:
+        rows = [r for r in csv.DictReader(f) if r["size"] == "small" and r["seed"] == "0"]
+    for label in suite["methods"]:
+        name = parse_spec(label)[0]
+        ran = [r for r in rows if parse_spec(r["spec"]) == parse_spec(label)]
+        assert ran, f"{label}: the ladder never ran it at small"
+        lr = suite["per_method"][name]["optim"]["lr"]
+        if len({r["lr"] for r in ran}) > 1:  # bracketed: the suite takes the best rate
+            assert float(min(ran, key=lambda r: float(r["val_bpb"]))["lr"]) == lr, label
+        else:
+            assert float(ran[0]["lr"]) == lr, label
