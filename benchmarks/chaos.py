@@ -8,7 +8,8 @@ it checks, and prints one line per check:
 
   finished      the job exited 0 (after resumes, if any) and wrote model.safetensors, which loads
   records       metrics.jsonl holds every epoch once, in order; every checkpoint's checksum verifies
-  samples       no sample handed out twice within an epoch's order (quorums.jsonl), the dropped counted
+  samples       no sample handed out twice within an epoch's order by rounds whose training survives
+                (quorums.jsonl; a lineage lost with its holders hands its samples out again), the dropped counted
   loss          the final validation loss within the fault-free runs' spread (`--baseline` seeds, mean ±
                 3 sd, at least ±10% of the mean), which must themselves end well below chance
   processes     no lowband worker, joiner or Redis of the job left running
@@ -257,14 +258,20 @@ def checksums_verify(run: str) -> bool:
 
 
 def each_sample_once(run: str) -> bool:
-    """No position of an epoch's order is handed out by two committed rounds; the first overlap is logged."""
-    seen: dict[tuple[int, int], int] = {}  # (epoch, position) -> the round that handed it out
+    """No position of an epoch's order is handed out by two rounds whose training survives (a lineage lost
+    with every worker that held it hands its samples out again: lowband.training.elastic.lineage); the
+    first overlap is logged, and the lost rounds counted."""
+    from lowband.training.elastic.lineage import surviving_rounds
+
     try:
         with open(os.path.join(run, "quorums.jsonl")) as f:
             lines = [json.loads(line) for line in f if line.strip()]
     except (OSError, ValueError):
         return False
-    for rec in lines:
+    kept = surviving_rounds(lines)
+    log(f"{len(lines)} rounds recorded, {len(lines) - len(kept)} lost with the only workers that held them")
+    seen: dict[tuple[int, int], int] = {}  # (epoch, position) -> the round that handed it out
+    for rec in kept:
         for worker, (a, b) in rec["slices"].items():
             for at in range(a, b):
                 first = seen.setdefault((rec["epoch"], at), rec["round"])
@@ -273,6 +280,24 @@ def each_sample_once(run: str) -> bool:
                         f"{rec['round']} (attempt {rec['attempt']}, to worker {worker}, members {rec['members']}, "
                         f"version {rec['version']})")
                     return False
+    return none_skipped(kept, seen)
+
+
+def none_skipped(kept: list[dict], seen: dict[tuple[int, int], int]) -> bool:
+    """Every epoch's surviving rounds hand out its order from position 0 without a gap, and what they leave
+    at its end is what the round that ended it counted as dropped: the same epoch length every epoch."""
+    dropped = {rec["epoch"] - 1: rec["dropped"] for rec in kept if rec.get("dropped")}
+    lengths = {}
+    for epoch in sorted({e for e, _ in seen}):
+        handed = sorted(at for e, at in seen if e == epoch)
+        if handed != list(range(len(handed))):
+            log(f"epoch {epoch}: positions {len(handed)} handed out with a gap (last {handed[-1]})")
+            return False
+        lengths[epoch] = len(handed) + dropped.get(epoch, 0)
+    complete = [n for e, n in lengths.items() if e != max(lengths)] or list(lengths.values())
+    if len(set(complete)) > 1:
+        log(f"epochs of different lengths (handed out + dropped): {lengths}")
+        return False
     return True
 
 

@@ -83,8 +83,12 @@ def assert_one_model(run_dir, survivors: set[int], resent_rounds: int = 0) -> No
 
 
 def assert_each_sample_at_most_once(run_dir) -> None:
+    """In the rounds whose training survives (a lineage lost with every worker that held it hands its
+    samples out again), no epoch hands a sample out twice."""
+    from lowband.training.elastic.lineage import surviving_rounds
+
     by_epoch: dict[int, list[tuple[int, int]]] = {}
-    for rec in rounds(run_dir):
+    for rec in surviving_rounds(rounds(run_dir)):
         for start_, end in rec["slices"].values():
             by_epoch.setdefault(rec["epoch"], []).append((start_, end))
     for epoch, spans in by_epoch.items():
@@ -188,6 +192,33 @@ def test_a_stalled_worker_rejoins_without_corrupting_the_average(tmp_path):
     assert back, "worker 1 never came back"
     assert 1 in back[0]["receivers"] and 1 not in back[0]["contributors"]
     assert_one_model(run, {0, 1, 2})
+
+
+@pytest.mark.slow
+def test_when_every_holder_of_the_newest_model_leaves_the_job_goes_back_and_says_so(tmp_path):
+    """Worker 1 stops before round 3; worker 0 goes on alone (rounds 3-5) and dies before round 6. The
+    rounds worker 0 took alone are held by nobody left: worker 1 wakes with the θ_global of round 2 and
+    the job goes on from it. The job says which rounds were lost; their samples are handed out again,
+    and in the rounds that survive (`surviving_rounds`) no sample is handed out twice in an epoch."""
+    from lowband.training.elastic.lineage import span, surviving_rounds
+
+    run = tmp_path / "job"
+    out = lowband("train", "--elastic", "--method", "diloco", "--workers", "2", "--epochs", "6", *SMALL,
+                  *FAST_FAILURE, "--run-dir", str(run), env={"LOWBAND_ELASTIC_FAULT": "1:3:inner:stop:5,0:6:inner:kill"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    recs = rounds(run)
+    alone = [r["round"] for r in recs if r["members"] == [0] and r["round"] >= 3]
+    assert alone, "worker 0 never went on alone"
+    back = next(r for r in recs if r["round"] > alone[-1])
+    assert back["members"] == [1] and back["version"] <= alone[-1] + 1  # an older θ_global: a lineage lost
+    lost = set(alone) - {r["round"] for r in surviving_rounds(recs)}
+    assert lost and min(lost) == alone[0], (alone, lost)
+    said = [line for line in (run / "train.log").read_text().splitlines() if "held only by workers that left" in line]
+    assert len(said) == 1 and f"round {back['round']} " in said[0] and span(sorted(lost)) in said[0], said
+    assert f"{len(lost)} lost with the only workers that held them" in out.stderr, out.stderr[-2000:]
+    assert_each_sample_at_most_once(run)  # in the surviving rounds
+    with open(run / "metrics.jsonl") as f:
+        assert [json.loads(line)["epoch"] for line in f] == list(range(1, 7))
 
 
 @pytest.mark.slow

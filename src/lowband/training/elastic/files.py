@@ -36,6 +36,7 @@ from lowband.run.loggers import build as build_loggers
 from lowband.run.metrics import MetricsSink, read_metrics
 from lowband.run.rundir import RunDir
 from lowband.training.elastic.faults import Faults
+from lowband.training.elastic.lineage import lost_rounds, span
 from lowband.training.elastic.records import checkpoint_state, epoch_record
 from lowband.training.trainer import Steps, Trainer
 
@@ -90,7 +91,13 @@ class JobFiles:
         step (False: a meeting that handed out slices)."""
         if q.members[0] != self.id:
             return
-        self.run_dir.stream("quorums").write({
+        stream = self.run_dir.stream("quorums")
+        lost = lost_rounds(stream.path, q.version + 1)
+        if lost:
+            self.log.warning(f"worker {self.id}: round {q.round} goes on from θ_global version {q.version}: "
+                             f"{span(lost)} were held only by workers that "
+                             "left; their training is lost and their samples are handed out again")
+        stream.write({
             "round": q.round, "attempt": q.attempt, "outer_step": outer, "members": q.members,
             "contributors": q.contributors,
             "receivers": q.receivers, "version": q.version + 1, "epoch": q.epoch + 1, "slices": q.slices,

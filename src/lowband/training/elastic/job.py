@@ -32,6 +32,7 @@ from lowband.run import checkpoint, launch, workers
 from lowband.run.metrics import human_bytes, read_metrics
 from lowband.run.rundir import RunDir, held
 from lowband.training.elastic.files import JOB_FILE, read_job
+from lowband.training.elastic.lineage import surviving_rounds
 from lowband.training.elastic.records import EARLIER
 from lowband.training.runconfig import check_model, new_run_dir, prepare_run_dir, read_run_config, write_config
 
@@ -294,13 +295,15 @@ def summarize(run_dir: str) -> None:
     sizes = [len(q["members"]) for q in rounds]
     changes = sum(1 for a, b in pairwise(rounds) if a["members"] != b["members"])
     redone = sum(1 for q in rounds if q["attempt"] > 0)
+    lost = len(rounds) - len(surviving_rounds(rounds))
+    gone = f", {lost} lost with the only workers that held them (train.log says which)" if lost else ""
     last = epochs[-1]
     acc = "-" if last.val_acc is None else f"{last.val_acc:.4f}"
     figure = f"val bpb {last.val_bpb:.4f}" if last.val_bpb is not None else f"val acc {acc}"
     tags = ", ".join(f"{t} {human_bytes(v['sent'])}" for t, v in sorted(last.bytes_total.items()) if v["sent"])
     print(f"lowband: elastic job done: {len(epochs)} epoch(s) in {len(rounds)} round(s); workers per round "
           f"{min(sizes)}..{max(sizes)} (mean {sum(sizes) / len(sizes):.2f}), membership changed {changes} time(s), "
-          f"{redone} round(s) redone; {figure}; sent {tags}", file=sys.stderr)
+          f"{redone} round(s) redone{gone}; {figure}; sent {tags}", file=sys.stderr)
     warning = regression(epochs, rounds)
     if warning:
         print(f"lowband: warning: {warning}", file=sys.stderr)
