@@ -75,8 +75,8 @@ def test_the_lm_small_suite_runs_what_the_ladder_chose_at_small():
     """`--suite lm-small` is the ladder's verdict at `small` for users: each of its methods is a setting the
     ladder ran at that size, at the rate the ladder chose (its best on seed 0 where the rate was bracketed;
     tau 8's rate for the 1,000x setting, the ladder's rule), and its workload is the ladder's."""
-    from lowband.comparison.request import load_suite
     from lowband.comparison.plan import parse_spec
+    from lowband.comparison.request import load_suite
 
     suite = load_suite("lm-small")
     cfg = suite["config"]
