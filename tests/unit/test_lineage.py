@@ -27,9 +27,10 @@ def test_a_lineage_lost_with_its_holders_does_not_survive_and_a_resumed_one_does
 
 def test_a_round_names_what_it_leaves_behind_from_the_files_tail(tmp_path):
     path = tmp_path / "quorums.jsonl"
-    assert lost_rounds(str(path), 1) == [] and last_record(str(path)) is None  # no file yet
+    assert lost_rounds(str(path), 1, 0) == [] and last_record(str(path)) is None  # no file yet
     path.write_text("".join(json.dumps(rec(r, r + 1)) + "\n" for r in range(6)) + '{"round": 6, "vers')
     assert last_record(str(path)) == rec(5, 6)  # a line being written is passed over
-    assert lost_rounds(str(path), 7) == []  # the usual round: one version newer than the last
-    assert lost_rounds(str(path), 4) == [3, 4, 5]
+    assert lost_rounds(str(path), 7, 6) == []  # the usual round: one version newer than the last
+    assert lost_rounds(str(path), 4, 6) == [3, 4, 5]
+    assert lost_rounds(str(path), 6, 5) == []  # round 5 again, committed by the other side of a split vote
     assert [span(r) for r in ([3], [3, 4, 5], [3, 5, 8])] == ["round 3", "rounds 3-5", "rounds 3, 5, 8"]

@@ -92,7 +92,7 @@ class JobFiles:
         if q.members[0] != self.id:
             return
         stream = self.run_dir.stream("quorums")
-        lost = lost_rounds(stream.path, q.version + 1)
+        lost = lost_rounds(stream.path, q.version + 1, q.round)
         if lost:
             self.log.warning(f"worker {self.id}: round {q.round} goes on from θ_global version {q.version}: "
                              f"{span(lost)} were held only by workers that "

@@ -19,7 +19,9 @@ TAIL_BYTES = 65_536  # a record is a few hundred bytes; the last one is within t
 
 def surviving_rounds(records: list[dict]) -> list[dict]:
     """The records of the rounds whose θ_global the job kept, in order: walking back from the last, a
-    record survives when its version is below the next surviving one's (a lost lineage's is not)."""
+    record survives when its version is below the next surviving one's (a lost lineage's is not). Of two
+    records of one round and version (a round both sides committed around a coordinator's restart), the
+    later is kept: they handed out the same slices."""
     kept, bound = [], float("inf")
     for rec in reversed(records):
         if rec["version"] < bound:
@@ -39,15 +41,17 @@ def last_record(path: str) -> dict | None:
     return next((rec for rec in map(_parsed, reversed(lines)) if rec), None)  # past a cut or half-written line
 
 
-def lost_rounds(path: str, version: int) -> list[int]:
-    """The rounds recorded in `path` that a round committing `version` leaves behind: those of the
-    surviving lineage whose version is at least `version` ([] in the usual case, read from the tail)."""
+def lost_rounds(path: str, version: int, round_no: int) -> list[int]:
+    """The rounds recorded in `path` that round `round_no`, committing `version`, leaves behind: the earlier
+    rounds of the surviving lineage whose version is at least `version` ([] in the usual case, read from
+    the tail). A record of the same round is not lost: it is the other side of a round that a coordinator
+    restarted mid-vote let both sides commit (docs/elastic.md), and the next quorum makes them one."""
     last = last_record(path)
     if last is None or last.get("version", 0) < version:
         return []
     with open(path, "rb") as f:
         records = [r for r in map(_parsed, f) if isinstance(r.get("round"), int) and isinstance(r.get("version"), int)]
-    return [r["round"] for r in surviving_rounds(records) if r["version"] >= version]
+    return [r["round"] for r in surviving_rounds(records) if r["version"] >= version and r["round"] < round_no]
 
 
 def _parsed(line: bytes) -> dict:
