@@ -106,3 +106,42 @@ def test_a_finished_jobs_launcher_waits_for_other_launchers_workers_before_its_c
     t0 = time.monotonic()
     assert not let_others_leave(launcher, ElasticConfig(dead_after_s=0.5, heartbeat_s=0.1), poll_s=0.05)
     assert 5.0 < time.monotonic() - t0 < 7.0
+
+
+def test_a_worker_holding_a_checkpoint_never_goes_on_without_a_live_worker(url):
+    """The soak's fork (seed 1): a coordinator restarted empty while three workers were in an exchange; a
+    joiner that started from the epoch's checkpoint waited out its patience, went on alone from the
+    checkpoint, and its rounds outnumbered the others' once they came: their rounds were lost. A worker
+    holding a checkpoint's θ_global waits for every live worker instead; a worker that holds the job's
+    still goes on without a slow one after `timeout_s`, and the joiner goes on alone once the others leave."""
+    import logging
+
+    from lowband.comm.elastic_quorum import ElasticQuorum, Epochs, Patience
+    from lowband.comm.membership import Arrival
+
+    held, joiner = member(url, dead_after_s=0.5), None
+    held.register({})  # worker 0: holds θ_global version 7, busy in an exchange (alive, not arrived)
+    held.start_heartbeat(0.05)
+    joiner = Membership(url, held.job, 0.5)
+    joiner.register({})
+    joiner.start_heartbeat(0.05)
+
+    def quorum(from_checkpoint: bool) -> ElasticQuorum:
+        q = ElasticQuorum(joiner, Patience(timeout_s=0.1), Epochs(64, 4, 2), "127.0.0.1", logging.getLogger("t"),
+                          progress=lambda: (0, 0.0), quit=lambda code: None)  # type: ignore[arg-type, return-value]
+        q.id, q.from_checkpoint = 1, from_checkpoint
+        return q
+
+    long_ago = time.monotonic() - 10
+    joiner.arrive(3, 0, Arrival(3, "c~checkpoint"))
+    assert quorum(from_checkpoint=True)._decide(3, 0, long_ago) is None  # waits for worker 0 however long
+    joiner.arrive(4, 0, Arrival(3, "c"))
+    assert quorum(from_checkpoint=False)._decide(4, 0, long_ago).members == [1]  # patience spent: goes on
+    held.arrive(3, 0, Arrival(7, "h", 5))
+    q = quorum(from_checkpoint=True)._decide(3, 0, time.monotonic())
+    assert q.members == [0, 1] and q.receivers == [1]  # worker 0 came: its θ_global is the job's
+    held.leave()
+    time.sleep(0.6)
+    joiner.arrive(5, 0, Arrival(3, "c~checkpoint"))
+    assert quorum(from_checkpoint=True)._decide(5, 0, long_ago).members == [1]  # nobody else left: goes on
+    joiner.leave()

@@ -202,7 +202,9 @@ class ElasticQuorum:
 
     def _decide(self, r: int, a: int, since: float) -> Decision | None:
         """Propose the quorum once every live worker has arrived, or `timeout_s` has passed with at
-        least `min_workers` arrived; None while neither holds."""
+        least `min_workers` arrived; None while neither holds. A worker holding a checkpoint's θ_global
+        (a joiner, a resumed job) waits for every live worker however long: it would otherwise go on
+        from the checkpoint beside workers that hold a newer θ_global (a fork; one side's rounds lost)."""
         arrivals, live = self.members.arrivals(r, a), self.members.live()
         present = {w: arrival for w, arrival in arrivals.items() if w in live}
         if len(present) < self.patience.min_workers or self.id not in present:
@@ -210,6 +212,10 @@ class ElasticQuorum:
         patient = time.monotonic() - since < self.patience.timeout_s
         if patient and (not live <= set(present) or (r == self.first_round and len(present) < self.launched)):
             return None  # a live worker is still training, or the workers launched together are still starting
+        if self.from_checkpoint and not live <= set(present):
+            return None  # a checkpoint's θ_global is not the job's while a live worker may hold a newer one:
+            #              never a quorum without it (after a coordinator's restart, one still in an
+            #              exchange arrives when that fails; one that left drops out of `live`)
         p = self.plan
         return self.members.propose(decide(r, a, present, p.samples, p.batch, p.epochs, self.patience.max_workers))
 
