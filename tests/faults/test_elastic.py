@@ -366,6 +366,22 @@ def test_an_epochs_record_is_written_once_whoever_dies(tmp_path):
 
 
 @pytest.mark.slow
+def test_an_epochs_record_is_written_once_when_its_writer_was_only_stopped(tmp_path):
+    """Worker 0 holds the claim to write epoch 1's record and is stopped (SIGSTOP) past dead_after_s: the
+    survivor takes the claim over and writes it; worker 0 wakes, finds the claim taken, and writes neither
+    the record nor the checkpoint again (the suite's chaos test once read epochs 1-5, then 2 again)."""
+    run = tmp_path / "job"
+    out = lowband("train", "--elastic", "--method", "local_sgd", "--workers", "2", "--epochs", "4", *SMALL,
+                  *FAST_FAILURE, "--run-dir", str(run), env={"LOWBAND_ELASTIC_FAULT": "0:1:record:stop:4"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    with open(run / "metrics.jsonl") as f:
+        assert [json.loads(line)["epoch"] for line in f] == [1, 2, 3, 4]
+    log = (run / "train.log").read_text()
+    assert "epoch 1's record was owed by worker 0, who left before writing it; writing it" in log
+    assert "worker 0: epoch 1's record was taken over by worker 1 while this worker was away; not writing it twice" in log
+
+
+@pytest.mark.slow
 def test_below_min_workers_the_job_waits_and_says_so(tmp_path):
     run = tmp_path / "job"
     job = start("train", "--elastic", "--method", "local_sgd", "--workers", "1", "--min-workers", "2",
