@@ -378,7 +378,7 @@ def test_an_epochs_record_is_written_once_when_its_writer_was_only_stopped(tmp_p
         assert [json.loads(line)["epoch"] for line in f] == [1, 2, 3, 4]
     log = (run / "train.log").read_text()
     assert "epoch 1's record was owed by worker 0, who left before writing it; writing it" in log
-    assert "worker 0: epoch 1's record was taken over by worker 1 while this worker was away; not writing it twice" in log
+    assert "worker 0: epoch 1's record was written by worker 1 while this worker was away; not writing it twice" in log
 
 
 @pytest.mark.slow

@@ -199,7 +199,7 @@ def test_user_suite_files_and_unknown_suites(tmp_path):
     bad.write_text("methods = []\n")
     with pytest.raises(ConfigError, match="a suite needs methods"):
         load_suite(path=str(bad))
-    with pytest.raises(UsageError, match="unknown suite 'nope'; known: afsd, demo, ecdnn, edl, lm, quick, rdpsgd"):
+    with pytest.raises(UsageError, match="unknown suite 'nope'; known: afsd, demo, ecdnn, edl, lm, lm-small, quick, rdpsgd"):
         load_suite("nope")
 
 

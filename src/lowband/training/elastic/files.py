@@ -183,9 +183,11 @@ class JobFiles:
         `dead_after_s` while evaluating, and the other wrote it): then neither it nor the checkpoint."""
         assert self.outer is not None
         holder = self.outer.ask(lambda: self.members.record_holder(record.epoch))
-        if holder not in (self.id, None) or any(r.epoch == record.epoch for r in read_metrics(self.run_dir.path)):
-            self.log.warning(f"worker {self.id}: epoch {record.epoch}'s record was taken over by worker {holder} "
-                             "while this worker was away; not writing it twice")
+        written = any(r.epoch == record.epoch for r in read_metrics(self.run_dir.path))
+        if written or holder not in (self.id, None):
+            by = f"worker {holder}" if holder not in (self.id, None) else "another worker"
+            self.log.warning(f"worker {self.id}: epoch {record.epoch}'s record was {'written' if written else 'claimed'} "
+                             f"by {by} while this worker was away; not writing it twice")
             self.writes = 0
             return
         self._sink().write(record)
