@@ -382,6 +382,21 @@ def test_an_epochs_record_is_written_once_when_its_writer_was_only_stopped(tmp_p
 
 
 @pytest.mark.slow
+def test_a_rounds_line_is_written_when_its_source_dies_after_committing_it(tmp_path):
+    """Worker 0, the source of round 3, dies after the round committed and before writing its line in
+    quorums.jsonl (the soak's seed 0 lost round 409's line so): the next round's source, a member of
+    round 3, writes it first. Every round is recorded once, in order, and the epochs' orders add up."""
+    run = tmp_path / "job"
+    out = lowband("train", "--elastic", "--method", "local_sgd", "--workers", "2", "--epochs", "3", *SMALL,
+                  *FAST_FAILURE, "--run-dir", str(run), env={"LOWBAND_ELASTIC_FAULT": "0:3:round:kill"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    recs = rounds(run)
+    assert [r["round"] for r in recs] == list(range(len(recs)))
+    assert recs[3]["members"][0] == 0 and all(r["members"] == [1] for r in recs[4:])
+    assert_each_sample_at_most_once(run)
+
+
+@pytest.mark.slow
 def test_below_min_workers_the_job_waits_and_says_so(tmp_path):
     run = tmp_path / "job"
     job = start("train", "--elastic", "--method", "local_sgd", "--workers", "1", "--min-workers", "2",

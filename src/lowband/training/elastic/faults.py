@@ -2,7 +2,8 @@
 
 LOWBAND_ELASTIC_FAULT="ID:ROUND:WHERE:ACTION[:SECONDS],..." makes worker ID, in round ROUND, at WHERE
 (inner: after its first inner step before that round; exchange: after the quorum formed, before the
-collective; record: once it holds the claim to write epoch ROUND's record, before writing it) kill
+collective; record: once it holds the claim to write epoch ROUND's record, before writing it; round:
+after committing round ROUND as its source, before writing its line in quorums.jsonl) kill
 itself (SIGKILL), stop itself (SIGSTOP) for SECONDS, start `lowband join RUN_DIR` and wait (up to
 SECONDS) until the new worker is live, so that it arrives while the round is exchanging, or `fail`:
 raise an error at WHERE in that round and every one after it (a cause that does not go away).

@@ -34,9 +34,9 @@ from lowband.records import EpochRecord
 from lowband.run import checkpoint
 from lowband.run.loggers import build as build_loggers
 from lowband.run.metrics import MetricsSink, read_metrics
-from lowband.run.rundir import RunDir
+from lowband.run.rundir import RunDir, Stream
 from lowband.training.elastic.faults import Faults
-from lowband.training.elastic.lineage import lost_rounds, span
+from lowband.training.elastic.lineage import last_record, lost_rounds, span
 from lowband.training.elastic.records import checkpoint_state, epoch_record
 from lowband.training.trainer import Steps, Trainer
 
@@ -77,6 +77,7 @@ class JobFiles:
     started: float
     state: OuterState
     writes: int  # the epoch whose record this worker claimed (0: none)
+    last_round: tuple[Decision, bool] | None  # the last round this worker committed, and whether it stepped
     e: ElasticConfig
     faults: Faults
     trainer: Trainer
@@ -88,15 +89,26 @@ class JobFiles:
 
     def write_round(self, q: Decision, outer: bool) -> None:
         """A committed round's line in quorums.jsonl, written by its source; `outer`: the round took an outer
-        step (False: a meeting that handed out slices)."""
+        step (False: a meeting that handed out slices). Every member remembers the round; the source of the
+        next one first writes this one's line if its source died between committing and writing it."""
+        before, self.last_round = self.last_round, (q, outer)
         if q.members[0] != self.id:
             return
         stream = self.run_dir.stream("quorums")
+        last = last_record(stream.path)
+        if last is not None and last.get("round", -1) >= q.round:
+            return  # written meanwhile by the next round's source (this one was stopped after committing)
+        if before is not None and before[0].round < q.round and (last is None or last.get("round", -1) < before[0].round):
+            self._round_line(stream, *before)  # its source died before writing it
+        self.faults.maybe(q.round, "round")  # a test's fault: the source dies between committing and writing
         lost = lost_rounds(stream.path, q.version + 1, q.round)
         if lost:
             self.log.warning(f"worker {self.id}: round {q.round} goes on from θ_global version {q.version}: "
                              f"{span(lost)} were held only by workers that "
                              "left; their training is lost and their samples are handed out again")
+        self._round_line(stream, q, outer)
+
+    def _round_line(self, stream: Stream, q: Decision, outer: bool) -> None:
         stream.write({
             "round": q.round, "attempt": q.attempt, "outer_step": outer, "members": q.members,
             "contributors": q.contributors,

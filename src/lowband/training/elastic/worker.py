@@ -93,6 +93,7 @@ class ElasticWorker(JobFiles):
         self.final: nn.Module | None = None  # the job's final model, once this worker took part in making it
         self.feed_s = 0.0  # seconds in meetings inside `feed`
         self.writes = 0  # the epoch whose record this worker claimed (JobFiles._claim)
+        self.last_round: tuple[Decision, bool] | None = None  # JobFiles.write_round
 
     # ---- what the trainer asks -------------------------------------------------------------------
     def setup(self, trainer: Trainer) -> None:
