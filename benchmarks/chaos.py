@@ -8,8 +8,9 @@ it checks, and prints one line per check:
 
   finished      the job exited 0 (after resumes, if any) and wrote model.safetensors, which loads
   records       metrics.jsonl holds every epoch once, in order; every checkpoint's checksum verifies
-  samples       no sample handed out twice within an epoch's order by rounds whose training survives
-                (quorums.jsonl; a lineage lost with its holders hands its samples out again), the dropped counted
+  samples       no sample trained into the model twice within an epoch (a slice counts when its worker
+                contributes to the next round of the lineage that survives: quorums.jsonl), and every
+                position of an epoch's order handed out, but for the end an epoch's last round drops
   loss          the final validation loss no worse than the fault-free runs' spread (`--baseline` seeds: at
                 most mean + 3 sd, at least +10% of the mean), which must themselves end well below chance
   processes     no lowband worker, joiner or Redis of the job left running
@@ -30,9 +31,11 @@ Prints the schedule as it goes and a summary line per soak; exit 1 when a check 
 from __future__ import annotations
 
 import argparse
+import collections
 import contextlib
 import csv
 import glob
+import itertools
 import json
 import math
 import os
@@ -258,9 +261,12 @@ def checksums_verify(run: str) -> bool:
 
 
 def each_sample_once(run: str) -> bool:
-    """No position of an epoch's order is handed out by two rounds whose training survives (a lineage lost
-    with every worker that held it hands its samples out again: lowband.training.elastic.lineage); the
-    first overlap is logged, and the lost rounds counted."""
+    """No sample is trained into the model twice within an epoch, and none of an epoch's order is skipped
+    without being counted. A slice round P hands to worker w is trained into the model when w contributes
+    to the next round of the lineage that survives (lowband.training.elastic.lineage): a slice whose worker
+    died, or whose lineage was lost with every worker that held it, is handed out again or lost to that
+    epoch, and counted here; every position of an epoch's order is handed out by some round, but for the
+    end of an epoch that the round ending it counts as dropped."""
     from lowband.training.elastic.lineage import surviving_rounds
 
     try:
@@ -269,31 +275,37 @@ def each_sample_once(run: str) -> bool:
     except (OSError, ValueError):
         return False
     kept = surviving_rounds(lines)
-    log(f"{len(lines)} rounds recorded, {len(lines) - len(kept)} lost with the only workers that held them")
-    seen: dict[tuple[int, int], int] = {}  # (epoch, position) -> the round that handed it out
-    for rec in kept:
-        for worker, (a, b) in rec["slices"].items():
+    trained: dict[tuple[int, int], int] = {}  # (epoch, position) -> the round whose slice trained it in
+    for before, after in itertools.pairwise(kept):
+        for worker in map(str, after["contributors"]):
+            a, b = before["slices"].get(worker, (0, 0))
             for at in range(a, b):
-                first = seen.setdefault((rec["epoch"], at), rec["round"])
-                if first != rec["round"]:
-                    log(f"epoch {rec['epoch']}: position {at} handed out by round {first} and again by round "
-                        f"{rec['round']} (attempt {rec['attempt']}, to worker {worker}, members {rec['members']}, "
-                        f"version {rec['version']})")
+                first = trained.setdefault((before["epoch"], at), before["round"])
+                if first != before["round"]:
+                    log(f"epoch {before['epoch']}: position {at} trained in from round {first}'s slice and again from "
+                        f"round {before['round']}'s (worker {worker})")
                     return False
-    return none_skipped(kept, seen)
+    handed = {(rec["epoch"], at) for rec in lines for a, b in rec["slices"].values() for at in range(a, b)}
+    log(f"{len(lines)} rounds recorded, {len(lines) - len(kept)} lost with the only workers that held them; "
+        f"{len(handed)} positions handed out over the epochs, {len(trained)} trained into the model, the rest "
+        "lost with their worker or lineage")
+    return none_skipped(lines, handed)
 
 
-def none_skipped(kept: list[dict], seen: dict[tuple[int, int], int]) -> bool:
-    """Every epoch's surviving rounds hand out its order from position 0 without a gap, and what they leave
-    at its end is what the round that ended it counted as dropped: the same epoch length every epoch."""
-    dropped = {rec["epoch"] - 1: rec["dropped"] for rec in kept if rec.get("dropped")}
-    lengths = {}
-    for epoch in sorted({e for e, _ in seen}):
-        handed = sorted(at for e, at in seen if e == epoch)
-        if handed != list(range(len(handed))):
-            log(f"epoch {epoch}: positions {len(handed)} handed out with a gap (last {handed[-1]})")
+def none_skipped(lines: list[dict], handed: set[tuple[int, int]]) -> bool:
+    """Every epoch's order is handed out from position 0 without a gap, and what is left at its end is what
+    the round that ended it counted as dropped: the same epoch length every epoch."""
+    dropped = {rec["epoch"] - 1: rec["dropped"] for rec in lines if rec.get("dropped")}
+    lengths, by_epoch = {}, collections.defaultdict(list)
+    for e, at in handed:
+        by_epoch[e].append(at)
+    for epoch in sorted(by_epoch):
+        positions = sorted(by_epoch[epoch])
+        if positions != list(range(len(positions))):
+            missing = sorted(set(range(positions[-1] + 1)) - set(positions))
+            log(f"epoch {epoch}: positions {missing[0]}..{missing[-1]} never handed out")
             return False
-        lengths[epoch] = len(handed) + dropped.get(epoch, 0)
+        lengths[epoch] = len(positions) + dropped.get(epoch, 0)
     complete = [n for e, n in lengths.items() if e != max(lengths)] or list(lengths.values())
     if len(set(complete)) > 1:
         log(f"epochs of different lengths (handed out + dropped): {lengths}")
