@@ -171,6 +171,8 @@ class ElasticSoak:
                 done += 1
                 if kind != "coordinator":
                     deck.pop()
+            elif kind != "coordinator":
+                deck.insert(0, deck.pop())  # not possible now (one worker left, or five): another kind first
 
     def fault(self, kind: str, job: subprocess.Popen, url: str) -> bool:
         pool = workers_of([job.pid, *[j.pid for j in self.joiners if j.poll() is None]])
