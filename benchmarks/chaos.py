@@ -31,11 +31,9 @@ Prints the schedule as it goes and a summary line per soak; exit 1 when a check 
 from __future__ import annotations
 
 import argparse
-import collections
 import contextlib
 import csv
 import glob
-import itertools
 import json
 import math
 import os
@@ -264,55 +262,20 @@ def checksums_verify(run: str) -> bool:
 
 def each_sample_once(run: str) -> bool:
     """No sample is trained into the model twice within an epoch, and none of an epoch's order is skipped
-    without being counted. A slice round P hands to worker w is trained into the model when w contributes
-    to the next round of the lineage that survives (lowband.training.elastic.lineage): a slice whose worker
-    died, or whose lineage was lost with every worker that held it, is handed out again or lost to that
-    epoch, and counted here; every position of an epoch's order is handed out by some round, but for the
-    end of an epoch that the round ending it counts as dropped."""
-    from lowband.training.elastic.lineage import surviving_rounds
+    without being counted (lowband.training.elastic.lineage.audit_samples, which the fault tests use too)."""
+    from lowband.training.elastic.lineage import audit_samples
 
     try:
         with open(os.path.join(run, "quorums.jsonl")) as f:
             lines = [json.loads(line) for line in f if line.strip()]
     except (OSError, ValueError):
         return False
-    kept = surviving_rounds(lines)
-    trained: dict[tuple[int, int], int] = {}  # (epoch, position) -> the round whose slice trained it in
-    for before, after in itertools.pairwise(kept):
-        for worker in map(str, after["contributors"]):
-            a, b = before["slices"].get(worker, (0, 0))
-            for at in range(a, b):
-                first = trained.setdefault((before["epoch"], at), before["round"])
-                if first != before["round"]:
-                    log(f"epoch {before['epoch']}: position {at} trained in from round {first}'s slice and again from "
-                        f"round {before['round']}'s (worker {worker})")
-                    return False
-    handed = {(rec["epoch"], at) for rec in lines for a, b in rec["slices"].values() for at in range(a, b)}
-    log(f"{len(lines)} rounds recorded, {len(lines) - len(kept)} lost with the only workers that held them; "
-        f"{len(handed)} positions handed out over the epochs, {len(trained)} trained into the model, the rest "
-        "lost with their worker or lineage")
-    return none_skipped(lines, handed)
-
-
-def none_skipped(lines: list[dict], handed: set[tuple[int, int]]) -> bool:
-    """Every epoch's order is handed out from position 0 without a gap, and what is left at its end is what
-    the round that ended it counted as dropped: the same epoch length every epoch."""
-    dropped = {rec["epoch"] - 1: rec["dropped"] for rec in lines if rec.get("dropped")}
-    lengths, by_epoch = {}, collections.defaultdict(list)
-    for e, at in handed:
-        by_epoch[e].append(at)
-    for epoch in sorted(by_epoch):
-        positions = sorted(by_epoch[epoch])
-        if positions != list(range(len(positions))):
-            missing = sorted(set(range(positions[-1] + 1)) - set(positions))
-            log(f"epoch {epoch}: positions {missing[0]}..{missing[-1]} never handed out")
-            return False
-        lengths[epoch] = len(positions) + dropped.get(epoch, 0)
-    complete = [n for e, n in lengths.items() if e != max(lengths)] or list(lengths.values())
-    if len(set(complete)) > 1:
-        log(f"epochs of different lengths (handed out + dropped): {lengths}")
-        return False
-    return True
+    audit = audit_samples(lines)
+    log(str(audit))
+    for fault in (audit.twice, audit.skipped):
+        if fault:
+            log(fault)
+    return audit.ok
 
 
 CHANCE = math.log(10)  # MNIST-1D's ten classes: the validation loss of a model that learnt nothing

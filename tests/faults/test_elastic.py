@@ -83,17 +83,13 @@ def assert_one_model(run_dir, survivors: set[int], resent_rounds: int = 0) -> No
 
 
 def assert_each_sample_at_most_once(run_dir) -> None:
-    """In the rounds whose training survives (a lineage lost with every worker that held it hands its
-    samples out again), no epoch hands a sample out twice."""
-    from lowband.training.elastic.lineage import surviving_rounds
+    """No sample is trained into the surviving model twice within an epoch, and no part of an epoch's order
+    is skipped (the audit the chaos soak runs too: a lineage lost with every worker that held it hands its
+    samples out again)."""
+    from lowband.training.elastic.lineage import audit_samples
 
-    by_epoch: dict[int, list[tuple[int, int]]] = {}
-    for rec in surviving_rounds(rounds(run_dir)):
-        for start_, end in rec["slices"].values():
-            by_epoch.setdefault(rec["epoch"], []).append((start_, end))
-    for epoch, spans in by_epoch.items():
-        taken = [i for a, b in spans for i in range(a, b)]
-        assert len(taken) == len(set(taken)), f"epoch {epoch} hands a sample out twice"
+    audit = audit_samples(rounds(run_dir))
+    assert audit.ok, f"{audit.twice or audit.skipped} ({audit})"
 
 
 # ---- a job nobody leaves is local SGD exactly ----------------------------------------------------------
