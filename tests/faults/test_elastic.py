@@ -92,6 +92,15 @@ def assert_each_sample_at_most_once(run_dir) -> None:
     assert audit.ok, f"{audit.twice or audit.skipped} ({audit})"
 
 
+def assert_one_clock(run_dir) -> None:
+    """Every record of the job is timed by the job's clock (elastic.json's started_at), whichever worker
+    wrote it: the rounds' and the epochs' elapsed_s never go back."""
+    elapsed = [r["elapsed_s"] for r in rounds(run_dir)]
+    with open(os.path.join(run_dir, "metrics.jsonl")) as f:
+        epochs = [json.loads(line)["time"]["elapsed_s"] for line in f]
+    assert elapsed == sorted(elapsed) and epochs == sorted(epochs), (elapsed, epochs)
+
+
 # ---- a job nobody leaves is local SGD exactly ----------------------------------------------------------
 
 def simulate(run_dir) -> dict[str, torch.Tensor]:
@@ -237,6 +246,7 @@ def test_join_adds_a_worker_to_a_running_job(tmp_path):
     # the source's shared state: θ_global in float32 (local SGD's outer step keeps no momentum), and a header
     assert 4 * numel <= last["bytes_total"]["join"]["sent"] < 4 * numel + 65_536
     assert_one_model(run, {0, 1, 2})
+    assert_one_clock(run)
 
 
 @pytest.mark.slow
@@ -345,6 +355,7 @@ def test_a_killed_launcher_resumes_without_training_a_sample_twice(tmp_path):
     assert_each_sample_at_most_once(run)
     assert [r["round"] for r in rounds(run)] == list(range(len(rounds(run))))
     assert not [n for n in os.listdir(run) if n.startswith(".rendezvous-")]
+    assert_one_clock(run)  # the resumed job's clock goes on from the rounds it kept
 
 
 @pytest.mark.slow

@@ -74,7 +74,7 @@ class JobFiles:
     final: nn.Module | None
     sink: MetricsSink | None
     samples: int
-    started: float
+    started: float  # the job's start, wall-clock seconds (elastic.json's started_at; JobFiles.clock)
     state: OuterState
     writes: int  # the epoch whose record this worker claimed (0: none)
     last_round: tuple[Decision, bool] | None  # the last round this worker committed, and whether it stepped
@@ -113,7 +113,13 @@ class JobFiles:
             "round": q.round, "attempt": q.attempt, "outer_step": outer, "members": q.members,
             "contributors": q.contributors,
             "receivers": q.receivers, "version": q.version + 1, "epoch": q.epoch + 1, "slices": q.slices,
-            "dropped": q.dropped, "elapsed_s": round(time.monotonic() - self.started, 3)})
+            "dropped": q.dropped, "elapsed_s": self.clock()})
+
+    def clock(self) -> float:
+        """Seconds since the job started (the time it was down before a resume not counted), the same clock
+        for every worker on the machine, whoever writes a record: the launcher wrote the start in
+        elastic.json. Workers on other machines read it by their own wall clocks."""
+        return round(time.time() - self.started, 3)
 
     def _writer(self, epoch: int) -> Decision | None:
         """The round that ended epoch `epoch`, when this worker writes its record and checkpoint (it holds the
@@ -202,6 +208,7 @@ class JobFiles:
                              f"by {by} while this worker was away; not writing it twice")
             self.writes = 0
             return
+        record.time = {**(record.time or {}), "elapsed_s": self.clock()}  # the job's clock, not this worker's
         self._sink().write(record)
 
     def _sink(self) -> MetricsSink:

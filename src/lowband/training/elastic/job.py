@@ -102,7 +102,8 @@ def _run_job(cfg: C.Config, run_dir: str, resume: bool) -> int:
             write_config(cfg, run_dir)
         else:
             prepare_run_dir(cfg, run_dir)
-        RunDir(run_dir).write_text(JOB_FILE, json.dumps({"coordinator": url, "job": members.job}, indent=1) + "\n")
+        RunDir(run_dir).write_text(JOB_FILE, json.dumps({"coordinator": url, "job": members.job,
+                                                         "started_at": _clock_start(run_dir)}, indent=1) + "\n")
         members.publish_job("running", cfg.elastic.min_workers, cfg.elastic.max_workers, round_no,
                             launched=cfg.train.workers)
         if earlier:
@@ -120,6 +121,15 @@ def finished(run_dir: str, epochs: int) -> bool:
     """Whether the job in `run_dir` wrote its final model after `epochs` epochs."""
     records = read_metrics(run_dir)
     return os.path.isfile(RunDir(run_dir).model_path(0)) and bool(records) and records[-1].epoch >= epochs
+
+
+def _clock_start(run_dir: str) -> float:
+    """The wall-clock time the job's clock starts from (elastic.json's `started_at`): now, less the seconds
+    the rounds it resumes after had run (the time it was down is not counted, as `lowband train`'s is not).
+    Every worker times the job's records from it, whoever writes them."""
+    kept = RunDir(run_dir).read("quorums")
+    ran = kept[-1].get("elapsed_s", 0.0) if kept else 0.0
+    return round(time.time() - (ran if isinstance(ran, (int, float)) else 0.0), 3)
 
 
 def _resume_point(run_dir: str) -> tuple[int, dict]:

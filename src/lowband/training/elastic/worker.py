@@ -86,6 +86,7 @@ class ElasticWorker(JobFiles):
         self.log = logging.getLogger("lowband")  # set up once the id is known
         self.path = run_dir
         self.members = Membership(job["coordinator"], job["job"], self.e.dead_after_s)
+        self.started = float(job.get("started_at") or time.time())  # the job's clock (JobFiles.clock)
         self.host = os.environ.get("LOWBAND_ELASTIC_HOST") or self.e.host  # `lowband join --host` on another machine
         check_bindable(self.host, "elastic.host")  # before registering: a worker that cannot listen never holds a round
         self.sink: MetricsSink | None = None  # opened when this worker first writes an epoch's record
@@ -112,7 +113,6 @@ class ElasticWorker(JobFiles):
         self.outer.log = self.log
         self.faults = Faults(self.id, self.members, self.path, self.log)
         self.outer.fault, self.outer.committed = self.faults.maybe, self.write_round
-        self.started = time.monotonic()
 
     def quorum(self, comm: Communicator) -> Quorum:
         """The job's quorum, whatever communicator the method names (it is this worker alone)."""
