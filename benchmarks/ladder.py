@@ -494,15 +494,23 @@ def size_report(size: str, out: str) -> list[Verdict]:
     for v in found:
         if v.family == REFERENCE:
             continue
-        for s in HELD_OUT:
-            run = records(Job(size, v.job.spec, v.job.lr, s), out)[0]
-            refs = records(Job(size, *_ref_setting(size, out), s), out)[0]
-            if not run or not refs:
-                continue
-            val = " ".join(f"{100 * (r['val_bpb'] / q['val_bpb'] - 1):+.1f}%" for r, q in zip(run, refs, strict=False))
-            fit = " ".join(f"{100 * (r['train_loss'] / q['train_loss'] - 1):+.1f}%" for r, q in zip(run, refs, strict=False))
-            print(f"- {v.family} seed {s}: val {val}; train loss {fit}")
+        for s, gaps in epoch_gaps(size, v, out, "val_bpb").items():
+            fit = epoch_gaps(size, v, out, "train_loss")[s]
+            print(f"- {v.family} seed {s}: val {' '.join(f'{g:+.1f}%' for g in gaps)}; "
+                  f"train loss {' '.join(f'{g:+.1f}%' for g in fit)}")
     return found
+
+
+def epoch_gaps(size: str, v: Verdict, out: str, key: str) -> dict[int, list[float]]:
+    """Per held-out seed both runs reached, the family's gap to Allreduce of the same seed after each epoch,
+    in % of `key` (val_bpb or train_loss), as far as both ran."""
+    gaps = {}
+    for s in HELD_OUT:
+        run = records(Job(size, v.job.spec, v.job.lr, s), out)[0]
+        refs = records(Job(size, *_ref_setting(size, out), s), out)[0]
+        if run and refs:
+            gaps[s] = [100 * (r[key] / q[key] - 1) for r, q in zip(run, refs, strict=False)]
+    return gaps
 
 
 def _ref_setting(size: str, out: str) -> tuple[str, float]:
@@ -540,46 +548,74 @@ def in_sample_gap(v: Verdict, vs: list[Verdict]) -> tuple[float, int] | None:
     return (100 * (statistics.mean(v.in_sample[:n]) / statistics.mean(ref.in_sample[:n]) - 1), n) if ref and n else None
 
 
-def plot(found: dict[str, list[Verdict]], figure: str) -> None:
-    """Gap against parameters per family: held-out (filled, error bar over the seeds) and in-sample (hollow,
-    the seeds that chose the setting), each point labelled with its bytes ratio and its seeds."""
+def plot(found: dict[str, list[Verdict]], figure: str, out: str) -> None:
+    """Two panels. Left: the gap against parameters per family, held-out (filled, error bar over the seeds,
+    labelled with the bytes ratio) and in-sample (hollow: the seeds that chose the setting). Right: the
+    held-out gap after each epoch, mean over the seeds, per family and size: whether it is still closing."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.5, 4.6))
+    fig, (ax, per_epoch) = plt.subplots(1, 2, figsize=(11, 4.6), gridspec_kw={"width_ratios": [3, 2]})
+    styles = dict(zip(found, ("-", "--", ":", "-.", (0, (1, 3))), strict=False))
     for i, family in enumerate(f for f in FAMILIES if f.name != REFERENCE):
         color = f"C{i}"
         mine = [(size, v, vs) for size, vs in found.items() for v in vs if v.family == family.name]
-        held = [(PARAMS[size], v.gap(), statistics.stdev(v.paired()) if len(v.paired()) > 1 else 0.0, v, len(v.paired()))
-                for size, v, _ in mine if v.gap() is not None]
-        inside = [(PARAMS[size], g[0], v, g[1]) for size, v, vs in mine if (g := in_sample_gap(v, vs))]
-        if held:
-            xs, ys, errs, _, _ = zip(*held, strict=True)
-            ax.errorbar(xs, ys, yerr=errs, marker="o", capsize=3, color=color, label=f"{family.name}, held out")
-            for x, y, _, v, n in held:
-                ax.annotate(f"{fewer(v.ratio())}, {n} seed{'s' * (n > 1)}", (x, y), textcoords="offset points",
-                            xytext=(6, 4), fontsize=8, color=color)
-        if inside:
-            xs, ys, _, _ = zip(*inside, strict=True)
-            ax.plot(xs, ys, marker="o", mfc="none", ls="--", color=color, label=f"{family.name}, in-sample")
-            for x, y, _, n in inside:
-                ax.annotate(f"{n} seed{'s' * (n > 1)}", (x, y), textcoords="offset points", xytext=(6, -10),
-                            fontsize=7, color=color)
+        _plot_family(ax, family.name, color, mine)
+        for size, v, _ in mine:
+            gaps = list(epoch_gaps(size, v, out, "val_bpb").values())
+            if gaps and min(map(len, gaps)) > 0:
+                n = min(map(len, gaps))
+                means = [statistics.mean(g[e] for g in gaps) for e in range(n)]
+                per_epoch.plot(range(1, n + 1), means, marker="o", color=color, ls=styles[size],
+                               label=f"{family.name}, {size} ({len(gaps)} seed{'s' * (len(gaps) > 1)})")
     ax.axhline(0, color="black", lw=0.8)
     ax.axhspan(0, 100 * MARGIN, color="green", alpha=0.08, label="within 1%")
     ax.set_xscale("log")
-    ax.set_xlabel("GPT parameters")
+    ax.set_xticks([PARAMS[s] for s in found], [f"{s}\n{PARAMS[s] / 1e3:,.0f} k" for s in found])
+    ax.minorticks_off()
+    ax.margins(x=0.15)
+    ax.set_xlabel("GPT size and parameters")
     ax.set_ylabel("final validation bits per byte vs Allreduce (%)")
-    ax.set_title("Gap to Allreduce at equal samples (labels: fewer bytes, seeds)\n"
-                 "filled: held-out seeds 10-12; hollow: the seeds that chose the setting")
+    ax.set_title("Gap to Allreduce at equal samples\nfilled: held-out seeds 10-12 (label: fewer bytes); "
+                 "hollow: the choosing seeds", fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
+    per_epoch.axhline(0, color="black", lw=0.8)
+    per_epoch.axhspan(0, 100 * MARGIN, color="green", alpha=0.08)
+    per_epoch.set_xlabel("epoch")
+    per_epoch.set_ylabel("validation gap vs Allreduce (%)")
+    per_epoch.set_title("Held-out gap after each epoch (mean over seeds):\nstill closing at the last epoch?",
+                        fontsize=9)
+    per_epoch.xaxis.get_major_locator().set_params(integer=True)
+    per_epoch.legend(fontsize=7)
+    per_epoch.grid(alpha=0.3)
     fig.tight_layout()
     os.makedirs(os.path.dirname(figure) or ".", exist_ok=True)
     fig.savefig(figure, dpi=110)
+    plt.close(fig)
     print(f"\nfigure: {figure}")
+
+
+def _plot_family(ax, name: str, color: str, mine: list) -> None:
+    """One family's points on the left panel: held-out with its bytes ratio, in-sample hollow."""
+    held = [(PARAMS[size], v.gap(), statistics.stdev(v.paired()) if len(v.paired()) > 1 else 0.0, v, len(v.paired()))
+            for size, v, _ in mine if v.gap() is not None]
+    inside = [(PARAMS[size], g[0], g[1]) for size, v, vs in mine if (g := in_sample_gap(v, vs))]
+    if held:
+        xs, ys, errs, _, _ = zip(*held, strict=True)
+        ax.errorbar(xs, ys, yerr=errs, marker="o", capsize=3, color=color, label=f"{name}, held out")
+        for x, y, _, v, n in held:
+            seeds = "" if n == len(HELD_OUT) else f" ({n} of {len(HELD_OUT)} seeds)"
+            ax.annotate(f"{fewer(v.ratio())}{seeds}", (x, y), textcoords="offset points", xytext=(7, -3),
+                        fontsize=8, color=color)
+    if inside:
+        xs, ys, _ = zip(*inside, strict=True)
+        ax.plot(xs, ys, marker="o", mfc="none", ls="--", color=color, label=f"{name}, in-sample")
+        for x, y, n in inside:
+            ax.annotate(f"{n} seed{'s' * (n > 1)}", (x, y), textcoords="offset points", xytext=(-7, -3),
+                        ha="right", fontsize=7, color=color)
 
 
 def report(sizes: list[str], out: str, figure: str) -> None:
@@ -589,7 +625,7 @@ def report(sizes: list[str], out: str, figure: str) -> None:
     found = {size: vs for size, vs in found.items() if vs}
     ladder_table(found)
     if found:
-        plot(found, figure)
+        plot(found, figure, out)
         write_summary(found, out)
     print(f"\n{write_csv(sizes, out)} runs listed in {os.path.relpath(CSV)}")
 
