@@ -37,9 +37,11 @@ the ladder uses, one row each.
 
 Run:      python benchmarks/ladder.py --run [--sizes small,tiny,nano] [--out runs/ladder]
 Report:   python benchmarks/ladder.py --report [--figure benchmarks/figures/ladder.png]
+          (every size with committed records, --sizes first)
 Plan:     python benchmarks/ladder.py --plan   (the runs still to do, in the order --run takes them)
 GPU:      python benchmarks/ladder.py --run --sizes medium,large --device cuda --parallel 4
-          (4 runs at once, each 4 workers sharing the GPU through gloo)
+          (4 runs at once, each 4 workers sharing the GPU through gloo); benchmarks/device_ladder.sh runs
+          it in the calls of a lent GPU machine and brings the records back
 Time on the 2-core CPU machine, one run alone: nano ~3 min, tiny ~5, small ~15 (Allreduce).
 Safe to stop and start again: an unfinished run resumes from its checkpoint. To train every run with
 one version of lowband while the tree changes, run it with PYTHONPATH=<a worktree of that commit>/src
@@ -618,7 +620,16 @@ def _plot_family(ax, name: str, color: str, mine: list) -> None:
                         ha="right", fontsize=7, color=color)
 
 
+def measured(sizes: list[str]) -> list[str]:
+    """`sizes`, then every other size with committed records (SIZES order): ladder.csv, the figure and the
+    package's summary always cover every run, whichever sizes a call runs (a GPU call runs medium alone)."""
+    more = [s for s in SIZES if s not in sizes and os.path.isdir(os.path.join(RESULTS, s))]
+    PARAMS.update({s: params_of(s) for s in more})
+    return sizes + more
+
+
 def report(sizes: list[str], out: str, figure: str) -> None:
+    sizes = measured(sizes)
     print(f"Scale ladder, commit {commit()}: whole KJV, context 64, batch 16, {WORKERS} workers, {EPOCHS} epochs; "
           f"chosen on seed {CHOOSE_SEED}, judged on seeds {', '.join(map(str, HELD_OUT))}")
     found = {size: size_report(size, out) for size in sizes}
