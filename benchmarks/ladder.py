@@ -19,6 +19,13 @@ The protocol, which keeps choosing and judging apart:
   in-sample the chosen setting on seeds 1 and 2 too (IN_SAMPLE, with seed 0: the figure a study that
             publishes on its choosing seeds would quote), run last.
 
+Why not `lowband compare --tune` for the choosing: its axis search over a list of rates is this bracket
+within the list, but it cannot extend past the list's ends, and its trials live in one comparison
+directory. The ladder's queue must stop and resume run by run across sessions (a `small` run is 20-40
+minutes on 2 cores), reuse `tiny`'s choosing runs from the lm study, and keep each run's records for
+ladder.csv. Where a user can afford it, `compare --tune optim.lr=... --seeds 10,11,12` chooses on
+--tune-seed's runs and publishes on the seeds it names, the same protocol in one command.
+
 Families: Allreduce (the reference, its rate bracketed); DiLoCo (fp32, tau 16, outer lr 1.0, Nesterov 0.9,
 the lm study's best at `tiny`); SparseLoCo (tau 8, 1/64 of each 4,096-chunk, 2-bit values, outer lr 3:
 about 580x fewer bytes); SparseLoCo at >= 1,000x (tau 16 at 1/64, tau 8 at 1/128: the same recipe, each

@@ -131,8 +131,8 @@ def train(method: str | None = None, config=None, *, run_dir: str | None = None,
 
 def compare(methods: list[str], config=None, *, out: str = "runs", quiet: bool = False, seeds: list[int] | None = None,
             tune: list[str] | None = None, tune_epochs: int | None = None, tune_trials: int | None = None,
-            tune_sampler: str = "auto", tune_seed: int = 0, tune_pruner: str = "median", budget: str | None = None,
-            **overrides) -> Comparison:
+            tune_sampler: str = "auto", tune_seed: int = 0, tune_pruner: str = "median", tune_on: int | None = None,
+            budget: str | None = None, **overrides) -> Comparison:
     """Train several methods on the same data, model and seed, one after another; the comparison table.
 
     >>> result = lowband.compare(["allreduce", "local_sgd:tau=16", "ec_dnn:ensemble=margin"], workers=4, epochs=10)
@@ -143,7 +143,8 @@ def compare(methods: list[str], config=None, *, out: str = "runs", quiet: bool =
 
     Methods are named as in `lowband compare --methods` (NAME or NAME:KEY=VALUE[:...]). `seeds`, `tune`
     (each a FIELD=SPEC of `--tune`), `tune_epochs`, `tune_trials`, `tune_sampler`, `tune_seed`,
-    `tune_pruner` and `budget` are the command's options of the same names, with its defaults.
+    `tune_pruner`, `tune_on` and `budget` are the command's options of the same names, with its defaults
+    (`tune_on=0, seeds=[10, 11, 12]`: choose on seed 0, publish on seeds that chose nothing).
     Raises ConfigError before anything runs, or RunFailed when any run failed (its `run_dir`
     is then the comparison directory).
     """
@@ -159,7 +160,10 @@ def compare(methods: list[str], config=None, *, out: str = "runs", quiet: bool =
     if isinstance(tune, str):
         raise ConfigError("tune", tune, "must be a list of FIELD=SPEC strings, e.g. ['optim.lr=0.05,0.1']")
     base = C.to_dict(build_config(config, parse_spec(methods[0])[0], overrides))
-    search = parse_tune(list(tune), tune_epochs, tune_trials, tune_sampler, tune_seed, tune_pruner) if tune else None
+    if tune_on is not None and not tune:
+        raise ConfigError("tune_on", tune_on, "is the training seed of tuning trials; give tune too")
+    search = (parse_tune(list(tune), tune_epochs, tune_trials, tune_sampler, tune_seed, tune_pruner, tune_on)
+              if tune else None)
     chosen = parse_seeds(",".join(str(s) for s in seeds)) if seeds is not None else None  # the CLI's checks
     plan, folder = plan_for(Request(methods=list(methods), base=base, out=out, seeds=chosen, tune=search,
                                     budget=budget))

@@ -155,7 +155,7 @@ def cmd_compare(args) -> int:
                                                              "tune", "tune_epochs", "tune_trials", "sets")
                   if getattr(args, name)]
         given += [flag for flag, value, default in (("--tune-sampler", args.tune_sampler, "auto"),
-                                                    ("--tune-seed", args.tune_seed, 0),
+                                                    ("--tune-seed", args.tune_seed, 0), ("--tune-on", args.tune_on, None),
                                                     ("--tune-pruner", args.tune_pruner, "median")) if value != default]
         given += ["--budget"] if args.budget is not None else []
         if given:
@@ -178,7 +178,7 @@ def compare_request(args):
 
     tuning = ("--tune-epochs", args.tune_epochs, None), ("--tune-trials", args.tune_trials, None), \
         ("--tune-sampler", args.tune_sampler, "auto"), ("--tune-seed", args.tune_seed, 0), \
-        ("--tune-pruner", args.tune_pruner, "median")
+        ("--tune-pruner", args.tune_pruner, "median"), ("--tune-on", args.tune_on, None)
     for flag, value, default in tuning:
         if value != default and not args.tune:
             raise UsageError(f"{flag} shapes --tune's search; give --tune FIELD=SPEC too")
@@ -191,7 +191,7 @@ def compare_request(args):
                    overrides=overrides(args),
                    seeds=P.parse_seeds(args.seeds) if args.seeds is not None else None,
                    tune=parse_tune(args.tune, args.tune_epochs, args.tune_trials, args.tune_sampler, args.tune_seed,
-                                   args.tune_pruner) if args.tune else None,
+                                   args.tune_pruner, args.tune_on) if args.tune else None,
                    budget=args.budget, out=args.out)
 
 

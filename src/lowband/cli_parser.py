@@ -167,6 +167,10 @@ def parser() -> argparse.ArgumentParser:
                         "best so far, until none of those is better), else Optuna's TPE; grid runs every "
                         "combination")
     c.add_argument("--tune-seed", type=int, default=0, metavar="S", help="the sampler's seed (default 0)")
+    c.add_argument("--tune-on", type=int, default=None, metavar="S",
+                   help="the training seed of every tuning trial (default: the first of --seeds). A seed outside "
+                        "--seeds keeps choosing and judging apart, e.g. --tune-on 0 --seeds 10,11,12: the published "
+                        "runs then informed no choice, and the report says so")
     c.add_argument("--tune-pruner", default="median", metavar="median|halving|none",
                    help="stop losing trials early from their per-epoch validation figure: median (default: a trial "
                         "worse than the median of the finished trials at the same epoch, from 3/4 of its epochs on; "

@@ -53,6 +53,7 @@ def test_the_api_is_loaded_on_first_use():
 @pytest.mark.parametrize("kwargs, field", [
     ({"tune": "optim.lr=0.1"}, "tune"), ({"tune": ["optim.lr=oops"]}, "--tune"), ({"seeds": [0, 0]}, "--seeds"),
     ({"tune": ["optim.lr=0.1,0.2"], "tune_pruner": "hyper"}, "--tune-pruner"), ({"budget": "moon"}, "--budget"),
+    ({"tune_on": 0}, "tune_on"), ({"tune": ["optim.lr=0.1,0.2"], "tune_on": -1}, "--tune-on"),
 ])
 def test_compare_takes_the_commands_tuning_seeds_and_budget_and_checks_them_first(tmp_path, kwargs, field):
     with pytest.raises(lowband.ConfigError, match=f"^{field}="):

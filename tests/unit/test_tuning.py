@@ -105,6 +105,8 @@ def test_the_plot_uses_the_field_that_ranks_the_finished_trials_best():
     (["--tune", "optim.lr=log:0:0.1"], "a log range needs 0 < LO"),
     (["--tune", "optim.lr=0.1,0.2", "--tune-trials", "0"], "--tune-trials=0"),
     (["--tune-trials", "3"], "--tune-trials shapes --tune's search"),
+    (["--tune-on", "3"], "--tune-on shapes --tune's search"),
+    (["--tune", "optim.lr=0.1,0.2", "--tune-on", "-1"], "--tune-on=-1"),
     (["--budget", "target:0.5"], "FACTOR must be a number in [1, 100]"),
     (["--budget", "target", "--methods", "single,local_sgd"], "needs the reference method allreduce")])
 def test_bad_tuning_and_budget_input_is_one_line_exit_2_and_no_folder(tmp_path, capsys, args, message):
@@ -264,3 +266,27 @@ def test_a_tuning_db_that_is_no_study_file_or_is_locked_is_one_line(tmp_path, ki
     said = str(e.value)
     assert "\n" not in said and ("locked by another process" in said) == (kind == "locked")
     assert ("move it away" in said) == (kind != "locked")
+
+
+def test_tune_on_trains_every_trial_on_its_seed_and_the_published_runs_on_others(tmp_path):
+    """--tune-on 0 --seeds 10,11: the trials train on seed 0, the full runs on 10 and 11, plan.json keeps it (a
+    resumed comparison re-plans the same), and the report says the published runs informed no choice."""
+    from lowband.comparison.tuning_report import seeds_said
+
+    held = P.make_plan(["allreduce"], {"train": {"workers": 2, "epochs": 3}}, {}, str(tmp_path / "held"),
+                       seeds=[10, 11], tune=parse_tune(["optim.lr=0.1,0.2"], 2, train_seed=0))
+    trial = P.trial_run(held, "allreduce", 0, {"optim.lr": 0.1})
+    assert trial.seed == 0 and trial.config.train.seed == 0
+    assert [r.seed for r in P.full_runs(held, {"allreduce": {"optim.lr": 0.1}})] == [10, 11]
+    assert P.Plan.from_json(held.to_json()).tune.train_seed == 0
+    inside = replace(held, tune=replace(held.tune, train_seed=None))  # the default: the first of --seeds
+    assert P.trial_run(inside, "allreduce", 0, {"optim.lr": 0.1}).seed == 10
+    folders = []
+    for name, p in (("held", held), ("inside", inside)):
+        folder = ComparisonDir(str(tmp_path / name))
+        folder.save_plan(p)
+        folders.append(folder)
+    said = seeds_said(folders)
+    assert "trained on seed 0; the results above are on seeds 10, 11, which informed no choice" in said[0]
+    assert "trained on seed 10, which is also one of the results' seeds (10, 11)" in said[1] and "in-sample" in said[1]
+    assert seeds_said([ComparisonDir(str(tmp_path / "none"))]) == []  # no plan, or no tuning: nothing said

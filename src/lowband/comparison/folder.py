@@ -164,6 +164,16 @@ class ComparisonDir:
             return None
         return plan.budget if plan is not None else "epochs"
 
+    def tuning_seeds(self) -> tuple[int, list[int]] | None:
+        """(the training seed of its tuning trials, the seeds of its full runs) of a comparison that tuned;
+        None for one that did not, or without a readable plan.json."""
+        from lowband.comparison.plan import tuning_seed
+
+        plan = self._saved[0]
+        if plan is None or plan.tune is None:
+            return None
+        return tuning_seed(plan, next(iter(plan.configs.values()), None)), list(plan.seeds or [])
+
     def cap(self) -> float | None:
         """A target budget's FACTOR (a method stopped at FACTOR x the reference's samples); None: another budget,
         or a plan.json that is missing or damaged (`budget()` warns of that)."""

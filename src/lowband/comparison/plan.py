@@ -6,7 +6,8 @@ raw config: defaults <- the suite's [config] <- the suite's [per_method.NAME] an
 derives its runs:
 
 - tuning trials (`--tune FIELD=SPEC`, repeatable; lowband.comparison.space): per spec, a search over the
-  fields it has, `--tune-trials` trials of `--tune-epochs` epochs at the first seed; which values each
+  fields it has, `--tune-trials` trials of `--tune-epochs` epochs at the first seed (or `--tune-on`'s: a
+  seed outside `--seeds` keeps choosing and judging apart); which values each
   trial runs is the sampler's choice at run time (lowband.comparison.tuning), so the plan checks every
   field at its extremes; per spec the finished trial with the best final validation figure is chosen;
 - full runs: every spec once per seed (`--seeds 0,1,2`), with its chosen values.
@@ -319,11 +320,12 @@ def safe(label: str) -> str:
 
 # ---- tuning trials and full runs -------------------------------------------------------------
 def trial_run(plan: Plan, label: str, number: int, values: dict, directory: str | None = None) -> Run:
-    """Trial `number` of `label`'s search at `values`: the first seed, `tune.epochs` epochs (the budget's
-    share), in tune/LABEL/trial-NNN (or `directory`: a retried trial continues its predecessor's)."""
+    """Trial `number` of `label`'s search at `values`: the tuning seed (`tuning_seed`), `tune.epochs` epochs
+    (the budget's share), in tune/LABEL/trial-NNN (or `directory`: a retried trial continues its
+    predecessor's)."""
     assert plan.tune is not None
     raw = plan.configs[label]
-    seed = plan.seeds[0] if plan.seeds else raw.get("train", {}).get("seed", 0)
+    seed = tuning_seed(plan, raw)
     cfg = set_field(raw, "train.seed", seed)
     for field, value in values.items():
         cfg = set_field(cfg, field, value)
@@ -331,6 +333,15 @@ def trial_run(plan: Plan, label: str, number: int, values: dict, directory: str 
     cfg = set_field(cfg, "train.epochs", plan.epochs(label, epochs))
     where = directory or os.path.join(TUNE_DIR, safe(label), f"trial-{number:03d}")
     return Run(f"tune/{label}/{number}", label, "tune", seed, where, typed(cfg), dict(values))
+
+
+def tuning_seed(plan: Plan, raw: Mapping | None = None) -> int:
+    """The training seed of every tuning trial: --tune-on's, else the comparison's first seed (else the
+    config's train.seed)."""
+    assert plan.tune is not None
+    if plan.tune.train_seed is not None:
+        return plan.tune.train_seed
+    return plan.seeds[0] if plan.seeds else (raw or {}).get("train", {}).get("seed", 0)
 
 
 def extreme_configs(plan: Plan) -> list[C.Config]:

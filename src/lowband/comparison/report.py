@@ -61,7 +61,7 @@ def build(folders: list, out: str | None = None, target: float | None = None,
     md += table.markdown(rows) + [""]
     names = prefixes(folders, labels)
     tuning = tuning_report.section(tuning_report.load_tuning(folders, names), out, coverage.spaces(folders, names))
-    md += ["## Tuning", "", *tuning, ""] if tuning else []
+    md += ["## Tuning", "", *tuning_report.seeds_said(folders), "", *tuning, ""] if tuning else []
     md += ["## Plots", "", *plot_sections(runs, rows, groups, target, out)]
     folder = ComparisonDir.of(out)
     write_text_atomic(folder.report_path("md"), "\n".join(md) + "\n")

@@ -74,7 +74,8 @@ class Param:
 @dataclass(frozen=True)
 class Tune:
     """A search: its parameters, each trial's `epochs` (None: the full count), `trials` per method (None:
-    the grid's size, or DEFAULT_TRIALS), the `sampler` and its `seed`, the `pruner`."""
+    the grid's size, or DEFAULT_TRIALS), the `sampler` and its `seed`, the `pruner`, and `train_seed`, the
+    training seed of every trial (None: the comparison's first seed)."""
 
     params: tuple[Param, ...]
     epochs: int | None = None
@@ -82,6 +83,7 @@ class Tune:
     sampler: str = "auto"
     seed: int = 0
     pruner: str = "median"
+    train_seed: int | None = None
 
     @property
     def fields(self) -> list[str]:
@@ -132,7 +134,7 @@ def show(value) -> str:
 
 
 def parse_tune(texts: list[str] | str, epochs: int | None = None, trials: int | None = None,
-               sampler: str = "auto", seed: int = 0, pruner: str = "median") -> Tune:
+               sampler: str = "auto", seed: int = 0, pruner: str = "median", train_seed: int | None = None) -> Tune:
     """Each `--tune FIELD=SPEC` -> a Tune (a field at most once); the options checked."""
     texts = [texts] if isinstance(texts, str) else list(texts)
     params = tuple(parse_param(text) for text in texts)
@@ -148,7 +150,9 @@ def parse_tune(texts: list[str] | str, epochs: int | None = None, trials: int | 
             "(V1,V2,... or log:LO:HI:N)")
     require(pruner in PRUNERS, "--tune-pruner", pruner, "one of " + ", ".join(PRUNERS))
     require(0 <= seed < 2**32, "--tune-seed", seed, "must be in [0, 2**32) (the samplers' seed)")
-    return Tune(params, epochs, trials, sampler, seed, pruner)
+    require(train_seed is None or 0 <= train_seed < 2**32, "--tune-on", train_seed,
+            "must be in [0, 2**32) (the training seed of every trial)")
+    return Tune(params, epochs, trials, sampler, seed, pruner, train_seed)
 
 
 def parse_param(text: str) -> Param:

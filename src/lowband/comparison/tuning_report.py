@@ -63,6 +63,28 @@ def section(rows: list[TuningRow], out: str, spaces: dict[str, tuple[list[Param]
     return lines
 
 
+def seeds_said(folders: list[ComparisonDir]) -> list[str]:
+    """Per comparison that tuned, whether its published runs informed the choice: held out when the trials'
+    training seed is not among its seeds, in-sample for that seed when it is."""
+    lines = []
+    for folder in folders:
+        seeds = folder.tuning_seeds()
+        if seeds is None:
+            continue
+        trial, published = seeds
+        shown = ", ".join(map(str, published)) or str(trial)
+        on = f"seed{'s' * (len(published) > 1)} {shown}"
+        where = f" ({folder.path})" if len(folders) > 1 else ""
+        if published and trial not in published:
+            lines.append(f"Every trial trained on seed {trial}; the results above are on {on}, which "
+                         f"informed no choice: they are held out{where}.")
+        else:
+            lines.append(f"Every trial trained on seed {trial}, which is also one of the results' seeds ({shown}): on "
+                         f"it the chosen values are judged on the runs that chose them (in-sample){where}. "
+                         f"`--tune-on S` with a seed outside `--seeds` keeps choosing and judging apart.")
+    return lines
+
+
 def shown_values(row: TuningRow) -> str:
     """A trial's values, 4 significant digits, '/' between fields in the order of `field`: '0.003/16'."""
     return "/".join(_number(v) for v in row.value.split())
