@@ -242,12 +242,14 @@ def stage_jobs(size: str, stage: str, out: str, families: tuple[str, ...] | None
     return [Job(size, p.spec, p.lr, s) for s in seeds for p in picks if p is not None]  # paired seed by seed
 
 
-#: the order of the work at each size: the reference and the saver users are told of, chosen then judged;
-#: then the push past 1,000x; DiLoCo last (at `small` the push ran before the saver's held-out seeds: the
-#: issue's goal turns on it)
-PHASES: list[tuple[str, tuple[str, ...]]] = [
+#: the order of the work: at every size in turn, the reference and the saver users are told of, chosen then
+#: judged; then, at every size in turn, the push past 1,000x and DiLoCo; the in-sample seeds last (at `small`
+#: the push ran before the saver's held-out seeds: the issue's goal turns on it)
+CORE: list[tuple[str, tuple[str, ...]]] = [
     ("choose", ("allreduce", "sparseloco")),
     ("held_out", ("allreduce", "sparseloco")),
+]
+MORE: list[tuple[str, tuple[str, ...]]] = [
     ("choose", ("sparseloco-1000x",)),
     ("held_out", ("sparseloco-1000x",)),
     ("choose", ("diloco",)),
@@ -256,8 +258,10 @@ PHASES: list[tuple[str, tuple[str, ...]]] = [
 
 
 def order(sizes: list[str]) -> list[tuple[str, str, tuple[str, ...] | None]]:
-    """(size, stage, families) in the order --run takes them: each size's phases, then the in-sample seeds."""
-    return ([(size, stage, fams) for size in sizes for stage, fams in PHASES]
+    """(size, stage, families) in the order --run takes them: every size's core phases, then every size's
+    other phases, then the in-sample seeds."""
+    return ([(size, stage, fams) for size in sizes for stage, fams in CORE]
+            + [(size, stage, fams) for size in sizes for stage, fams in MORE]
             + [(size, "in_sample", None) for size in sizes])
 
 
