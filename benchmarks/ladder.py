@@ -383,7 +383,7 @@ def family_of(job: Job) -> str:
 
 
 def write_csv(sizes: list[str], out: str) -> int:
-    """ladder.csv: one row per run started (finished or failed), its committed records' path beside it."""
+    """ladder.csv: one row per run that ended (finished or failed), its committed records' path beside it."""
     rows = []
     for job in every_job(sizes, out):
         recs, path = records(job, out)
@@ -392,6 +392,8 @@ def write_csv(sizes: list[str], out: str) -> int:
             continue
         last = recs[-1] if recs else {}
         finished = bool(recs) and last["epoch"] >= EPOCHS
+        if not finished and why is None and not os.path.exists(kept_path(job)):
+            continue  # still training (its records are kept, and listed, once it ends)
         rows.append({"size": job.size, "params": PARAMS[job.size], "method": family_of(job), "spec": job.spec,
                      "lr": f"{job.lr:g}", "seed": job.seed, "epochs": last.get("epoch", 0),
                      "val_bpb": f"{last['val_bpb']:.6f}" if finished else (why or "unfinished"),
@@ -515,13 +517,13 @@ def size_report(size: str, out: str) -> list[Verdict]:
 
 
 def epoch_gaps(size: str, v: Verdict, out: str, key: str) -> dict[int, list[float]]:
-    """Per held-out seed both runs reached, the family's gap to Allreduce of the same seed after each epoch,
-    in % of `key` (val_bpb or train_loss), as far as both ran."""
+    """Per held-out seed both runs finished, the family's gap to Allreduce of the same seed after each epoch,
+    in % of `key` (val_bpb or train_loss)."""
     gaps = {}
     for s in HELD_OUT:
-        run = records(Job(size, v.job.spec, v.job.lr, s), out)[0]
-        refs = records(Job(size, *_ref_setting(size, out), s), out)[0]
-        if run and refs:
+        mine, ref = Job(size, v.job.spec, v.job.lr, s), Job(size, *_ref_setting(size, out), s)
+        run, refs = records(mine, out)[0], records(ref, out)[0]
+        if final(mine, out) and final(ref, out) and run and refs:
             gaps[s] = [100 * (r[key] / q[key] - 1) for r, q in zip(run, refs, strict=False)]
     return gaps
 
