@@ -7,10 +7,12 @@
 #   downloads cp312 wheels of what the device's python (torch 2.11+cu130) lacks into .whl/.
 # There (the `run` tool, carry [".whl"]):
 #     bash benchmarks/device_ladder.sh run medium 520
-#   installs .whl/ into /tmp/site, runs `ladder.py --run --sizes medium --device cuda --parallel 4` until
+#   installs .whl/ into /tmp/site, runs `ladder.py --run --sizes medium --device cuda --parallel 6` until
 #   the ladder is done or 520 s have passed (then SIGINT: every run stops its workers), and copies the
 #   finished runs' records, the report and the figure to $OUT. A warm machine keeps runs/ between calls,
-#   so a second call goes on with unfinished runs from their checkpoints.
+#   so a second call goes on with unfinished runs from their checkpoints. Sizing: six `tiny` runs side by side
+#   took ~3.5 min on an H200 and four `small` ~2.5, so a call of 520 s fits about three waves of six runs:
+#   medium's choosing runs (with DiLoCo's beside them), a bracket, then its six held-out runs.
 # Back here: copy $OUT's ladder/SIZE/*.jsonl into benchmarks/results/ladder/SIZE/, run
 #   `python benchmarks/ladder.py --report --sizes small,tiny,nano,medium` and commit the records; the
 #   queue of a later lease starts from them.
@@ -48,7 +50,7 @@ run() {
     local sizes=$1 seconds=$2 out=${OUT:?OUT: the folder whose files come back}
     [[ $seconds =~ ^[0-9]+$ ]] && (( seconds >= 30 && seconds <= 580 )) || usage
     install
-    local py=${LADDER_PYTHON:-python3} device=${LADDER_DEVICE:-cuda} parallel=${LADDER_PARALLEL:-4}
+    local py=${LADDER_PYTHON:-python3} device=${LADDER_DEVICE:-cuda} parallel=${LADDER_PARALLEL:-6}
     local runs=${LADDER_RUNS:-runs/ladder}  # the run directories (a warm machine keeps them between calls)
     [ "$device" = cuda ] && nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
     setsid "$py" benchmarks/ladder.py --run --sizes "$sizes" --device "$device" --parallel "$parallel" \
