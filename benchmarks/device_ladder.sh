@@ -8,7 +8,7 @@
 # There (the `run` tool, carry [".whl"]):
 #     bash benchmarks/device_ladder.sh run medium 520
 #   installs .whl/ into /tmp/site, runs `ladder.py --run --sizes medium --device cuda --parallel 6` until
-#   the ladder is done or 520 s have passed (then SIGINT: every run stops its workers), and copies the
+#   the ladder is done or 520 s have passed (then SIGTERM: every run stops its workers), and copies the
 #   finished runs' records, the report and the figure to $OUT. A warm machine keeps runs/ between calls,
 #   so a second call goes on with unfinished runs from their checkpoints. Sizing: six `tiny` runs side by side
 #   took ~3.5 min on an H200 and four `small` ~2.5, so a call of 520 s fits about three waves of six runs:
@@ -59,7 +59,7 @@ run() {
     while kill -0 "$pid" 2>/dev/null && (( SECONDS < deadline )); do sleep 5; done
     if kill -0 "$pid" 2>/dev/null; then
         echo "deadline ($seconds s): stopping the ladder's runs" | tee -a "$out/ladder.log"
-        kill -INT -- "-$pid" 2>/dev/null || true
+        kill -TERM -- "-$pid" 2>/dev/null || true  # SIGTERM: a background job of a script ignores SIGINT
         for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
         kill -KILL -- "-$pid" 2>/dev/null || true
     fi
