@@ -59,7 +59,7 @@ run() {
     while kill -0 "$pid" 2>/dev/null && (( SECONDS < deadline )); do sleep 5; done
     if kill -0 "$pid" 2>/dev/null; then
         echo "deadline ($seconds s): stopping the ladder's runs" | tee -a "$out/ladder.log"
-        kill -TERM -- "-$pid" 2>/dev/null || true  # SIGTERM: a background job of a script ignores SIGINT
+        kill -TERM "$pid" 2>/dev/null || true  # the ladder passes SIGTERM on to its runs (a background job ignores SIGINT)
         for _ in $(seq 30); do kill -0 "$pid" 2>/dev/null || break; sleep 1; done
         kill -KILL -- "-$pid" 2>/dev/null || true
     fi

@@ -45,7 +45,9 @@ those runs chose its settings, so only its held-out and missing runs are new.
 Every finished run's per-epoch records are copied to benchmarks/results/ladder/SIZE/ (committed; a
 diverged or failed run's partial records too, with a .failed file saying why), so the report and the
 queue resume from there without the run directories; `benchmarks/results/ladder.csv` lists every run
-the ladder uses, one row each.
+the ladder uses, one row each. Each kept record names where it trained ("device": "cpu" or the GPU's name;
+records without it trained on the 2-core CPU): a pair can mix the two when a GPU lease ended mid-pair
+(the same seed, data and steps; the float rounding differs), and the report says so beside the pair.
 
 Run:      python benchmarks/ladder.py --run [--sizes small,tiny,nano] [--out runs/ladder]
 Report:   python benchmarks/ladder.py --report [--figure benchmarks/figures/ladder.png]
@@ -54,8 +56,11 @@ Plan:     python benchmarks/ladder.py --plan   (the runs still to do, in the ord
 GPU:      python benchmarks/ladder.py --run --sizes medium,large --device cuda --parallel 4
           (4 runs at once, each 4 workers sharing the GPU through gloo); benchmarks/device_ladder.sh runs
           it in the calls of a lent GPU machine and brings the records back
-Time on the 2-core CPU machine, one run alone: nano ~3 min, tiny ~5, small ~15 (Allreduce).
-Safe to stop and start again: an unfinished run resumes from its checkpoint. To train every run with
+          --families diloco,...: only those families' runs (a rung finished out of the usual order)
+Time on the 2-core CPU machine, one run alone: nano ~2 min, tiny ~6.5, small 20-40. On an H200, six runs
+side by side: small ~2.5-3.5 min, medium ~5.5.
+Safe to stop and start again: SIGTERM reaches every run (each keeps its last checkpoint and resumes from
+it on the next --run); no run starts after it. To train every run with
 one version of lowband while the tree changes, run it with PYTHONPATH=<a worktree of that commit>/src
 (and LOWBAND_COMMIT=<its hash>, which the report prints).
 """
@@ -68,9 +73,11 @@ import json
 import math
 import os
 import shutil
+import signal
 import statistics
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass
 
@@ -93,6 +100,9 @@ BASE = ["--dataset", "text", "--model", "gpt", "--set", "data.max_bytes=0", "--s
         "--batch-size", "16", "--set", "optim.name='adamw'", "--set", "optim.weight_decay=0.1",
         "--set", "optim.warmup_epochs=0.25", "--set", "optim.lr_scaling='none'"]
 DEVICE: list[str] = []  # --set options that put the runs on a device (--device)
+STOPPING = threading.Event()  # set by SIGTERM: start no more runs
+LIVE: set[subprocess.Popen] = set()  # the runs training now
+ONLY: set[str] = set()  # --families: the queue takes only these families' runs (empty: all)
 
 S8 = "sparseloco:density=0.015625:codec=lut2:tau=8:outer_lr=3.0"  # ~580x fewer bytes than Allreduce
 # >= 1,000x: half the rounds, or half the coordinates (1-bit values alone save 1 bit of a kept value's ~14:
@@ -282,10 +292,15 @@ MORE: list[tuple[str, tuple[str, ...]]] = [
 
 def order(sizes: list[str]) -> list[tuple[str, str, tuple[str, ...] | None]]:
     """(size, stage, families) in the order --run takes them: every size's core phases, then every size's
-    other phases, then the in-sample seeds."""
-    return ([(size, stage, fams) for size in sizes for stage, fams in CORE]
-            + [(size, stage, fams) for size in sizes for stage, fams in MORE]
-            + [(size, "in_sample", None) for size in sizes])
+    other phases, then the in-sample seeds; of the families in ONLY when --families named some."""
+    stages: list[tuple[str, str, tuple[str, ...] | None]] = (
+        [(size, stage, fams) for size in sizes for stage, fams in CORE]
+        + [(size, stage, fams) for size in sizes for stage, fams in MORE]
+        + [(size, "in_sample", None) for size in sizes])
+    if not ONLY:
+        return stages
+    return [(size, stage, tuple(f.name for f in FAMILIES if f.name in ONLY and (fams is None or f.name in fams)))
+            for size, stage, fams in stages]
 
 
 def next_job(sizes: list[str], out: str) -> Job | None:
@@ -319,9 +334,22 @@ def train(job: Job, out: str) -> None:
     t0 = time.time()
     print(f"[{time.strftime('%H:%M:%S')}] {job.size} {job.spec} lr={job.lr:g} seed {job.seed}: "
           f"lowband train {' '.join(args)}", flush=True)
-    code = subprocess.run([sys.executable, "-m", "lowband", "train", "-q", *args], check=False).returncode
+    with subprocess.Popen([sys.executable, "-m", "lowband", "train", "-q", *args]) as proc:
+        LIVE.add(proc)
+        try:
+            code = proc.wait()
+        finally:
+            LIVE.discard(proc)
     print(f"  exit {code} after {time.time() - t0:.0f} s", flush=True)
     keep(job, out, code, run_dir)
+
+
+def stop_runs(signum: int, frame: object) -> None:
+    """SIGTERM: pass it on to every run (each stops its workers and keeps its last checkpoint, so a later
+    call resumes it) and start no more. Without this the runs would go on, orphaned, after the queue ends."""
+    STOPPING.set()
+    for proc in list(LIVE):
+        proc.send_signal(signal.SIGTERM)
 
 
 def keep(job: Job, out: str, code: int, run_dir: str) -> None:
@@ -329,10 +357,11 @@ def keep(job: Job, out: str, code: int, run_dir: str) -> None:
     last epoch for a reason that will not go away (divergence: exit 4) is marked failed."""
     recs = read_records(os.path.join(run_dir, "metrics.jsonl"))
     os.makedirs(os.path.join(RESULTS, job.size), exist_ok=True)
+    device = trained_on(run_dir) if recs else "cpu"
     if recs:
         with open(kept_path(job), "w") as f:
             for r in recs:
-                f.write(json.dumps({k: v for k, v in r.items() if k != "bytes"}) + "\n")
+                f.write(json.dumps({**{k: v for k, v in r.items() if k != "bytes"}, "device": device}) + "\n")
     if code == 4 or (code == 0 and (not recs or recs[-1]["epoch"] < EPOCHS)):
         why = divergence(run_dir) or f"exit {code}"
         with open(kept_path(job)[:-len(".jsonl")] + ".failed", "w") as f:
@@ -348,6 +377,20 @@ def keep_finished(sizes: list[str], out: str) -> None:
             keep(job, out, 0, run_dir)
 
 
+def trained_on(run_dir: str) -> str:
+    """Where a run trained: "cpu" or the GPU's name. Its train.device, with "auto" resolved as the run
+    resolved it (a run directory lives on the machine that trained it). Records kept without this key
+    were trained on the 2-core CPU."""
+    import tomllib
+    import torch
+
+    with open(os.path.join(run_dir, "config.toml"), "rb") as f:
+        device = tomllib.load(f).get("train", {}).get("device", "auto")
+    if device == "cpu" or not torch.cuda.is_available():
+        return "cpu"
+    return torch.cuda.get_device_name()
+
+
 def divergence(run_dir: str) -> str | None:
     """The first line of a diverged rank's note (diverged.rankN.txt), if any."""
     for name in sorted(os.listdir(run_dir)):
@@ -358,10 +401,18 @@ def divergence(run_dir: str) -> str | None:
 
 
 def run_all(sizes: list[str], out: str, parallel: int) -> None:
-    """Take the next job until none is left; `parallel` at a time (each its own group of workers)."""
+    """Take the next job until none is left or SIGTERM came; `parallel` at a time (each its own group of
+    workers)."""
     keep_finished(sizes, out)
+    run_queue(sizes, out, parallel)
+    if STOPPING.is_set():
+        print("stopped by SIGTERM: a run that was training resumes from its last checkpoint next time", flush=True)
+
+
+def run_queue(sizes: list[str], out: str, parallel: int) -> None:
+    """The queue of run_all."""
     if parallel <= 1:
-        while (job := next_job(sizes, out)) is not None:
+        while not STOPPING.is_set() and (job := next_job(sizes, out)) is not None:
             train(job, out)
         return
     from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
@@ -372,7 +423,7 @@ def run_all(sizes: list[str], out: str, parallel: int) -> None:
             busy = set(running.values())
             jobs = list(dict.fromkeys(j for size, stage, fams in order(sizes) for j in stage_jobs(size, stage, out, fams)
                                       if not done(j, out) and j not in busy))  # a run two families share, once
-            for job in jobs[:parallel - len(running)]:
+            for job in [] if STOPPING.is_set() else jobs[:parallel - len(running)]:
                 running[pool.submit(train, job, out)] = job
             if not running:
                 return
@@ -424,7 +475,8 @@ def write_csv(sizes: list[str], out: str) -> int:
                      "lr": f"{job.lr:g}", "seed": job.seed, "epochs": last.get("epoch", 0),
                      "val_bpb": f"{last['val_bpb']:.6f}" if finished else (why or "unfinished"),
                      "bytes_sent_per_worker": f"{last.get('bytes_sent_per_worker', 0):.0f}",
-                     "records": os.path.relpath(committed(job, path), os.path.dirname(HERE))})
+                     "records": os.path.relpath(committed(job, path), os.path.dirname(HERE)),
+                     "device": last.get("device", "cpu")})
     with open(CSV, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["size"])
         writer.writeheader()
@@ -509,6 +561,7 @@ def size_report(size: str, out: str) -> list[Verdict]:
     held-out per-epoch gaps of the savers (what stops them)."""
     found = verdicts(size, out)
     print(f"\n### GPT {size} ({PARAMS[size]:,} parameters)\n")
+    print(f"Trained on: {trained_where(size, out)}\n")
     print(f"Choosing runs (seed {CHOOSE_SEED}), final validation bits per byte:\n")
     for family in FAMILIES:
         jobs = tried(family, size, out)
@@ -542,9 +595,25 @@ def size_report(size: str, out: str) -> list[Verdict]:
             continue
         for s, gaps in epoch_gaps(size, v, out, "val_bpb").items():
             fit = epoch_gaps(size, v, out, "train_loss")[s]
-            print(f"- {v.family} seed {s}: val {' '.join(f'{g:+.1f}%' for g in gaps)}; "
+            print(f"- {v.family} seed {s}{where(v, s)}: val {' '.join(f'{g:+.1f}%' for g in gaps)}; "
                   f"train loss {' '.join(f'{g:+.1f}%' for g in fit)}")
     return found
+
+
+def trained_where(size: str, out: str) -> str:
+    """How many of a size's finished runs trained on each device ("cpu": the 2-core CPU)."""
+    counts: dict[str, int] = {}
+    for job in every_job([size], out):
+        if final(job, out):
+            device = records(job, out)[0][-1].get("device", "cpu")
+            counts[device] = counts.get(device, 0) + 1
+    return ", ".join(f"{d} ({n} runs)" for d, n in sorted(counts.items())) or "nothing yet"
+
+
+def where(v: Verdict, seed: int) -> str:
+    """A pair trained on two devices says so (the same seed, data and steps; float rounding differs)."""
+    mine, ref = (r.get("device", "cpu") for r in (v.held[seed], v.ref_held[seed]))
+    return "" if mine == ref else f" ({mine}; Allreduce's on {ref})"
 
 
 def epoch_gaps(size: str, v: Verdict, out: str, key: str) -> dict[int, list[float]]:
@@ -754,15 +823,23 @@ def main() -> None:
     p.add_argument("--figure", default=os.path.join(HERE, "figures", "ladder.png"))
     p.add_argument("--device", default="", help="cuda: every run on the GPU (train.device)")
     p.add_argument("--parallel", type=int, default=1, help="runs at once (1 on a 2-core CPU)")
+    p.add_argument("--families", default="", help="comma-separated families whose runs --run and --plan take "
+                   f"(default: all of {', '.join(f.name for f in FAMILIES)}); a family's held-out runs need "
+                   "Allreduce's choice made")
     args = p.parse_args()
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     bad = [s for s in sizes if s not in SIZES]
     if bad or not sizes:
         p.error(f"--sizes {args.sizes!r}: each must be one of {', '.join(SIZES)}")
+    ONLY.update(f.strip() for f in args.families.split(",") if f.strip())
+    if unknown := sorted(ONLY - {f.name for f in FAMILIES}):
+        p.error(f"--families {args.families!r}: {', '.join(unknown)} is not one of "
+                f"{', '.join(f.name for f in FAMILIES)}")
     if not 1 <= args.parallel <= 16:
         p.error(f"--parallel {args.parallel}: must be in 1..16")
     if args.device:
         DEVICE.extend(["--set", f"train.device='{args.device}'"])
+    signal.signal(signal.SIGTERM, stop_runs)
     PARAMS.update({s: params_of(s) for s in sizes})
     if args.plan:
         plan(sizes, args.out)

@@ -67,3 +67,57 @@ def test_the_queue_chooses_on_seed_0_brackets_and_judges_a_retry_on_its_own_seed
     assert verdicts["sparseloco-1000x-own"].seeds == (13, 14, 15) and len(verdicts["sparseloco-1000x-own"].paired()) == 3
     assert lad.write_csv(["small"], str(tmp_path / "runs")) == len(ran)  # each run one row, shared ones once
     assert lad.family_of(lad.Job("small", own.spec, own.lr, 13)) == "sparseloco-1000x-own"
+
+
+def test_sigterm_stops_every_run_it_started_and_starts_no_more(lad, tmp_path, monkeypatch):
+    """The queue passes SIGTERM on to its runs (each stops its workers and keeps a checkpoint); without
+    it a run goes on, orphaned, after the queue has ended. Then no further run starts."""
+    import signal
+    import subprocess
+    import threading
+
+    monkeypatch.setattr(lad, "STOPPING", threading.Event())
+    run = subprocess.Popen([sys.executable, "-c", "import signal, sys, time\n"
+                            "signal.signal(signal.SIGTERM, lambda *a: sys.exit(7))\nprint('ready', flush=True)\n"
+                            "time.sleep(60)"], stdout=subprocess.PIPE, text=True)
+    lad.LIVE.add(run)
+    try:
+        assert run.stdout is not None and run.stdout.readline() == "ready\n"  # its handler is in place
+        lad.stop_runs(signal.SIGTERM, None)
+        assert run.wait(timeout=20) == 7  # the run saw SIGTERM (its own handler's exit code)
+    finally:
+        lad.LIVE.discard(run)
+        run.kill()
+    started = []
+    monkeypatch.setattr(lad, "train", lambda job, out: started.append(job))
+    for parallel in (1, 3):
+        lad.run_queue(["small"], str(tmp_path / "runs"), parallel)
+    assert started == []
+    assert lad.next_job(["small"], str(tmp_path / "runs")) is not None  # there was work left to refuse
+
+
+def test_kept_records_say_where_they_trained(lad, tmp_path):
+    """A kept record names its device ("cpu" or the GPU), and ladder.csv lists it: a pair may mix the two."""
+    job = lad.next_job(["small"], str(tmp_path / "runs"))
+    run_dir = tmp_path / "runs" / job.size / job.name
+    run_dir.mkdir(parents=True)
+    (run_dir / "config.toml").write_text('[train]\ndevice = "cpu"\n')
+    with open(run_dir / "metrics.jsonl", "w") as f:
+        for e in range(1, lad.EPOCHS + 1):
+            f.write(json.dumps({"epoch": e, "val_bpb": 1.8, "bytes_sent_per_worker": 1e9, "bytes": {}}) + "\n")
+    lad.keep(job, str(tmp_path / "runs"), 0, str(run_dir))
+    with open(lad.kept_path(job)) as f:
+        kept = [json.loads(line) for line in f]
+    assert [r["device"] for r in kept] == ["cpu"] * lad.EPOCHS and all("bytes" not in r for r in kept)
+    lad.write_csv(["small"], str(tmp_path / "runs"))
+    with open(lad.CSV) as f:
+        header, row = f.read().splitlines()[:2]
+    assert header.split(",")[-1] == "device" and row.split(",")[-1] == "cpu"
+
+
+def test_families_limits_the_queue_to_those_named(lad, tmp_path, monkeypatch):
+    """--families diloco: the queue chooses, judges and runs the in-sample seeds of DiLoCo alone."""
+    monkeypatch.setattr(lad, "ONLY", {"diloco"})
+    ran = run_queue(lad, str(tmp_path / "runs"), lambda job: 1.7 + abs(job.lr - 0.008))
+    assert ran and {j.spec for j in ran} == {lad.DILOCO}
+    assert {j.seed for j in ran} == {0, *lad.HELD_OUT, *lad.IN_SAMPLE}
