@@ -9,11 +9,15 @@
 #     bash benchmarks/device_ladder.sh run medium 520
 #   installs .whl/ into /tmp/site, runs `ladder.py --run --sizes medium --device cuda --parallel 6` until
 #   the ladder is done or 520 s have passed (then SIGTERM: every run stops its workers), and copies the
-#   finished runs' records, the report and the figure to $OUT. A warm machine keeps runs/ between calls,
-#   so a second call goes on with unfinished runs from their checkpoints. Sizing: six `tiny` runs side by side
-#   took ~3.5 min on an H200 and four `small` ~2.5, so a call of 520 s fits about three waves of six runs:
-#   medium's choosing runs (with DiLoCo's beside them), a bracket, then its six held-out runs.
-# Back here: copy $OUT's ladder/SIZE/*.jsonl into benchmarks/results/ladder/SIZE/, run
+#   finished runs' records (ladder.tgz: the sizes' record folders, ladder.csv, ladder.json), the report and
+#   the figure to $OUT. A warm machine keeps runs/ between calls,
+#   so a second call goes on with unfinished runs from their checkpoints. Sizing, measured on an H200 (six
+#   runs side by side, 24 workers on 16 cores): a `small` run 2.3-3.3 min, a `medium` run 5.6-5.8 min. Two
+#   calls (490 s, then 200 s on the warm machine) finished 12 runs: medium's first four choosing runs and,
+#   at `small`, the retry's three choosing runs, DiLoCo's two and three held-out runs; a 15-minute lease
+#   fits no more than that, so give the runs to the first call and keep the second short.
+# Back here: `tar xzf FILES_AT/ladder.tgz` in the repository root (it holds the committed records too, each
+#   record naming the device it trained on), run
 #   `python benchmarks/ladder.py --report --sizes small,tiny,nano,medium` and commit the records; the
 #   queue of a later lease starts from them.
 #
@@ -64,11 +68,12 @@ run() {
         kill -KILL -- "-$pid" 2>/dev/null || true
     fi
     "$py" benchmarks/ladder.py --report --sizes "$sizes" --out "$runs" --figure "$out/ladder.png" > "$out/report.md" 2>&1 || true
+    # one archive: the machine brings back a limited number of files, and a size has dozens of records
+    local kept=()
     for size in ${sizes//,/ }; do
-        if [ -d "benchmarks/results/ladder/$size" ]; then
-            mkdir -p "$out/ladder/$size" && cp benchmarks/results/ladder/"$size"/* "$out/ladder/$size/"
-        fi
+        [ -d "benchmarks/results/ladder/$size" ] && kept+=("benchmarks/results/ladder/$size")
     done
+    tar czf "$out/ladder.tgz" "${kept[@]}" benchmarks/results/ladder.csv src/lowband/comparison/ladder.json
     tail -n 30 "$out/report.md"
 }
 
