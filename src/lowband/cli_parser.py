@@ -124,7 +124,7 @@ def parser() -> argparse.ArgumentParser:
                    help="set train.target_accuracy to that run's final test accuracy (e.g. an allreduce run); for a "
                         "language model, train.target_bpb to its final test bits per byte")
     t.add_argument("--elastic", action="store_true", default=None,
-                   help="local_sgd or diloco with workers that may leave and join (`lowband join RUN_DIR`) while "
+                   help="local_sgd, diloco or sparseloco with workers that may leave and join (`lowband join RUN_DIR`) while "
                         "the job trains; same as --set elastic.on=true")
     t.add_argument("--min-workers", type=int, dest="elastic.min_workers", metavar="N",
                    help="elastic: the fewest workers an outer step runs with (default 1)")

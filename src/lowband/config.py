@@ -237,7 +237,7 @@ class MethodConfig:
 
 @dataclass(kw_only=True)
 class ElasticConfig:
-    on: bool = opt(False, "elastic membership (local_sgd, diloco): workers may leave and join (`lowband join RUN`) "
+    on: bool = opt(False, "elastic membership (local_sgd, diloco, sparseloco): workers may leave and join (`lowband join RUN`) "
                           "while the job trains; they meet in a quorum at every outer step")
     min_workers: int = opt(1, "the fewest workers a round runs with; below it the job waits and says so")
     max_workers: int = opt(0, "the most workers a round takes (0: no limit); more wait for a free place")

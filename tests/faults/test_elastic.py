@@ -1,6 +1,6 @@
 """Elastic jobs on real processes (training/elastic/worker.py): workers die, stall, join; the coordinator restarts.
 
-Every job here trains local SGD or DiLoCo on a small MNIST-1D; faults are injected by round with
+Every job here trains local SGD, DiLoCo or SparseLoCo on a small MNIST-1D; faults are injected by round with
 LOWBAND_ELASTIC_FAULT, so they land at the same place on a fast or a slow machine. What each test
 checks is what a user relies on: the job finishes, the survivors hold one θ_global (their final
 fingerprints agree, and no member that stayed in the quorum ever had to receive it again), no sample
@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import contextlib
 import json
+import math
 import os
 import re
 import subprocess
@@ -197,6 +198,31 @@ def test_a_stalled_worker_rejoins_without_corrupting_the_average(tmp_path):
     assert back, "worker 1 never came back"
     assert 1 in back[0]["receivers"] and 1 not in back[0]["contributors"]
     assert_one_model(run, {0, 1, 2})
+
+
+@pytest.mark.slow
+def test_sparseloco_runs_elastic_through_a_stall_and_a_kill_mid_exchange(tmp_path):
+    """SparseLoCo's error buffers are each worker's own. Worker 1 stops (SIGSTOP) past dead_after_s and
+    wakes as a receiver (its buffer starts over); worker 2 dies in round 6's exchange of sparse messages,
+    which is undone (the survivors' buffers with it) and met again without it. At the end the flush
+    averages the buffers of the last round's contributors: one θ_global, no sample trained twice."""
+    run = tmp_path / "job"
+    out = lowband("train", "--elastic", "--method", "sparseloco", "--workers", "3", "--epochs", "30", *SMALL,
+                  "--set", "method.chunk=256", "--set", "method.outer_lr=3.0", "--set", "method.flush='fp32'",
+                  *FAST_FAILURE, "--run-dir", str(run), env={"LOWBAND_ELASTIC_FAULT": "1:3:inner:stop:4,2:6:exchange:kill"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    recs = rounds(run)
+    gone = [r for r in recs if 1 not in r["members"]]
+    back = [r for r in recs if gone and r["round"] > gone[0]["round"] and 1 in r["members"]]
+    assert gone and back, "worker 1 never left the quorum, or never came back"
+    assert 1 in back[0]["receivers"] and 1 not in back[0]["contributors"]
+    assert any(r["round"] == 6 and r["attempt"] >= 1 and 2 not in r["members"] for r in recs)
+    assert all(2 not in r["members"] for r in recs if r["round"] > 6)
+    assert_one_model(run, {0, 1})
+    assert_each_sample_at_most_once(run)
+    with open(run / "metrics.jsonl") as f:
+        losses = [json.loads(line)["val_loss"] for line in f]
+    assert len(losses) == 30 and all(math.isfinite(v) for v in losses) and losses[-1] < losses[0], losses
 
 
 @pytest.mark.slow

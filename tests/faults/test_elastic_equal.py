@@ -90,6 +90,11 @@ CASES = [
     ("diloco", ["--set", "method.outer_lr=0.7", "--set", "method.outer_momentum=0.9", "--set", "method.tau_schedule=8@0.5",
                 "--set", "method.overlap=1"]),
     ("local_sgd", ["--set", "method.tau_schedule=8@0.5"]),
+    # SparseLoCo: sparse messages all-gathered over the round (a fixed job's all-gather too), the error buffers
+    # each worker's own; with BatchNorm, two fragments and the flush of what the buffers hold at the end (in
+    # fp32: a lossy dense codec sums in another way over an elastic round's group, all-gathered, docs/elastic.md)
+    ("sparseloco", ["--set", "method.chunk=256", "--set", "method.outer_lr=3.0"]),
+    ("sparseloco", [*BN, "--set", "method.chunk=256", "--set", "method.fragments=2", "--set", "method.flush='fp32'"]),
 ]
 
 

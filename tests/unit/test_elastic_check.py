@@ -8,8 +8,8 @@ from lowband.cli import main
 
 
 @pytest.mark.parametrize("args, field, fragment", [
-    (["--method", "sparseloco"], "method.name", "error buffers are each worker's own"),
-    (["--method", "allreduce"], "method.name", "meet only at outer steps (local_sgd, diloco)"),
+    (["--method", "sparseloco", "--set", "method.mean='senders'"], "method.mean", "a message of zeros"),
+    (["--method", "allreduce"], "method.name", "meet only at outer steps (local_sgd, diloco, sparseloco)"),
     (["--method", "diloco", "--set", "method.group_size=2"], "method.group_size", "must be 1 with --elastic"),
     (["--method", "diloco", "--set", "train.backend='nccl'"], "train.backend", "gloo groups"),
 ])

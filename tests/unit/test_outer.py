@@ -134,3 +134,24 @@ def test_a_state_travels_without_pickle_and_comes_back_whole():
     restored.load_state_dict(back["fragments"][0]["outer"])  # int keys survive: the optimizer takes it
     torch.testing.assert_close(restored.state_dict()["state"][0]["momentum_buffer"],
                                outer.state_dict()["state"][0]["momentum_buffer"])
+
+
+
+@pytest.mark.parametrize("contributors, other, expected", [
+    (2, [1.0, 1.0, 0.0, 0.0], [1.0, 1.5, 0.0, 0.0]),  # a fixed world: the mean of both buffers
+    (1, [0.0, 0.0, 0.0, 0.0], [1.0, 2.0, 0.0, 0.0]),  # the other member received θ_global: this buffer alone
+])
+def test_sparselocos_flush_averages_the_buffers_of_the_rounds_contributors(contributors, other, expected):
+    """The final model's flush: one outer step (lr 1, no momentum) on the mean of the error buffers, over the
+    members that hold one (an elastic round's receiver sends zeros; dividing by both would halve the step)."""
+    from lowband.comm.quorum import Round
+    from lowband.methods.sparseloco import SparseLoCoConfig, flush, sparse_codec
+
+    params = [torch.nn.Parameter(torch.zeros(4))]
+    codec = sparse_codec(SparseLoCoConfig(chunk=4, density=0.25))
+    frag = Fragment(params, lr=1.0, momentum=0.0, codec=codec, feedback=True)
+    assert frag.feedback is not None
+    frag.feedback.residual = torch.tensor([1.0, 2.0, 0.0, 0.0])
+    flush(frag, Round(OtherRanks(2, [torch.tensor(other)]), contributors), parse_codec("fp32"))
+    assert frag.anchor.detach().tolist() == [-e for e in expected]  # θ_global - lr · mean, from zeros
+    assert frag.feedback.residual.tolist() == [0.0] * 4  # all sent: nothing is left

@@ -134,7 +134,7 @@ class Method:
         """Refuse (ConfigError naming the field) what an elastic job cannot run; a method whose outer steps go
         through `ctx.quorum` runs there (comm/quorum.py) and refuses only the options it cannot honour."""
         raise ConfigError("method.name", cfg.name, "--elastic trains methods whose workers meet only at outer "
-                                                   "steps (local_sgd, diloco)")
+                                                   "steps (local_sgd, diloco, sparseloco)")
 
     @classmethod
     def services(cls, cfg: Any):

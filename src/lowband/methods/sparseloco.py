@@ -32,6 +32,12 @@ whole KJV, benchmarks/history/JOURNAL.md). `density_end` widens the channel late
 `density_end` at the last step (every rank computes the same share from the step count, so the
 messages keep one size per sync; the bytes are counted as sent).
 
+In an elastic job (`lowband train --elastic`, docs/elastic.md) each worker's error buffer stays its own:
+a worker that receives θ_global instead of contributing (a joiner, one that stalled) starts its buffer
+over, as DiLoCo's error-feedback residual does; what a worker that leaves held in its buffer leaves with
+it; a round's messages are averaged over the members that trained from its θ_global (`mean=workers`:
+the others send zeros); and the flush averages the buffers of those members.
+
 What the study found (whole KJV, GPT tiny, 4 workers, against Allreduce at its best rate): the workers'
 top-k positions barely overlap (`ef.senders`, about 1.04 messages per coordinate sent of 4), so the mean
 over K divides most coordinates by K and an `outer_lr` near K (3) undoes it; `mean=senders` is the
@@ -131,9 +137,13 @@ class SparseLoCo(DiLoCo):
 
     @classmethod
     def check_elastic(cls, cfg: DiLoCoConfig) -> None:
-        raise ConfigError("method.name", cfg.name, "--elastic runs local_sgd and diloco: SparseLoCo's error buffers "
-                                                   "are each worker's own, and what a joiner or a lost worker does to "
-                                                   "them is not yet designed")
+        """DiLoCo's rule, and the mean over the workers: a member that trained nothing from θ_global sends
+        a message of zeros in a round, and `mean=senders` would count it among a coordinate's senders."""
+        assert isinstance(cfg, SparseLoCoConfig)
+        super().check_elastic(cfg)
+        if cfg.mean != "workers":
+            raise ConfigError("method.mean", cfg.mean, "must be 'workers' with --elastic: a member that trained "
+                                                       "nothing from θ_global sends a message of zeros")
 
     def _fragment(self, params: list, seed: int) -> Fragment:
         c = self.cfg
@@ -189,10 +199,20 @@ class SparseLoCo(DiLoCo):
         codec = parse_codec(self.cfg.flush, "method.flush", seed=self.ctx.cfg.train.seed * 1000 + self.ctx.rank)
         for frag in self.fragments:
             if self.group.rank == 0:
-                assert frag.feedback is not None
-                held = frag.feedback.residual
-                held = torch.zeros(frag.numel) if held is None else held
-                frag.step(compressed_mean(rnd.comm, held.to(frag.anchor.device), codec, "params"))
-                frag.feedback.residual = torch.zeros_like(held)
+                flush(frag, rnd, codec)
             if self.group.world > 1:
                 self.group.broadcast(frag.anchor.data, src=0, tag="params-group")
+
+
+@torch.no_grad()
+def flush(frag: Fragment, rnd: Round, codec: Codec) -> None:
+    """One outer step of `frag` on the mean of the round's error buffers, each sent once through the dense
+    `codec`, and the buffer emptied. The mean is over the members that hold one, the round's contributors:
+    a member that received θ_global instead (an elastic job's joiner or stalled worker) sends zeros."""
+    assert frag.feedback is not None
+    held = frag.feedback.residual
+    held = torch.zeros(frag.numel) if held is None or not rnd.contributes else held
+    mean = compressed_mean(rnd.comm, held.to(frag.anchor.device), codec, "params")
+    if rnd.contributors:
+        frag.step(mean * (rnd.comm.world / rnd.contributors))
+    frag.feedback.residual = torch.zeros_like(held)
