@@ -1,8 +1,9 @@
-"""Elastic DiLoCo under churn against the same job without it: what leaving and joining costs.
+"""Elastic DiLoCo or SparseLoCo under churn against the same job without it: what leaving and joining costs.
 
 Workload: the lm suite's (byte-level GPT "tiny" on the first 1 MB of the KJV text, context 64, batch
-16, AdamW with warm-up and cosine), DiLoCo tau=16, `lowband train --elastic` on 4 workers. Two
-schedules, each on every seed:
+16, AdamW with warm-up and cosine), `lowband train --elastic` on 4 workers, one method (--method):
+DiLoCo tau 16 at lr 0.003, or SparseLoCo with the ladder's `tiny` setting (tau 8, 1/64 of each
+4,096-chunk in 2-bit codes, outer lr 3, lr 0.016). Two schedules, each on every seed:
 
   steady   4 workers from start to end
   churn    one worker is killed (SIGKILL) at 25% of the data, two join (`lowband join`) at 50%,
@@ -14,7 +15,7 @@ redone, bytes by tag over all workers, and the seconds lost per membership chang
 round took that much longer than the median round). The churned job is "within noise" when its
 mean is within two standard deviations of the steady one's (both schedules' seed spread).
 
-Run: python benchmarks/elastic.py [--seeds 0,1,2] [--epochs 4] [--max-bytes 1000000]
+Run: python benchmarks/elastic.py [--method diloco|sparseloco] [--seeds 0,1,2] [--epochs 4] [--max-bytes 1000000]
 About a minute per job on 2 cores.
 """
 
@@ -32,9 +33,13 @@ from itertools import pairwise
 from common import commit, mean_sd
 
 WORKLOAD = ["--dataset", "text", "--model", "gpt", "--set", "model.size=tiny", "--set", "data.context=64",
-            "--batch-size", "16", "--set", "optim.name=adamw", "--set", "optim.lr=0.003",
-            "--set", "optim.weight_decay=0.1", "--set", "optim.warmup_epochs=0.25",
-            "--set", "optim.lr_scaling=none", "--method", "diloco", "--set", "method.tau=16"]
+            "--batch-size", "16", "--set", "optim.name=adamw", "--set", "optim.weight_decay=0.1",
+            "--set", "optim.warmup_epochs=0.25", "--set", "optim.lr_scaling=none"]
+METHODS = {
+    "diloco": ["--method", "diloco", "--set", "method.tau=16", "--set", "optim.lr=0.003"],
+    "sparseloco": ["--method", "sparseloco", "--set", "method.tau=8", "--set", "method.density=0.015625",
+                   "--set", "method.codec=lut2", "--set", "method.outer_lr=3.0", "--set", "optim.lr=0.016"],
+}
 CHURN = [(0.25, "leave", 1), (0.50, "join", 2), (0.75, "leave", 1)]
 
 
@@ -78,7 +83,7 @@ def kill_one(run_dir: str) -> None:
 
 def job(seed: int, churn: bool, args, out: str) -> dict:
     run_dir = os.path.join(out, f"{'churn' if churn else 'steady'}-seed{seed}")
-    command = [sys.executable, "-m", "lowband", "train", "--elastic", *WORKLOAD, "--workers", "4",
+    command = [sys.executable, "-m", "lowband", "train", "--elastic", *WORKLOAD, *METHODS[args.method], "--workers", "4",
                "--epochs", str(args.epochs), "--seed", str(seed), "--set", f"data.max_bytes={args.max_bytes}",
                "--run-dir", run_dir, "-q"]
     t0 = time.monotonic()
@@ -132,13 +137,14 @@ def report(name: str, results: list[dict]) -> None:
 
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--method", choices=sorted(METHODS), default="diloco", help="the method the jobs train")
     p.add_argument("--seeds", default="0,1,2")
     p.add_argument("--epochs", type=int, default=4)
     p.add_argument("--max-bytes", type=int, default=1_000_000)
     p.add_argument("--out", help="where the jobs go (default: a temporary directory)")
     args = p.parse_args()
     out = args.out or tempfile.mkdtemp(prefix="lowband-elastic-")
-    print(f"commit {commit()}; jobs in {out}", flush=True)
+    print(f"commit {commit()}; {args.method}; jobs in {out}", flush=True)
     results: dict[str, list[dict]] = {"steady": [], "churn": []}
     for seed in (int(s) for s in args.seeds.split(",")):
         for name in results:
