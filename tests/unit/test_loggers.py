@@ -47,6 +47,16 @@ def test_the_sink_feeds_every_record_to_its_loggers_and_closes_them(tmp_path):
     assert fake.logged[1][1]["accuracy/val_acc"] == 0.9 and fake.closed
 
 
+def test_an_elastic_jobs_line_counts_time_by_the_jobs_clock(tmp_path):
+    """The worker that writes an elastic job's epoch line may have opened its sink only now: its elapsed time
+    and ETA are the job's (150 s after 3 of 5 epochs: 50 s an epoch, 100 s to go), not this process's."""
+    sink = MetricsSink(Stream(str(tmp_path / "m.jsonl")), True, 5, logging.getLogger("test-sink"),
+                       job_clock=lambda: 150.0)
+    assert sink.progress(3) == "elapsed 2m30s  ETA 1m40s"
+    plain = MetricsSink(Stream(str(tmp_path / "p.jsonl")), True, 5, logging.getLogger("test-sink"))
+    assert plain.progress(3).startswith("elapsed 0s")  # this process's own start: a moment ago
+
+
 def test_an_inactive_sink_logs_nothing(tmp_path):
     fake = fake_logger.FakeLogger(str(tmp_path), 1, {})
     sink = MetricsSink(Stream(str(tmp_path / "m.jsonl")), False, 5, logging.getLogger("test-sink"), [fake])

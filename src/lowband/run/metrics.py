@@ -7,7 +7,7 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from tqdm import tqdm
 
@@ -65,11 +65,15 @@ def read_metrics(run_dir: str, filename: str = "metrics.jsonl", check=None) -> l
 class MetricsSink:
     """Writes epoch records to a run's `metrics` stream (when active) and drives the progress display."""
 
-    def __init__(self, stream, active: bool, total_epochs: int, log: logging.Logger, loggers: Sequence = ()):
+    def __init__(self, stream, active: bool, total_epochs: int, log: logging.Logger, loggers: Sequence = (),
+                 job_clock: Callable[[], float] | None = None):
+        """`job_clock`: seconds since the run began, where that is not this process's start (an elastic job's
+        clock: whichever worker writes an epoch's line, it began with the job)."""
         self.stream = stream
         self.active, self.total_epochs, self.log = active, total_epochs, log
         self.tty = active and sys.stderr.isatty() and not quiet()
         self.started = time.monotonic()  # wall clock of this process, for the ETA
+        self.job_clock = job_clock
         self.first_epoch: int | None = None
         self.loggers = list(loggers)  # experiment loggers (lowband.run.loggers), fed every record
 
@@ -96,12 +100,12 @@ class MetricsSink:
                 logger.log(figures, record.epoch)
 
     def progress(self, epoch: int) -> str:
-        """'elapsed 12s  ETA 48s': wall time since this process started training, and the rest of the run
-        at this process's mean time per epoch so far."""
+        """'elapsed 12s  ETA 48s': wall time since this process started training (or by the job's clock),
+        and the rest of the run at the mean time per epoch so far."""
         if self.first_epoch is None:
-            self.first_epoch = epoch
-        elapsed = time.monotonic() - self.started
-        per_epoch = elapsed / (epoch - self.first_epoch + 1)
+            self.first_epoch = 1 if self.job_clock else epoch
+        elapsed = self.job_clock() if self.job_clock else time.monotonic() - self.started
+        per_epoch = elapsed / max(epoch - self.first_epoch + 1, 1)
         return f"elapsed {clock(elapsed)}  ETA {clock(per_epoch * max(self.total_epochs - epoch, 0))}"
 
     def close(self) -> None:

@@ -217,7 +217,8 @@ class JobFiles:
         whole (rank 0's folders): TensorBoard then reads one curve from every writer's event file."""
         if self.sink is None:
             built = build_loggers(list(self.cfg.train.loggers), self.run_dir.path, 0, to_dict(self.cfg))
-            self.sink = MetricsSink(self.run_dir.stream("metrics"), True, self.cfg.train.epochs, self.log, built)
+            self.sink = MetricsSink(self.run_dir.stream("metrics"), True, self.cfg.train.epochs, self.log, built,
+                                    job_clock=self.clock)
         return self.sink
 
     def _ledgers(self) -> dict:
