@@ -686,7 +686,7 @@ def plot(found: dict[str, list[Verdict]], figure: str, out: str) -> None:
     for i, family in enumerate(f for f in FAMILIES if f.name != REFERENCE):
         color = f"C{i}"
         mine = [(size, v, vs) for size, vs in found.items() for v in vs if v.family == family.name]
-        _plot_family(ax, family.name, color, mine)
+        _plot_family(ax, family.name, color, mine, [s for s, vs in found.items() if vs])
         for size, v, _ in mine:
             gaps = list(epoch_gaps(size, v, out, "val_bpb").values())
             if gaps and min(map(len, gaps)) > 0:
@@ -702,8 +702,8 @@ def plot(found: dict[str, list[Verdict]], figure: str, out: str) -> None:
     ax.margins(x=0.15)
     ax.set_xlabel("GPT size and parameters")
     ax.set_ylabel("final validation bits per byte vs Allreduce (%)")
-    ax.set_title("Gap to Allreduce at equal samples\nfilled: held-out seeds 10-12 (label: fewer bytes); "
-                 "hollow: the choosing seeds", fontsize=9)
+    ax.set_title("Gap to Allreduce at equal samples\nfilled: held-out seeds, 10-12 or a retry's 13-15 (label: "
+                 "fewer bytes); hollow: the choosing seeds", fontsize=9)
     ax.legend(fontsize=7)
     ax.grid(alpha=0.3)
     per_epoch.axhline(0, color="black", lw=0.8)
@@ -722,22 +722,25 @@ def plot(found: dict[str, list[Verdict]], figure: str, out: str) -> None:
     print(f"\nfigure: {figure}")
 
 
-def _plot_family(ax, name: str, color: str, mine: list) -> None:
-    """One family's points on the left panel: held-out with its bytes ratio, in-sample hollow."""
-    held = [(PARAMS[size], v.gap(), statistics.stdev(v.paired()) if len(v.paired()) > 1 else 0.0, v, len(v.paired()))
-            for size, v, _ in mine if v.gap() is not None]
-    inside = [(PARAMS[size], g[0], g[1]) for size, v, vs in mine if (g := in_sample_gap(v, vs))]
+def _plot_family(ax, name: str, color: str, mine: list, sizes: list[str]) -> None:
+    """One family's points on the left panel: held-out with its bytes ratio, in-sample hollow; a line joins
+    two sizes only when no size between them lacks the figure (a gap, not an interpolation)."""
+    order = sorted(PARAMS[s] for s in sizes)
+    held = {PARAMS[size]: (v.gap(), statistics.stdev(v.paired()) if len(v.paired()) > 1 else 0.0, v, len(v.paired()))
+            for size, v, _ in mine if v.gap() is not None}
+    inside = {PARAMS[size]: g for size, v, vs in mine if (g := in_sample_gap(v, vs))}
     if held:
-        xs, ys, errs, _, _ = zip(*held, strict=True)
-        ax.errorbar(xs, ys, yerr=errs, marker="o", capsize=3, color=color, label=f"{name}, held out")
-        for x, y, _, v, n in held:
+        ys = [held[x][0] if x in held else math.nan for x in order]
+        errs = [held[x][1] if x in held else 0.0 for x in order]
+        ax.errorbar(order, ys, yerr=errs, marker="o", capsize=3, color=color, label=f"{name}, held out")
+        for x, (y, _, v, n) in held.items():
             seeds = "" if n == len(v.seeds) else f" ({n} of {len(v.seeds)} seeds)"
             ax.annotate(f"{fewer(v.ratio())}{seeds}", (x, y), textcoords="offset points", xytext=(7, -3),
                         fontsize=8, color=color)
     if inside:
-        xs, ys, _ = zip(*inside, strict=True)
-        ax.plot(xs, ys, marker="o", mfc="none", ls="--", color=color, label=f"{name}, in-sample")
-        for x, y, n in inside:
+        ys = [inside[x][0] if x in inside else math.nan for x in order]
+        ax.plot(order, ys, marker="o", mfc="none", ls="--", color=color, label=f"{name}, in-sample")
+        for x, (y, n) in inside.items():
             ax.annotate(f"{n} seed{'s' * (n > 1)}", (x, y), textcoords="offset points", xytext=(-7, -3),
                         ha="right", fontsize=7, color=color)
 
