@@ -484,7 +484,7 @@ def write_csv(sizes: list[str], out: str) -> int:
                      "val_bpb": f"{last['val_bpb']:.6f}" if finished else (why or "unfinished"),
                      "bytes_sent_per_worker": f"{last.get('bytes_sent_per_worker', 0):.0f}",
                      "records": os.path.relpath(committed(job, path), os.path.dirname(HERE)),
-                     "device": last.get("device", "cpu")})
+                     "device": device_of(last)})
     with open(CSV, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["size"])
         writer.writeheader()
@@ -608,19 +608,24 @@ def size_report(size: str, out: str) -> list[Verdict]:
     return found
 
 
+def device_of(record: dict) -> str:
+    """Where a kept record's run trained (records kept before the key existed: the 2-core CPU)."""
+    return record.get("device", "cpu")
+
+
 def trained_where(size: str, out: str) -> str:
     """How many of a size's finished runs trained on each device ("cpu": the 2-core CPU)."""
     counts: dict[str, int] = {}
     for job in every_job([size], out):
         if final(job, out):
-            device = records(job, out)[0][-1].get("device", "cpu")
+            device = device_of(records(job, out)[0][-1])
             counts[device] = counts.get(device, 0) + 1
     return ", ".join(f"{d} ({n} runs)" for d, n in sorted(counts.items())) or "nothing yet"
 
 
 def where(v: Verdict, seed: int) -> str:
     """A pair trained on two devices says so (the same seed, data and steps; float rounding differs)."""
-    mine, ref = (r.get("device", "cpu") for r in (v.held[seed], v.ref_held[seed]))
+    mine, ref = (device_of(r) for r in (v.held[seed], v.ref_held[seed]))
     return "" if mine == ref else f" ({mine}; Allreduce's on {ref})"
 
 
