@@ -35,7 +35,9 @@ about 580x fewer bytes); SparseLoCo at >= 1,000x (tau 16 at 1/64, tau 8 at 1/128
 run at SparseLoCo's chosen rate and not bracketed: a rate not tuned for the saver can only widen its gap,
 so a gap within 1% measured this way is not flattered; it saves ~45 min a size at `small` on 2 cores);
 the same two settings with their own rate bracketed (sparseloco-1000x-own: the retry, after the first
-missed the goal at `small` held out; its seed-0 runs at the rate both share are the first's runs).
+missed the goal at `small` held out; its seed-0 runs at the rate both share are the first's runs);
+DiLoCo at its paper's outer step (diloco-0.7: outer lr 0.7, Nesterov 0.9; its own inner rate bracketed,
+judged on seeds 13-15, added after outer lr 1.0 gained nothing from size at `small`'s seed 0).
 Held-out runs go seed by seed (Allreduce then the 1,000x setting on seed 10, then 11, 12), so a stopped
 queue leaves whole pairs; SparseLoCo's ~580x setting is judged after them.
 

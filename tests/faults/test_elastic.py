@@ -235,7 +235,8 @@ def test_when_every_holder_of_the_newest_model_leaves_the_job_goes_back_and_says
 
     run = tmp_path / "job"
     out = lowband("train", "--elastic", "--method", "diloco", "--workers", "2", "--epochs", "6", *SMALL,
-                  *FAST_FAILURE, "--run-dir", str(run), env={"LOWBAND_ELASTIC_FAULT": "1:3:inner:stop:5,0:6:inner:kill"})
+                  *FAST_FAILURE, "--set", "train.checkpoint_every=0",  # no checkpoint stands in for the lost rounds
+                  "--run-dir", str(run), env={"LOWBAND_ELASTIC_FAULT": "1:3:inner:stop:5,0:6:inner:kill"})
     assert out.returncode == 0, out.stderr[-2000:]
     recs = rounds(run)
     alone = [r["round"] for r in recs if r["members"] == [0] and r["round"] >= 3]
@@ -248,6 +249,32 @@ def test_when_every_holder_of_the_newest_model_leaves_the_job_goes_back_and_says
     assert len(said) == 1 and f"round {back['round']} " in said[0] and span(sorted(lost)) in said[0], said
     assert f"{len(lost)} lost with the only workers that held them" in out.stderr, out.stderr[-2000:]
     assert_each_sample_at_most_once(run)  # in the surviving rounds
+    with open(run / "metrics.jsonl") as f:
+        assert [json.loads(line)["epoch"] for line in f] == list(range(1, 7))
+
+
+@pytest.mark.slow
+def test_a_stopped_worker_that_wakes_behind_a_newer_checkpoint_goes_on_from_the_checkpoint(tmp_path):
+    """As above, but worker 0 wrote a checkpoint while alone (epoch 1 ended in round 4). Worker 1 wakes
+    with round 2's θ_global, finds the job's checkpoint newer and takes it, as a joiner does: the job goes
+    on from the checkpoint, and only the rounds after it are lost (before the fix: from round 3 on)."""
+    from lowband.training.elastic.lineage import surviving_rounds
+
+    run = tmp_path / "job"
+    out = lowband("train", "--elastic", "--method", "diloco", "--workers", "2", "--epochs", "6", *SMALL,
+                  *FAST_FAILURE, "--run-dir", str(run), env={"LOWBAND_ELASTIC_FAULT": "1:3:inner:stop:5,0:6:inner:kill"})
+    assert out.returncode == 0, out.stderr[-2000:]
+    recs = rounds(run)
+    alone = [r for r in recs if r["members"] == [0] and r["round"] >= 3]
+    ended = [r for before, r in pairwise(recs) if r in alone and r["epoch"] > before["epoch"]]
+    assert ended, "no epoch ended while worker 0 was alone: no checkpoint to go on from"
+    back = next(r for r in recs if r["round"] > alone[-1]["round"])
+    assert back["members"] == [1] and back["version"] == ended[-1]["version"] + 1  # the checkpoint's θ_global
+    lost = {r["round"] for r in alone} - {r["round"] for r in surviving_rounds(recs)}
+    assert lost == {r["round"] for r in alone if r["round"] > ended[-1]["round"]}, (lost, ended[-1])
+    log = (run / "train.log").read_text()
+    assert f"takes {run / 'checkpoints' / 'rank0-epoch0001.pt'} (version {ended[-1]['version']}" in log, log[-3000:]
+    assert_each_sample_at_most_once(run)
     with open(run / "metrics.jsonl") as f:
         assert [json.loads(line)["epoch"] for line in f] == list(range(1, 7))
 

@@ -83,6 +83,9 @@ class ElasticQuorum:
         self.progress, self.quit, self.fault, self.busy = progress, quit, fault, busy
         #: told of every round this worker commits, and whether it was an outer step (False: a meeting)
         self.committed: Callable[[Decision, bool], None] = lambda q, outer: None
+        #: called when this worker arrives behind the job (rounds were committed without it): the worker
+        #: may take a newer θ_global from the job's checkpoint (resume_at, from_checkpoint=True)
+        self.behind: Callable[[], None] = lambda: None
         self.ledger = Ledger()  # this worker's bytes, counted by every round's group in turn
         self.id = -1  # set by `join`
         self.joiner = False  # started by `lowband join`: False once a round of its own has committed
@@ -118,8 +121,11 @@ class ElasticQuorum:
         return comm
 
     def resume_at(self, version: int, round_no: int, epoch: int, from_checkpoint: bool) -> None:
-        """Start from a checkpoint of the job's: its version, the round after it, the epoch it began."""
+        """Start from a checkpoint of the job's: its version, the round after it, the epoch it began. What this
+        worker trained before (a stopped worker's stale steps) is neither contributed nor counted."""
         self.version, self.next_round, self.epoch, self.cursor = version, round_no, epoch, 0
+        self.epoch_loss, self.epoch_steps = 0.0, 0
+        self.received_at = self.round_at = self.progress()
         self.from_checkpoint = from_checkpoint
 
     # ---- the outer step ----------------------------------------------------------------------------
@@ -127,6 +133,7 @@ class ElasticQuorum:
         """Meet, exchange, vote and commit a round (again until one commits); nothing once the job has finished."""
         t0, busy0 = time.perf_counter(), self.busy()
         try:
+            self._catch_up()
             while True:
                 q = self._meet(state)
                 if q is None:
@@ -141,6 +148,15 @@ class ElasticQuorum:
             self.sync_s += time.perf_counter() - t0 - (self.busy() - busy0)
 
     # ---- meet --------------------------------------------------------------------------------------
+    def _catch_up(self) -> None:
+        """Tell `behind` when rounds were committed without this worker since its last."""
+        try:
+            behind = self.members.current_round() > self.next_round
+        except redis.RedisError:
+            return  # the coordinator is away: the meeting waits for it
+        if behind:
+            self.behind()
+
     def _arrival(self, state: OuterState) -> Arrival:
         # a joiner that read θ_global from a checkpoint never counts as holding the job's: it receives it,
         # unless nobody who holds it is left (then it is the source and the job goes on from the checkpoint)

@@ -9,7 +9,8 @@ train.checkpoint_every names the job's checkpoint (the trainer's `due` rule): th
 member takes part in the method's final model; the source of that round writes model.safetensors, then
 the job's status "finished" (a member that sees the source leave first finishes it instead). A worker
 that starts (a resume, or a joiner when every holder of θ_global has gone) reads the newest intact
-checkpoint and takes it as a receiver takes a source's state.
+checkpoint and takes it as a receiver takes a source's state; so does a worker that arrives behind the
+job (it was stopped) when that checkpoint is newer than its θ_global (`catch_up`).
 
 `JobFiles` is the part of `ElasticWorker` that does this; the attributes it reads are the worker's
 and are named below.
@@ -78,6 +79,7 @@ class JobFiles:
     state: OuterState
     writes: int  # the epoch whose record this worker claimed (0: none)
     last_round: tuple[Decision, bool] | None  # the last round this worker committed, and whether it stepped
+    seen_checkpoint: str | None  # the newest checkpoint this worker has read (catch_up reads each once)
     e: ElasticConfig
     faults: Faults
     trainer: Trainer
@@ -104,7 +106,7 @@ class JobFiles:
         lost = lost_rounds(stream.path, q.version + 1, q.round)
         if lost:
             self.log.warning(f"worker {self.id}: round {q.round} goes on from θ_global version {q.version}: "
-                             f"{span(lost)} were held only by workers that "
+                             f"{span(lost)} {'was' if len(lost) == 1 else 'were'} held only by workers that "
                              "left; their training is lost and their samples are handed out again")
         self._round_line(stream, q, outer)
 
@@ -241,16 +243,48 @@ class JobFiles:
         path, passed = checkpoint.newest_intact(self.run_dir.path)
         if passed:
             self.log.warning(f"worker {self.id}: passed over newer checkpoints: {'; '.join(passed)}")
+        self.seen_checkpoint = path
         if path is None:
             if said:
                 self.log.warning(f"worker {self.id}: no elastic checkpoint in {self.run_dir.path}; starting from "
                                  "scratch")
             return
+        state = self._checkpoint_state(path)
+        self._take(method, state, from_checkpoint=not said)
+        self.log.info(f"worker {self.id}: starts from {path} (round {state['round']})")
+
+    def catch_up(self) -> None:
+        """This worker arrives behind the job (rounds were committed without it: it was stopped, or left
+        out): if the job's newest checkpoint holds a newer θ_global than this worker's, take it, as a joiner
+        does. A worker that holds a newer one still is the round's source and this one receives; but if
+        every such worker has left, the job goes on from the checkpoint, not from this worker's older
+        θ_global (which would lose the rounds the checkpoint kept). Each checkpoint is read at most once."""
+        assert self.outer is not None
+        saved = checkpoint.epochs_saved(self.run_dir.path, 0)
+        if not saved or checkpoint.rank_path(self.run_dir.path, 0, saved[-1]) == self.seen_checkpoint:
+            return
+        path, _ = checkpoint.newest_intact(self.run_dir.path)
+        if path is None or path == self.seen_checkpoint:
+            return
+        self.seen_checkpoint = path
+        state = self._checkpoint_state(path)
+        if int(state["version"]) <= self.outer.version:
+            return
+        held = self.outer.version
+        self._take(self.state, state, from_checkpoint=True)
+        self.log.info(f"worker {self.id}: behind the job with θ_global version {held}; takes {path} (version "
+                      f"{state['version']}, round {state['round']})")
+
+    @staticmethod
+    def _checkpoint_state(path: str) -> dict:
         state = checkpoint.load_state(path)
         if "shared" not in state:
             raise UsageError(f"{path} is an elastic checkpoint of an older lowband (no method state); finish the job "
                              "with that version, or start it anew")
+        return state
+
+    def _take(self, method: OuterState, state: dict, from_checkpoint: bool) -> None:
+        """A checkpoint's state into the method (as a receiver takes a source's) and the quorum's place."""
         method.receive(state["shared"], state["extra"])
         assert self.outer is not None
-        self.outer.resume_at(int(state["version"]), int(state["round"]), int(state["epoch"]), from_checkpoint=not said)
-        self.log.info(f"worker {self.id}: starts from {path} (round {state['round']})")
+        self.outer.resume_at(int(state["version"]), int(state["round"]), int(state["epoch"]), from_checkpoint)

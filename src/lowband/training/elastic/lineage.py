@@ -3,8 +3,9 @@
 Every committed round makes one more version of θ_global (the record's `version`), so along what the
 job keeps the versions rise by one a round. When every worker that holds the newest version leaves (its
 only holder is killed while the others were stopped, or a coordinator that restarted empty made the
-others abort a round their source had committed), the next round's source holds an older version: the
-job goes on from it, and the rounds after it are lost, their training with them. Their samples are
+others abort a round their source had committed), the next round's source holds an older version (the
+job's newest checkpoint, when that is newer than what the workers left hold: training/elastic/files.py's
+`catch_up`): the job goes on from it, and the rounds after it are lost, their training with them. Their samples are
 handed out again, which is right: nothing that survives has learnt from them. `surviving_rounds` keeps
 the records of what survives; `lost_rounds` says, as a round is written, what it leaves behind;
 `audit_samples` says, after a job, whether any sample was trained into the model twice or skipped.

@@ -95,6 +95,7 @@ class ElasticWorker(JobFiles):
         self.feed_s = 0.0  # seconds in meetings inside `feed`
         self.writes = 0  # the epoch whose record this worker claimed (JobFiles._claim)
         self.last_round: tuple[Decision, bool] | None = None  # JobFiles.write_round
+        self.seen_checkpoint: str | None = None  # JobFiles.catch_up
 
     # ---- what the trainer asks -------------------------------------------------------------------
     def setup(self, trainer: Trainer) -> None:
@@ -112,7 +113,7 @@ class ElasticWorker(JobFiles):
         self.log = setup_logging(self.path, self.id, elastic=True)
         self.outer.log = self.log
         self.faults = Faults(self.id, self.members, self.path, self.log)
-        self.outer.fault, self.outer.committed = self.faults.maybe, self.write_round
+        self.outer.fault, self.outer.committed, self.outer.behind = self.faults.maybe, self.write_round, self.catch_up
 
     def quorum(self, comm: Communicator) -> Quorum:
         """The job's quorum, whatever communicator the method names (it is this worker alone)."""
