@@ -124,26 +124,30 @@ class Family:
     rates: dict[str, tuple[float, ...]]  # size -> starting rates (None-size: follows another family)
     rates_from: str = ""  # the family whose chosen rate this one starts from ('' : its own rates)
     held_out: tuple[int, ...] = HELD_OUT  # the seeds it is judged on (Allreduce runs on them too)
+    about: str = ""  # what the figure's legend says beside the name
 
 
 FAMILIES = (
     Family("allreduce", ("allreduce",), {"nano": (0.032, 0.016), "tiny": (0.004, 0.008, 0.016, 0.032),
                                          "small": (0.016, 0.008), "medium": (0.008, 0.004), "large": (0.004, 0.002)}),
     Family("sparseloco", (S8,), {"nano": (0.032, 0.016), "tiny": (0.008, 0.012, 0.016),
-                                 "small": (0.008, 0.016), "medium": (0.008, 0.004), "large": (0.004, 0.002)}),
-    Family("sparseloco-1000x", tuple(PUSH), {}, rates_from="sparseloco"),
+                                 "small": (0.008, 0.016), "medium": (0.008, 0.004), "large": (0.004, 0.002)},
+           about="tau 8, 1/64, 2 bits"),
+    Family("sparseloco-1000x", tuple(PUSH), {}, rates_from="sparseloco", about="SparseLoCo's rate"),
     # the same settings with their own rate, bracketed on seed 0; judged on seeds 13-15, because seeds 10-12
     # informed the decision to try again (they showed the unbracketed rate's +1.46% at `small`)
     Family("sparseloco-1000x-own", tuple(PUSH), {"nano": (0.032, 0.016), "tiny": (0.016, 0.032),
                                                  "small": (0.008, 0.016), "medium": (0.008, 0.004),
-                                                 "large": (0.004, 0.002)}, held_out=RETRY_HELD_OUT),
+                                                 "large": (0.004, 0.002)}, held_out=RETRY_HELD_OUT,
+           about="its own rate"),
     Family("diloco", (DILOCO,), {"nano": (0.016, 0.008), "tiny": (0.004, 0.008), "small": (0.008, 0.004),
-                                 "medium": (0.004, 0.002), "large": (0.002, 0.001)}),
+                                 "medium": (0.004, 0.002), "large": (0.002, 0.001)}, about="outer lr 1.0, fp32"),
     # the paper's outer rate, its own inner rate bracketed on seed 0. Added after `small`'s choosing runs put
     # outer lr 1.0 at +10.8% (seed 0) and the lm study's one-worker lookahead preferred 0.7 (2.036 against
     # 2.186 bpb); judged on seeds 13-15, because seeds 10-12 had judged outer lr 1.0 at `nano` by then
     Family("diloco-0.7", (DILOCO_07,), {"nano": (0.016, 0.008), "tiny": (0.004, 0.008), "small": (0.008, 0.004),
-                                        "medium": (0.004, 0.002), "large": (0.002, 0.001)}, held_out=RETRY_HELD_OUT),
+                                        "medium": (0.004, 0.002), "large": (0.002, 0.001)}, held_out=RETRY_HELD_OUT,
+           about="outer lr 0.7, fp32"),
 )
 REFERENCE = "allreduce"
 
@@ -680,58 +684,68 @@ def in_sample_gap(v: Verdict, vs: list[Verdict]) -> tuple[float, int] | None:
 
 
 def plot(found: dict[str, list[Verdict]], figure: str, out: str) -> None:
-    """Two panels. Left: the gap against parameters per family, held-out (filled, error bar over the seeds,
-    labelled with the bytes ratio) and in-sample (hollow: the seeds that chose the setting). Right: the
-    held-out gap after each epoch, mean over the seeds, per family and size: whether it is still closing."""
+    """Two panels, one colour per family and one legend for both. Left: the gap against parameters,
+    held-out (filled, error bar over the seeds, labelled with the bytes ratio) and in-sample (hollow,
+    dashed: the seeds that chose the setting). Right: the held-out gap after each epoch, mean over the
+    seeds, one line style per size: whether it is still closing."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
-    fig, (ax, per_epoch) = plt.subplots(1, 2, figsize=(11, 4.6), gridspec_kw={"width_ratios": [3, 2]})
+    fig, (ax, per_epoch) = plt.subplots(1, 2, figsize=(12, 5.4), gridspec_kw={"width_ratios": [3, 2]})
     styles = dict(zip(found, ("-", "--", ":", "-.", (0, (1, 3))), strict=False))
+    labels: list[tuple[float, float, str, str]] = []  # x, y, text, colour: placed once the axes are final
+    families = []
     for i, family in enumerate(f for f in FAMILIES if f.name != REFERENCE):
         color = f"C{i}"
         mine = [(size, v, vs) for size, vs in found.items() for v in vs if v.family == family.name]
-        _plot_family(ax, family.name, color, mine, [s for s, vs in found.items() if vs])
+        if _plot_family(ax, color, mine, [s for s, vs in found.items() if vs], labels):
+            about = f" ({family.about})" if family.about else ""
+            families.append(Line2D([], [], color=color, marker="o", label=family.name + about))
         for size, v, _ in mine:
             gaps = list(epoch_gaps(size, v, out, "val_bpb").values())
             if gaps and min(map(len, gaps)) > 0:
                 n = min(map(len, gaps))
                 means = [statistics.mean(g[e] for g in gaps) for e in range(n)]
-                per_epoch.plot(range(1, n + 1), means, marker="o", color=color, ls=styles[size],
-                               label=f"{family.name}, {size} ({len(gaps)} seed{'s' * (len(gaps) > 1)})")
+                per_epoch.plot(range(1, n + 1), means, marker="o", ms=4, color=color, ls=styles[size])
     ax.axhline(0, color="black", lw=0.8)
-    ax.axhspan(0, 100 * MARGIN, color="green", alpha=0.08, label="within 1%")
+    ax.axhspan(0, 100 * MARGIN, color="green", alpha=0.08)
     ax.set_xscale("log")
     ax.set_xticks([PARAMS[s] for s in found], [f"{s}\n{PARAMS[s] / 1e3:,.0f} k" for s in found])
     ax.minorticks_off()
-    ax.margins(x=0.15)
+    ax.margins(x=0.2)
     ax.set_xlabel("GPT size and parameters")
     ax.set_ylabel("final validation bits per byte vs Allreduce (%)")
-    ax.set_title("Gap to Allreduce at equal samples\nfilled: held-out seeds, 10-12 or a retry's 13-15 (label: "
-                 "fewer bytes); hollow: the choosing seeds", fontsize=9)
-    ax.legend(fontsize=7)
+    ax.set_title("Gap to Allreduce at equal samples (label: fewer bytes than Allreduce)", fontsize=9)
     ax.grid(alpha=0.3)
+    ax.legend(handles=[Line2D([], [], color="grey", marker="o", label="held out: seeds 10-12 (a retry: 13-15), ± sd"),
+                       Line2D([], [], color="grey", marker="o", mfc="none", ls="--", label="the choosing seeds"),
+                       plt.Rectangle((0, 0), 1, 1, color="green", alpha=0.15, label="within 1%")],
+              fontsize=7, loc="upper right")
+    _place_labels(ax, labels)
     per_epoch.axhline(0, color="black", lw=0.8)
     per_epoch.axhspan(0, 100 * MARGIN, color="green", alpha=0.08)
     per_epoch.set_xlabel("epoch")
     per_epoch.set_ylabel("validation gap vs Allreduce (%)")
-    per_epoch.set_title("Held-out gap after each epoch (mean over seeds):\nstill closing at the last epoch?",
-                        fontsize=9)
+    per_epoch.set_title("Held-out gap after each epoch (mean over seeds): still closing?", fontsize=9)
     per_epoch.xaxis.get_major_locator().set_params(integer=True)
-    per_epoch.legend(fontsize=7)
+    per_epoch.legend(handles=[Line2D([], [], color="grey", ls=styles[s], label=s) for s in found if found[s]],
+                     title="size", fontsize=7, title_fontsize=7, loc="upper right")
     per_epoch.grid(alpha=0.3)
-    fig.tight_layout()
+    fig.legend(handles=families, loc="lower center", ncol=min(len(families), 3), fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.09, 1, 1))
     os.makedirs(os.path.dirname(figure) or ".", exist_ok=True)
     fig.savefig(figure, dpi=110)
     plt.close(fig)
     print(f"\nfigure: {figure}")
 
 
-def _plot_family(ax, name: str, color: str, mine: list, sizes: list[str]) -> None:
-    """One family's points on the left panel: held-out with its bytes ratio, in-sample hollow; a line joins
-    two sizes only when no size between them lacks the figure (a gap, not an interpolation)."""
+def _plot_family(ax, color: str, mine: list, sizes: list[str], labels: list) -> bool:
+    """One family's points on the left panel (whether it has any): held-out, its bytes ratio queued in
+    `labels`; in-sample hollow. A line joins two sizes only when no size between them lacks the figure
+    (a gap, not an interpolation)."""
     order = sorted(PARAMS[s] for s in sizes)
     held = {PARAMS[size]: (v.gap(), statistics.stdev(v.paired()) if len(v.paired()) > 1 else 0.0, v, len(v.paired()))
             for size, v, _ in mine if v.gap() is not None}
@@ -739,17 +753,32 @@ def _plot_family(ax, name: str, color: str, mine: list, sizes: list[str]) -> Non
     if held:
         ys = [held[x][0] if x in held else math.nan for x in order]
         errs = [held[x][1] if x in held else 0.0 for x in order]
-        ax.errorbar(order, ys, yerr=errs, marker="o", capsize=3, color=color, label=f"{name}, held out")
+        ax.errorbar(order, ys, yerr=errs, marker="o", capsize=3, color=color)
         for x, (y, _, v, n) in held.items():
             seeds = "" if n == len(v.seeds) else f" ({n} of {len(v.seeds)} seeds)"
-            ax.annotate(f"{fewer(v.ratio())}{seeds}", (x, y), textcoords="offset points", xytext=(7, -3),
-                        fontsize=8, color=color)
+            labels.append((x, y, f"{fewer(v.ratio())}{seeds}", color))
     if inside:
         ys = [inside[x][0] if x in inside else math.nan for x in order]
-        ax.plot(order, ys, marker="o", mfc="none", ls="--", color=color, label=f"{name}, in-sample")
-        for x, (y, n) in inside.items():
-            ax.annotate(f"{n} seed{'s' * (n > 1)}", (x, y), textcoords="offset points", xytext=(-7, -3),
-                        ha="right", fontsize=7, color=color)
+        ax.plot(order, ys, marker="o", mfc="none", ls="--", lw=0.9, color=color, alpha=0.7)
+    return bool(held or inside)
+
+
+def _place_labels(ax, labels: list[tuple[float, float, str, str]], gap_pt: float = 9.0) -> None:
+    """Each point's label to its right, pushed apart vertically where labels of one size would overlap."""
+    by_x: dict[float, list] = {}
+    for x, y, text, color in labels:
+        by_x.setdefault(x, []).append((y, text, color))
+    to_pt = 72 / ax.figure.dpi
+    for x, items in by_x.items():
+        items.sort(key=lambda item: item[0])
+        placed: list[float] = []  # label heights in points, bottom up
+        for y, text, color in items:
+            at = ax.transData.transform((x, y))[1] * to_pt
+            at = max(at, placed[-1] + gap_pt) if placed else at
+            placed.append(at)
+            shift = at - ax.transData.transform((x, y))[1] * to_pt
+            ax.annotate(text, (x, y), textcoords="offset points", xytext=(8, shift - 3), fontsize=8, color=color,
+                        arrowprops=dict(arrowstyle="-", color=color, lw=0.5, alpha=0.6) if shift > 1 else None)
 
 
 def measured(sizes: list[str]) -> list[str]:
