@@ -267,7 +267,11 @@ class JobFiles:
         if path is None or path == self.seen_checkpoint:
             return
         self.seen_checkpoint = path
-        state = self._checkpoint_state(path)
+        try:
+            state = self._checkpoint_state(path)
+        except (UsageError, OSError) as e:  # pruned or replaced meanwhile: go on with this worker's θ_global
+            self.log.warning(f"worker {self.id}: could not read {path} to catch up ({e}); going on without it")
+            return
         if int(state["version"]) <= self.outer.version:
             return
         held = self.outer.version
