@@ -21,6 +21,8 @@
 #   `python benchmarks/ladder.py --report --sizes small,tiny,nano,medium` and commit the records; the
 #   queue of a later lease starts from them.
 #
+# LADDER_FAMILIES=diloco-0.7 (comma-separated) takes only those families' runs, e.g. DiLoCo's rung at `small`.
+#
 # A dry run on the CPU (nano, 30 s, nothing installed, run directories apart from the CPU queue's):
 #     LADDER_DEVICE=cpu LADDER_PYTHON=.venv/bin/python LADDER_RUNS=/tmp/ladder-dry OUT=/tmp/out \
 #         bash benchmarks/device_ladder.sh run nano 30
@@ -50,15 +52,31 @@ install() {
     export PYTHONPATH="/tmp/site:$PWD/src"
 }
 
+FAMILIES="allreduce sparseloco sparseloco-1000x sparseloco-1000x-own diloco diloco-0.7"  # ladder.py's FAMILIES
+
+families_ok() {  # LADDER_FAMILIES names only ladder.py's families (checked before anything is installed)
+    local name
+    local given=${LADDER_FAMILIES:-}
+    for name in ${given//,/ }; do
+        [[ " $FAMILIES " == *" $name "* ]] || {
+            echo "LADDER_FAMILIES: '$name' is not a family of the ladder; choose from: ${FAMILIES// /, }" >&2
+            exit 2
+        }
+    done
+}
+
 run() {
     local sizes=$1 seconds=$2 out=${OUT:?OUT: the folder whose files come back}
     [[ $seconds =~ ^[0-9]+$ ]] && (( seconds >= 30 && seconds <= 580 )) || usage
+    families_ok
     install
     local py=${LADDER_PYTHON:-python3} device=${LADDER_DEVICE:-cuda} parallel=${LADDER_PARALLEL:-6}
     local runs=${LADDER_RUNS:-runs/ladder}  # the run directories (a warm machine keeps them between calls)
     [ "$device" = cuda ] && nvidia-smi --query-gpu=name,memory.total --format=csv,noheader
+    local only=()  # LADDER_FAMILIES=diloco-0.7,...: only those families' runs (ladder.py --families)
+    [ -n "${LADDER_FAMILIES:-}" ] && only=(--families "$LADDER_FAMILIES")
     setsid "$py" benchmarks/ladder.py --run --sizes "$sizes" --device "$device" --parallel "$parallel" \
-        --out "$runs" --figure "$out/ladder.png" > "$out/ladder.log" 2>&1 &
+        --out "$runs" --figure "$out/ladder.png" "${only[@]}" > "$out/ladder.log" 2>&1 &
     local pid=$! deadline=$((SECONDS + seconds))
     while kill -0 "$pid" 2>/dev/null && (( SECONDS < deadline )); do sleep 5; done
     if kill -0 "$pid" 2>/dev/null; then
