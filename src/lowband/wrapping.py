@@ -8,6 +8,7 @@
         optimizer.zero_grad()
         sync.step()                                        # its outer steps and exchanges, every byte counted
     sync.bytes_sent, sync.final_model()                    # the ledger's figures; the model to evaluate
+    sync.close()                                           # every worker: waits for the others, leaves the group
 
 The method object is the one `lowband train` builds (the same class, config and hooks), over a
 communicator from torchrun's environment (or the `comm` given). A method that works around the optimizer
@@ -42,8 +43,10 @@ class Sync:
     """One worker's method in a user's loop: `model` to train, `step()` after each optimizer step, the bytes
     it moved and the final model."""
 
-    def __init__(self, method: Method, model: nn.Module, comm: Communicator, optimizer: torch.optim.Optimizer):
+    def __init__(self, method: Method, model: nn.Module, comm: Communicator, optimizer: torch.optim.Optimizer,
+                 owns_comm: bool = False):
         self.method, self.model, self.comm = method, model, comm
+        self.owns_comm = owns_comm  # wrap joined torchrun's process group for it: close() leaves it
         self.steps = 0
         self._hook = optimizer.register_step_pre_hook(lambda *_: method.after_backward(self.steps))
 
@@ -71,8 +74,12 @@ class Sync:
         return glob if glob is not None else self.method.local_model()
 
     def close(self) -> None:
+        """Remove the hook and close the method; a group `wrap` joined is left once every worker has come
+        here (a worker that exited while a peer still evaluated tore gloo down under it: SIGABRT)."""
         self._hook.remove()
         self.method.close()
+        if self.owns_comm:
+            self.comm.close(clean=True)
 
 
 def wrap(model: nn.Module, optimizer: torch.optim.Optimizer, spec: str = "allreduce", *,
@@ -83,21 +90,27 @@ def wrap(model: nn.Module, optimizer: torch.optim.Optimizer, spec: str = "allred
     name, cfg = method_config(spec, seed)
     require(isinstance(total_steps, int) and total_steps >= 1, "total_steps", total_steps, "must be an integer >= 1")
     device = next(model.parameters()).device
+    owns = comm is None
     comm = comm if comm is not None else Communicator.from_env(device)
     from lowband.catalog import load_all
     from lowband.registry import METHODS
 
     load_all()
     method_cls = METHODS.get(name)
-    method_cls.check(cfg.method, comm.world)
-    method_cls.check_model(cfg.method, model)
-    if comm.world < method_cls.min_workers:
-        raise ConfigError("workers", comm.world, f"{name} needs at least {method_cls.min_workers}")
+    try:
+        method_cls.check(cfg.method, comm.world)
+        method_cls.check_model(cfg.method, model)
+        if comm.world < method_cls.min_workers:
+            raise ConfigError("workers", comm.world, f"{name} needs at least {method_cls.min_workers}")
+    except ConfigError:
+        if owns:
+            comm.close()  # refused: leave the group it joined, as every worker refuses alike
+        raise
     run = RunDir(run_dir or tempfile.mkdtemp(prefix="lowband-wrap-"), comm.rank)  # where a method writes its streams
     ctx = Context(cfg, comm, device, _logger(), run, total_steps, width=comm.world)
     method = method_cls(cfg.method, ctx)
     trained = method.setup(model)
-    return Sync(method, trained, comm, optimizer)
+    return Sync(method, trained, comm, optimizer, owns_comm=owns)
 
 
 def method_config(spec: str, seed: int = 0) -> tuple[str, C.Config]:
