@@ -771,12 +771,11 @@ def _place_labels(ax, labels: list[tuple[float, float, str, str]], gap_pt: float
     to_pt = 72 / ax.figure.dpi
     for x, items in by_x.items():
         items.sort(key=lambda item: item[0])
-        placed: list[float] = []  # label heights in points, bottom up
+        top = -math.inf  # the height of the label placed last, in points
         for y, text, color in items:
-            at = ax.transData.transform((x, y))[1] * to_pt
-            at = max(at, placed[-1] + gap_pt) if placed else at
-            placed.append(at)
-            shift = at - ax.transData.transform((x, y))[1] * to_pt
+            point = ax.transData.transform((x, y))[1] * to_pt
+            top = max(point, top + gap_pt)
+            shift = top - point
             ax.annotate(text, (x, y), textcoords="offset points", xytext=(8, shift - 3), fontsize=8, color=color,
                         arrowprops=dict(arrowstyle="-", color=color, lw=0.5, alpha=0.6) if shift > 1 else None)
 
