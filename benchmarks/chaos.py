@@ -99,6 +99,7 @@ class ElasticSoak:
         self.stderr: list[str] = []
         self.faults = {"kill": 0, "stop": 0, "join": 0, "coordinator": 0}
         self.joiners: list[subprocess.Popen] = []
+        self.jobs: list[subprocess.Popen] = []  # every launcher started: none outlives the soak
 
     def go(self) -> bool:
         from lowband.distill.redis_server import EmbeddedRedis
@@ -109,9 +110,8 @@ class ElasticSoak:
         try:
             self.soak(url)
         finally:
-            for j in self.joiners:
-                with contextlib.suppress(OSError):
-                    j.kill()
+            for j in self.jobs + self.joiners:
+                end(j)
         ok = self.check(url, baseline)
         self.server.stop()
         return ok
@@ -139,7 +139,8 @@ class ElasticSoak:
         args = ["train", "--resume", self.run, "--coordinator", url] if resume else [
             *JOB, "--epochs", str(self.args.epochs), "--seed", str(self.args.seed), "--run-dir", self.run,
             "--coordinator", url]
-        return subprocess.Popen([*PY, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
+        self.jobs.append(subprocess.Popen([*PY, *args], stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True))
+        return self.jobs[-1]
 
     def soak(self, url: str) -> None:
         job, done, resumes = self.start(url, False), 0, 0
@@ -406,6 +407,43 @@ def summary(out: str) -> list[dict]:
         return sorted(({k: row.get(k) for k in STEADY} for row in csv.DictReader(f)), key=lambda r: (r["label"], r["seed"]))
 
 
+def end(proc: subprocess.Popen) -> None:
+    """Stop a child the soak started, if it still runs: SIGTERM (a launcher stops its workers), then SIGKILL."""
+    if proc.poll() is not None:
+        return
+    with contextlib.suppress(OSError):
+        proc.terminate()
+        try:
+            proc.wait(timeout=30)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait()
+
+
+def check_args(p: argparse.ArgumentParser, args) -> None:
+    """Every argument bounded before any work (argparse's one line, exit code 2)."""
+    from lowband.errors import UsageError
+    from lowband.paths import can_make_dir
+
+    if not (args.elastic or args.compare):
+        p.error("nothing to do: give --elastic or --compare")
+    lo, hi = args.every
+    if not (math.isfinite(lo) and math.isfinite(hi) and 0 < lo <= hi <= 3600):
+        p.error(f"--every {lo:g} {hi:g}: MIN_S and MAX_S must be finite, with 0 < MIN_S <= MAX_S <= 3600")
+    for flag, value, low, high in (("--faults", args.faults, 1, 1000), ("--kills", args.kills, 0, 100),
+                                   ("--epochs", args.epochs, 1, 10_000), ("--seed", args.seed, 0, 2**31 - 1)):
+        if not low <= value <= high:
+            p.error(f"{flag} {value}: must be in [{low}, {high}]")
+    if not args.baseline or any(not 0 <= s < 2**31 for s in args.baseline):
+        p.error(f"--baseline {args.baseline}: give seeds in [0, 2^31), comma-separated")
+    try:
+        for flag, folder in (("--keep", args.keep), ("--baseline-dir", args.baseline_dir)):
+            if folder:
+                can_make_dir(folder, flag)
+    except UsageError as e:
+        p.error(str(e))
+
+
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__,
                                 formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -424,17 +462,18 @@ def main() -> None:
     p.add_argument("--tune", action="store_true", help="the comparison soak with a tuning search")
     p.add_argument("--keep", default="", help="keep the work here instead of a temporary directory")
     args = p.parse_args()
-    if not (args.elastic or args.compare):
-        p.error("give --elastic or --compare")
-    if not (1 <= args.faults <= 1000 and 0 <= args.kills <= 100 and 1 <= args.epochs <= 10_000):
-        p.error("--faults in [1, 1000], --kills in [0, 100], --epochs in [1, 10000]")
+    check_args(p, args)
     work = args.keep or tempfile.mkdtemp(prefix="lowband-chaos-")
     os.makedirs(work, exist_ok=True)
     ok = True
-    if args.elastic:
-        ok &= ElasticSoak(args, work).go()
-    if args.compare:
-        ok &= compare_soak(args, work)
+    try:
+        if args.elastic:
+            ok &= ElasticSoak(args, work).go()
+        if args.compare:
+            ok &= compare_soak(args, work)
+    except KeyboardInterrupt:
+        print(f"chaos.py: interrupted; every job it started is stopped; the work is in {work}", file=sys.stderr)
+        sys.exit(130)
     if ok and not args.keep:
         shutil.rmtree(work, ignore_errors=True)
     elif not ok:

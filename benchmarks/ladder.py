@@ -104,6 +104,7 @@ BASE = ["--dataset", "text", "--model", "gpt", "--set", "data.max_bytes=0", "--s
 DEVICE: list[str] = []  # --set options that put the runs on a device (--device)
 STOPPING = threading.Event()  # set by SIGTERM: start no more runs
 LIVE: set[subprocess.Popen] = set()  # the runs training now
+REFUSED: list[str] = []  # why the queue stopped at a run lowband refused
 ONLY: set[str] = set()  # --families: the queue takes only these families' runs (empty: all)
 
 S8 = "sparseloco:density=0.015625:codec=lut2:tau=8:outer_lr=3.0"  # ~580x fewer bytes than Allreduce
@@ -338,8 +339,10 @@ def command(job: Job, run_dir: str) -> list[str]:
             *(["--set", "method.round_evals=0"] if name not in ("allreduce", "single") else [])]
 
 
-def train(job: Job, out: str) -> None:
-    """One run, resumed if an earlier call was stopped; its records kept when it ends, finished or failed."""
+def train(job: Job, out: str) -> int:
+    """One run, resumed if an earlier call was stopped; its records kept when it ends, finished or failed;
+    its exit code. A refusal (exit 2: lowband found the request wrong) stops the queue: it would be refused
+    again, so it is never retried."""
     run_dir = os.path.join(out, job.size, job.name)
     if os.path.isdir(run_dir) and not read_records(os.path.join(run_dir, "metrics.jsonl")) and not os.path.exists(
             os.path.join(run_dir, "checkpoints")):
@@ -355,7 +358,13 @@ def train(job: Job, out: str) -> None:
         finally:
             LIVE.discard(proc)
     print(f"  exit {code} after {time.time() - t0:.0f} s", flush=True)
+    if code == 2:
+        REFUSED.append(f"lowband refused {job.size} {job.spec} lr={job.lr:g} seed {job.seed} (exit 2; its line is "
+                       "above): fix the request, then --run again")
+        STOPPING.set()
+        return code
     keep(job, out, code, run_dir)
+    return code
 
 
 def stop_runs(signum: int, frame: object) -> None:
@@ -419,6 +428,8 @@ def run_all(sizes: list[str], out: str, parallel: int) -> None:
     workers)."""
     keep_finished(sizes, out)
     run_queue(sizes, out, parallel)
+    if REFUSED:
+        sys.exit(f"ladder.py: error: {REFUSED[0]}")
     if STOPPING.is_set():
         print("stopped by SIGTERM: a run that was training resumes from its last checkpoint next time", flush=True)
 
@@ -788,6 +799,14 @@ def measured(sizes: list[str]) -> list[str]:
     return sizes + more
 
 
+def publish_to(out: str, publish: bool) -> None:
+    """Where --report writes ladder.csv and ladder.json: the committed places (benchmarks/results/ and the
+    package's summary, which every report quotes) only with --publish; else beside the runs, in --out."""
+    global CSV, SUMMARY
+    if not publish:
+        CSV, SUMMARY = os.path.join(out, "ladder.csv"), os.path.join(out, "ladder.json")
+
+
 def report(sizes: list[str], out: str, figure: str) -> None:
     sizes = measured(sizes)
     print(f"Scale ladder, commit {commit()}: whole KJV, context 64, batch 16, {WORKERS} workers, {EPOCHS} epochs; "
@@ -866,13 +885,21 @@ def main() -> None:
     p.add_argument("--report", action="store_true", help="print the tables, write ladder.csv and the figure")
     p.add_argument("--sizes", default="small,tiny,nano", help="comma-separated GPT sizes, in the order to run them")
     p.add_argument("--out", default="runs/ladder", help="parent of the run directories")
-    p.add_argument("--figure", default=os.path.join(HERE, "figures", "ladder.png"))
-    p.add_argument("--device", default="", help="cuda: every run on the GPU (train.device)")
+    p.add_argument("--figure", default="", help="the figure's PNG (default: ladder.png in --out; with --publish "
+                   "benchmarks/figures/ladder.png)")
+    p.add_argument("--publish", action="store_true", help="--report writes the committed ladder.csv, the package's "
+                   "ladder.json (every report quotes it) and benchmarks/figures/ladder.png; without it they go to --out")
+    p.add_argument("--device", default="", help="cpu or cuda: every run there (train.device; default: "
+                   "lowband's own choice)")
     p.add_argument("--parallel", type=int, default=1, help="runs at once (1 on a 2-core CPU)")
     p.add_argument("--families", default="", help="comma-separated families whose runs --run and --plan take "
                    f"(default: all of {', '.join(f.name for f in FAMILIES)}); a family's held-out runs need "
                    "Allreduce's choice made")
     args = p.parse_args()
+    if not (args.run or args.plan or args.report):
+        p.error("nothing to do: give --run, --plan or --report")
+    check_paths(p, args)
+    check_device(p, args.device)
     sizes = [s.strip() for s in args.sizes.split(",") if s.strip()]
     bad = [s for s in sizes if s not in SIZES]
     if bad or not sizes:
@@ -886,13 +913,50 @@ def main() -> None:
     if args.device:
         DEVICE.extend(["--set", f"train.device='{args.device}'"])
     signal.signal(signal.SIGTERM, stop_runs)
-    PARAMS.update({s: params_of(s) for s in sizes})
-    if args.plan:
-        plan(sizes, args.out)
-    if args.run:
-        run_all(sizes, args.out, args.parallel)
-    if args.report or args.run:
-        report(sizes, args.out, args.figure)
+    publish_to(args.out, args.publish)
+    figure = args.figure or (os.path.join(HERE, "figures", "ladder.png") if args.publish
+                             else os.path.join(args.out, "ladder.png"))
+    try:
+        PARAMS.update({s: params_of(s) for s in sizes})
+        if args.plan:
+            plan(sizes, args.out)
+        if args.run:
+            run_all(sizes, args.out, args.parallel)
+        if args.report or args.run:
+            os.makedirs(args.out, exist_ok=True)
+            report(sizes, args.out, figure)
+    except KeyboardInterrupt:
+        stop_runs(signal.SIGINT, None)
+        for proc in list(LIVE):
+            proc.wait()
+        sys.exit("ladder.py: interrupted; a run that was training resumes from its last checkpoint next time")
+
+
+def check_paths(p: argparse.ArgumentParser, args) -> None:
+    """--out a folder that can be made and written, --figure a file that can be written (one line, exit 2)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "src"))
+    from lowband.errors import UsageError
+    from lowband.paths import can_make_dir, writable_file
+
+    try:
+        can_make_dir(args.out, "--out")
+        if args.figure:
+            writable_file(args.figure, "--figure")
+    except UsageError as e:
+        p.error(str(e))
+
+
+def check_device(p: argparse.ArgumentParser, device: str) -> None:
+    """--device one a run can use here, before any run: a refused one would be refused at every try."""
+    if not device:
+        return
+    if device not in ("cpu", "cuda"):
+        p.error(f"--device {device!r}: must be cpu or cuda (train.device)")
+    if device == "cuda":
+        import torch
+
+        if not torch.cuda.is_available():
+            p.error("--device 'cuda': no CUDA GPU is visible here")
 
 
 if __name__ == "__main__":

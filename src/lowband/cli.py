@@ -12,6 +12,7 @@ import threading
 from lowband import config as C
 from lowband.cli_parser import SHORTCUTS, parser
 from lowband.errors import ConfigError, LowbandError, Terminated, UsageError, raise_terminated
+from lowband.paths import can_make_dir, writable_dir
 
 # Each command imports the layers it runs inside its own function: a command pays for nobody else's
 # modules (the comparison's matplotlib, EDL-Dist's redis, the trainer's torch for `lowband list`).
@@ -89,10 +90,13 @@ def cmd_train(args) -> int:
     for flag, value in (("--run-dir", args.run_dir), ("--resume", args.resume), ("--out", args.out)):
         if value is not None and not value.strip():
             raise UsageError(f"{flag} is empty; give a directory, or leave the option off")
+    if not args.resume:
+        can_make_dir(args.run_dir or args.out, "--run-dir" if args.run_dir else "--out")
     if args.resume:
         if args.run_dir:
             raise UsageError("--resume and --run-dir both name a run directory; give one")
         cfg, note = resume_config(args)
+        writable_dir(args.resume, "--resume", make=False)  # an immutable folder still lets old files be written
         code, run_dir = session.start(cfg, args.resume, resume=True, allow_world_change=args.allow_world_change,
                                    note=note)
     elif args.allow_world_change and not launched_by_torchrun():
@@ -161,7 +165,9 @@ def cmd_compare(args) -> int:
         if given:
             raise UsageError(f"--resume continues a comparison with its own plan.json; drop {', '.join(given)}")
         plan, folder = ComparisonDir(args.resume).load_plan(), args.resume
+        writable_dir(folder, "--resume", make=False)
     else:
+        can_make_dir(args.out, "--out")
         with target_blamed(args):
             plan, folder = plan_for(compare_request(args))
     code, folder, rows = compare(plan, folder)
@@ -209,6 +215,7 @@ def cmd_report(args) -> int:
     if not delay:
         raise UsageError(f"--latency={args.latency!r} does not parse: expected a time such as 20ms (units us, ms, s)")
     latency = float(delay.group(1)) * DELAY_UNITS[delay.group(2).lower()]
+    can_make_dir(args.out, "--out")
     print(f"wrote {build(args.folders, args.out, args.target, labels, latency)} and report.html")
     return 0
 

@@ -24,6 +24,7 @@ to apply, as tests/distributed/helpers.py's `wrapped_loop` does.
 from __future__ import annotations
 
 import tempfile
+import warnings
 from typing import Any
 
 import torch
@@ -89,7 +90,7 @@ def wrap(model: nn.Module, optimizer: torch.optim.Optimizer, spec: str = "allred
     Raises ConfigError naming the field for a method or option it cannot run."""
     name, cfg = method_config(spec, seed)
     require(isinstance(total_steps, int) and total_steps >= 1, "total_steps", total_steps, "must be an integer >= 1")
-    device = next(model.parameters()).device
+    device = check_optimizer(model, optimizer)
     owns = comm is None
     comm = comm if comm is not None else Communicator.from_env(device)
     from lowband.catalog import load_all
@@ -113,6 +114,28 @@ def wrap(model: nn.Module, optimizer: torch.optim.Optimizer, spec: str = "allred
     return Sync(method, trained, comm, optimizer, owns_comm=owns)
 
 
+def check_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> torch.device:
+    """The device of `model`'s parameters, once `optimizer` is shown to step them: an optimizer over none of
+    them would train nothing while the method still sent its bytes (a ConfigError); one that misses some
+    leaves those frozen (a warning: a frozen embedding may be meant)."""
+    params = [p for p in model.parameters() if p.requires_grad]
+    if not params:
+        raise ConfigError("model", type(model).__name__, "has no trainable parameters: wrap the model the optimizer "
+                                                          "trains")
+    if not isinstance(optimizer, torch.optim.Optimizer):
+        raise ConfigError("optimizer", type(optimizer).__name__, "must be a torch.optim.Optimizer over the model's "
+                                                                 "parameters")
+    stepped = {id(p) for group in optimizer.param_groups for p in group["params"]}
+    missed = [p for p in params if id(p) not in stepped]
+    if len(missed) == len(params):
+        raise ConfigError("optimizer", type(optimizer).__name__, "holds none of the model's parameters: build it "
+                                                                 "over model.parameters()")
+    if missed:
+        warnings.warn(f"lowband.wrap: the optimizer holds {len(params) - len(missed)} of the model's {len(params)} "
+                      f"trainable parameters; the other {len(missed)} stay as they are", stacklevel=3)
+    return params[0].device
+
+
 def method_config(spec: str, seed: int = 0) -> tuple[str, C.Config]:
     """The method's name and a Config holding its options from `spec` (its rounds' evaluations off: they need
     the run's data, which a user's loop keeps) and `seed` (a stochastic codec's, as train.seed seeds it)."""
@@ -121,7 +144,7 @@ def method_config(spec: str, seed: int = 0) -> tuple[str, C.Config]:
 
     if not isinstance(spec, str) or not spec.strip():
         raise ConfigError("spec", spec, "must be NAME[:KEY=VALUE...], e.g. sparseloco:tau=8")
-    name, options = parse_spec(spec.strip())
+    name, options = parse_spec(spec.strip(), "spec")
     if name not in AROUND_THE_STEP:
         raise ConfigError("spec", spec, f"wrap runs the methods that work around the optimizer step: "
                                         f"{', '.join(AROUND_THE_STEP)}")

@@ -88,8 +88,8 @@ def test_the_package_has_no_import_cycle():
 LAYERS: list[list[str]] = [
     ["lowband.errors"],
     # leaves everyone uses: the name tables and the plug-in importer, the network as configured (links and
-    # sites, no torch), the atomic file writer, the typed records, the SI-unit formatter
-    ["lowband.registry", "lowband.net", "lowband.atomic", "lowband.records", "lowband.units"],
+    # sites, no torch), the atomic file writer, the typed records, the SI-unit formatter, the path checks
+    ["lowband.registry", "lowband.net", "lowband.atomic", "lowband.records", "lowband.units", "lowband.paths"],
     ["lowband.config"],
     ["lowband.comm", "lowband.data", "lowband.models"],  # the communicator; data sets; models
     # a run's files and processes, which methods and services use: run directory, checkpoints, worker

@@ -57,8 +57,21 @@ def test_a_run_that_never_started_leaves_no_directory(tmp_path):
     assert not run.exists()
 
 
-@pytest.mark.parametrize("where, says", [("afile", "a file is in the way"),
-                                         ("afile/sub", "a part of the path is a file")])
+@pytest.mark.parametrize("stop", ["Terminated", "KeyboardInterrupt"])
+def test_a_run_stopped_once_prepared_keeps_its_folder_for_resume(tmp_path, stop):
+    """SIGTERM to an elastic job's launcher in its first epoch (no record yet) once deleted the whole folder."""
+    from lowband import errors
+    from lowband.run.rundir import RunDir, held
+
+    run = tmp_path / "run"
+    with pytest.raises(KeyboardInterrupt), held(str(run)):
+        RunDir(str(run)).write_text("config.toml", "[train]\n")
+        raise getattr(errors, stop, KeyboardInterrupt)()
+    assert (run / "config.toml").exists()
+
+
+@pytest.mark.parametrize("where, says", [("afile", "is a regular file, not a directory"),
+                                         ("afile/sub", "afile on its way is a regular file")])
 def test_a_run_directory_that_cannot_be_made_is_one_line_and_exit_2(tmp_path, capsys, where, says):
     from lowband.cli import main
 

@@ -54,19 +54,20 @@ REFERENCE = "allreduce"  # a target budget's reference, unless the suite names a
 
 
 # ---- parsing ---------------------------------------------------------------------------------
-def parse_spec(spec: str) -> tuple[str, dict]:
-    """'ec_dnn:ensemble=margin:tau=128' -> ('ec_dnn', {'ensemble': 'margin', 'tau': 128}).
+def parse_spec(spec: str, field: str = "--methods") -> tuple[str, dict]:
+    """'ec_dnn:ensemble=margin:tau=128' -> ('ec_dnn', {'ensemble': 'margin', 'tau': 128}); a malformed one is a
+    ConfigError naming `field` (the flag or argument that gave it).
 
     A value may hold colons ('diloco:codec=topk:0.02+int2:tau=64'): a new option starts only at
     ':KEY='."""
     name, *options = re.split(r":(?=[A-Za-z_][A-Za-z0-9_]*=)", spec)
     if ":" in name:
-        raise ConfigError("--methods", spec, "options are NAME:KEY=VALUE[:KEY=VALUE], e.g. ec_dnn:ensemble=margin")
+        raise ConfigError(field, spec, "options are NAME:KEY=VALUE[:KEY=VALUE], e.g. ec_dnn:ensemble=margin")
     values = {}
     for item in options:
         path, value = C.parse_set(f"method.{item}")
         if len(path) != 2:
-            raise ConfigError("--methods", spec, "options are KEY=VALUE, e.g. ec_dnn:ensemble=margin")
+            raise ConfigError(field, spec, "options are KEY=VALUE, e.g. ec_dnn:ensemble=margin")
         values[path[1]] = value
     return name, values
 

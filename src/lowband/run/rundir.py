@@ -23,7 +23,6 @@ Nothing here imports torch: the report and the coordinator read run directories 
 from __future__ import annotations
 
 import contextlib
-import errno
 import fcntl
 import glob
 import json
@@ -37,6 +36,7 @@ from typing import Any
 from lowband.atomic import write_text_atomic
 from lowband.config import read_toml
 from lowband.errors import UsageError
+from lowband.paths import lock_holder, open_lock, writable_dir
 
 CONFIG = "config.toml"
 PLACEMENT = "placement.json"
@@ -47,24 +47,27 @@ LOCK = ".lowband.lock"
 def held(path: str, field: str = "--run-dir") -> Iterator[None]:
     """Hold run directory `path` for one launcher while the run trains (an flock on its .lowband.lock,
     released when the launcher exits or dies); made if it does not exist, and removed again if it was
-    made here and what runs inside fails before any record is written. Refused in one line naming
-    `field`: a directory another lowband holds, or a path that cannot be made or written (a file on the
-    way, a read-only parent, /proc)."""
-    made = not os.path.exists(path)
-    fd = _open_lock(path, field)
+    made here and what runs inside fails before any record is written (a run stopped by Ctrl-C or SIGTERM
+    once its config.toml is written keeps its folder: `--resume` continues it). Refused in one line naming
+    `field` (lowband.paths): a directory another process holds, one that cannot be made or written (a
+    file on the way, a read-only or immutable folder, /proc), a lock that is not a regular file."""
+    made = not os.path.lexists(path)
+    writable_dir(path, field)
+    fd = open_lock(path, LOCK, field)
     try:
         try:
             fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
         except BlockingIOError:
-            holder = os.pread(fd, 32, 0).decode(errors="replace").strip() or "?"
-            raise UsageError(f"{field} {path} is in use by another lowband process (pid {holder}); wait for it to "
-                             "end, or give another directory") from None
+            raise UsageError(f"{field} {path} is in use by {lock_holder(fd)}; wait for it to end, or give "
+                             "another directory") from None
         os.ftruncate(fd, 0)
         os.pwrite(fd, str(os.getpid()).encode(), 0)
         _check_kinds(path, field)
         yield
-    except BaseException:
-        if made and not RunDir(path).has_records():
+    except BaseException as e:
+        run = RunDir(path)
+        stopped = isinstance(e, KeyboardInterrupt) and os.path.exists(run.config_path)  # Ctrl-C, SIGTERM
+        if made and not run.has_records() and not stopped:
             shutil.rmtree(path, ignore_errors=True)  # a run that never started leaves no directory
         raise
     finally:
@@ -82,19 +85,6 @@ def _check_kinds(path: str, field: str) -> None:
         name, kind = wrong[0]
         raise UsageError(f"{field} {path}: {os.path.basename(name)} there is not {kind}; move it away, or give "
                          "another directory")
-
-
-def _open_lock(path: str, field: str) -> int:
-    """The lock file's descriptor, the directory made first; any way it cannot be is one UsageError."""
-    try:
-        os.makedirs(path, exist_ok=True)
-        return os.open(os.path.join(path, LOCK), os.O_RDWR | os.O_CREAT, 0o644)
-    except OSError as e:
-        why = {errno.EEXIST: "a file is in the way", errno.ENOTDIR: "a part of the path is a file, not a directory",
-               errno.EACCES: "permission denied", errno.EROFS: "the file system is read-only",
-               errno.EPERM: "permission denied"}.get(e.errno or 0, e.strerror or type(e).__name__)
-        raise UsageError(f"{field} {path} cannot be written ({why}); give a directory lowband can create and "
-                         "write") from None
 
 
 class Stream:

@@ -31,6 +31,12 @@ def new_run_dir(out: str, method: str) -> str:
     return path
 
 
+def given_flag(run_dir: str | None, resume: bool) -> str:
+    """The flag that named the run directory, for a line that refuses it: --resume, --run-dir, or --out (the
+    folder a new run directory is made in)."""
+    return "--resume" if resume else "--run-dir" if run_dir else "--out"
+
+
 def prepare_run_dir(cfg: C.Config, run_dir: str) -> None:
     run = RunDir(run_dir)
     if run.has_records():

@@ -27,7 +27,7 @@ from lowband.run.reshard import reshard
 from lowband.run.rundir import RunDir, held
 from lowband.run.workers import leave_now
 from lowband.training.ranks import FixedRanks
-from lowband.training.runconfig import check_model, new_run_dir, prepare_run_dir, read_run_config, write_config
+from lowband.training.runconfig import check_model, given_flag, new_run_dir, prepare_run_dir, read_run_config, write_config
 from lowband.training.spec import RunSpec, resolve
 from lowband.training.trainer import Trainer, worker_data
 
@@ -86,6 +86,7 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
         return _elastic(cfg, run_dir, out, resume, allow_world_change, note)
     if launched_by_torchrun():
         return _as_torchrun_worker(cfg, run_dir, out, resume, allow_world_change, note)
+    field = given_flag(run_dir, resume)
     run_dir = run_dir or new_run_dir(out, cfg.method.name)
     loggers.check(cfg.train.loggers)
     spec = resolve(cfg)
@@ -99,7 +100,7 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
         check_netns_possible(cfg.link.intra_spec, "link.intra")
         netns, sites = cfg.link.spec, spec.sites
     method = spec.method
-    with method.services(cfg.method), held(run_dir):  # services (Redis, teachers) and the directory: refused or
+    with method.services(cfg.method), held(run_dir, field):  # services (Redis, teachers) and the directory: refused or
         if not resume:                                 # failing here leaves no run directory behind
             prepare_run_dir(cfg, run_dir)
         else:

@@ -34,7 +34,7 @@ from lowband.run.rundir import RunDir, held
 from lowband.training.elastic.files import JOB_FILE, read_job
 from lowband.training.elastic.lineage import surviving_rounds
 from lowband.training.elastic.records import EARLIER
-from lowband.training.runconfig import check_model, new_run_dir, prepare_run_dir, read_run_config, write_config
+from lowband.training.runconfig import check_model, given_flag, new_run_dir, prepare_run_dir, read_run_config, write_config
 
 ENTRY = "lowband.training.elastic.worker:main"
 KEEP_EVERY_S = 60.0  # how often the launcher renews its job's keys in the coordinator (Membership.keep_for)
@@ -79,10 +79,11 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
               "is written); nothing to resume: give --epochs N to train it further", file=sys.stderr)
         return 0, run_dir
     check_model(cfg, load_dataset(cfg.data))
+    field = given_flag(run_dir, resume)
     run_dir = run_dir or new_run_dir(out, cfg.method.name)
     if cfg.elastic.coordinator:
         Membership(cfg.elastic.coordinator, "check").ping()
-    with held(run_dir):  # one launcher per directory; one that cannot be written is refused here
+    with held(run_dir, field):  # one launcher per directory; one that cannot be written is refused here
         code = _run_job(cfg, run_dir, resume)
     if code == 0:
         summarize(run_dir)

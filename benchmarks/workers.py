@@ -1,0 +1,392 @@
+"""The worker axis and the regime without repetition (issue 64): how far SparseLoCo's and DiLoCo's loss is
+from Allreduce's when the pool has 2 to 16 workers, and when no training window is seen twice.
+
+A cell is (GPT size, workers K, epochs E). The workload is the scale ladder's (benchmarks/ladder.py):
+byte-level GPT, the whole KJV (80/10/10), context 64, AdamW with a quarter-epoch warm-up and cosine decay.
+
+How the batch moves with K: **each worker keeps the ladder's batch of 16 windows**, so the global batch
+is 16K and, for the same samples (E epochs of the training split), each worker takes 1/K of the steps.
+That is a user with a fixed budget who adds machines: each machine does less, the global batch grows, and
+Allreduce takes fewer, larger steps. The scaling-law paper (Charles et al. 2025) holds the token budget and
+tunes the batch; here the rate is re-chosen per cell instead (a larger batch wants a larger rate).
+
+E = 1 is the regime without repetition: every training window is seen once, as in LLM pre-training.
+
+The protocol is the ladder's: in every cell each family's rate is bracketed on seed 0 (starting from its
+chosen rate at K = 4, E = 4, and the neighbour the batch or the shorter run points to), then the chosen
+rate is judged on seeds 10, 11 and 12, which informed no choice. K = 4, E = 4 is the ladder's own cell:
+its records are read from benchmarks/results/ladder/, not run again.
+
+Run:     python benchmarks/workers.py --run [--cells tiny-k4-e1,small-k16-e1] [--out runs/workers]
+Plan:    python benchmarks/workers.py --plan
+Report:  python benchmarks/workers.py --report [--figure benchmarks/figures/workers.png]
+Records: benchmarks/results/workers/CELL/RUN.jsonl (committed, a failed run's with a .failed file) and
+         benchmarks/results/workers.csv. SIGTERM stops the queue; the run training resumes next time.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import math
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import time
+from dataclasses import dataclass
+
+import ladder
+from common import commit
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+RESULTS = os.path.join(HERE, "results", "workers")
+CSV = os.path.join(HERE, "results", "workers.csv")
+CHOOSE_SEED, HELD_OUT = 0, (10, 11, 12)
+MAX_RATES = 4
+
+#: the K = 4, E = 4 choice of each family at each size (the ladder's), where every cell's bracket starts
+FAMILIES = {"allreduce": "allreduce", "sparseloco": ladder.S8, "diloco-0.7": ladder.DILOCO_07}
+LADDER_RATE = {("allreduce", "tiny"): 0.016, ("allreduce", "small"): 0.004,
+               ("sparseloco", "tiny"): 0.016, ("sparseloco", "small"): 0.008,
+               ("diloco-0.7", "tiny"): 0.008, ("diloco-0.7", "small"): 0.004}
+LADDER_SEEDS = {"allreduce": (10, 11, 12), "sparseloco": (10, 11, 12), "diloco-0.7": (13, 14, 15)}
+
+
+@dataclass(frozen=True)
+class Cell:
+    size: str
+    workers: int
+    epochs: int
+    families: tuple[str, ...] = tuple(FAMILIES)
+
+    @property
+    def name(self) -> str:
+        return f"{self.size}-k{self.workers}-e{self.epochs}"
+
+    def start_rates(self, family: str) -> tuple[float, ...]:
+        """Where the bracket starts: the ladder's rate and the neighbour a larger global batch or a shorter
+        run points to (up), or a smaller batch (down)."""
+        r = LADDER_RATE[(family, self.size)]
+        return (r / 2, r) if self.workers < 4 else (r, 2 * r)
+
+
+#: in the order --run takes them: the cheap regime without repetition first, the goal's cell, then the axis
+CELLS = (
+    Cell("tiny", 4, 1),
+    Cell("small", 16, 1, ("allreduce", "sparseloco")),
+    Cell("tiny", 16, 4),
+    Cell("tiny", 8, 4),
+    Cell("tiny", 2, 4),
+    Cell("small", 4, 1, ("allreduce", "sparseloco")),
+    Cell("small", 16, 4),
+)
+
+
+@dataclass(frozen=True)
+class Job:
+    cell: Cell
+    family: str
+    lr: float
+    seed: int
+
+    @property
+    def name(self) -> str:
+        return ladder.Job(self.cell.size, FAMILIES[self.family], self.lr, self.seed).name
+
+    @property
+    def kept(self) -> str:
+        return os.path.join(RESULTS, self.cell.name, self.name + ".jsonl")
+
+    def run_dir(self, out: str) -> str:
+        return os.path.join(out, self.cell.name, self.name)
+
+
+def records(job: Job, out: str) -> list[dict]:
+    found = [ladder.read_records(p) for p in (os.path.join(job.run_dir(out), "metrics.jsonl"), job.kept)]
+    return max(found, key=len)
+
+
+def failed(job: Job) -> bool:
+    return os.path.exists(job.kept[:-len(".jsonl")] + ".failed")
+
+
+def final(job: Job, out: str) -> dict | None:
+    recs = records(job, out)
+    return recs[-1] if recs and recs[-1]["epoch"] >= job.cell.epochs else None
+
+
+def done(job: Job, out: str) -> bool:
+    return final(job, out) is not None or failed(job)
+
+
+def bpb(job: Job, out: str) -> float:
+    rec = final(job, out)
+    return rec["val_bpb"] if rec and rec.get("val_bpb") is not None else math.inf
+
+
+# ---- the protocol ----------------------------------------------------------------------------------
+
+def tried(cell: Cell, family: str, out: str) -> list[Job]:
+    """The family's choosing runs in `cell`, the bracket's extensions included while all have finished."""
+    jobs = [Job(cell, family, lr, CHOOSE_SEED) for lr in cell.start_rates(family)]
+    while all(done(j, out) for j in jobs):
+        best = min(jobs, key=lambda j: bpb(j, out))
+        rates = sorted(j.lr for j in jobs)
+        if not math.isfinite(bpb(best, out)) or len(rates) >= MAX_RATES:
+            break
+        nxt = best.lr * 2 if best.lr == rates[-1] else best.lr / 2 if best.lr == rates[0] else None
+        if nxt is None:
+            break
+        jobs.append(Job(cell, family, round(nxt, 6), CHOOSE_SEED))
+    return jobs
+
+
+def chosen(cell: Cell, family: str, out: str) -> Job | None:
+    jobs = tried(cell, family, out)
+    if not all(done(j, out) for j in jobs):
+        return None
+    best = min(jobs, key=lambda j: bpb(j, out))
+    return best if math.isfinite(bpb(best, out)) else None
+
+
+def cell_jobs(cell: Cell, out: str) -> list[Job]:
+    """The cell's jobs known now: every family's choosing runs, then the held-out seeds seed by seed."""
+    jobs = [j for f in cell.families for j in tried(cell, f, out)]
+    picks = [p for f in cell.families if (p := chosen(cell, f, out)) is not None]
+    return jobs + [Job(cell, p.family, p.lr, s) for s in HELD_OUT for p in picks]
+
+
+def next_job(cells: list[Cell], out: str) -> Job | None:
+    return next((j for c in cells for j in cell_jobs(c, out) if not done(j, out)), None)
+
+
+# ---- running -----------------------------------------------------------------------------------------
+
+def command(job: Job, run_dir: str) -> list[str]:
+    if os.path.exists(os.path.join(run_dir, "config.toml")):
+        return ["--resume", run_dir]
+    name, *opts = FAMILIES[job.family].split(":")
+    return ["--method", name, *ladder.BASE, "--set", f"model.size='{job.cell.size}'", "--workers", str(job.cell.workers),
+            "--epochs", str(job.cell.epochs), "--set", f"optim.lr={job.lr}", "--seed", str(job.seed),
+            "--run-dir", run_dir, *[a for o in opts for a in ("--set", "method." + o)],
+            *(["--set", "method.round_evals=0"] if name != "allreduce" else [])]
+
+
+LIVE: list[subprocess.Popen] = []
+STOPPING: list[bool] = []
+
+
+def train(job: Job, out: str) -> None:
+    """One run, resumed if stopped before; its records kept when it ends."""
+    run_dir = job.run_dir(out)
+    if os.path.isdir(run_dir) and not os.path.exists(os.path.join(run_dir, "checkpoints")):
+        shutil.rmtree(run_dir)  # stopped before its first checkpoint: start again
+    args = command(job, run_dir)
+    t0 = time.time()
+    print(f"[{time.strftime('%H:%M:%S')}] {job.cell.name} {job.family} lr={job.lr:g} seed {job.seed}", flush=True)
+    with subprocess.Popen([sys.executable, "-m", "lowband", "train", "-q", *args]) as proc:
+        LIVE.append(proc)
+        code = proc.wait()
+        LIVE.remove(proc)
+    print(f"  exit {code} after {time.time() - t0:.0f} s, val bpb {bpb(job, out):.4f}", flush=True)
+    if STOPPING:
+        return
+    recs = ladder.read_records(os.path.join(run_dir, "metrics.jsonl"))
+    os.makedirs(os.path.dirname(job.kept), exist_ok=True)
+    if recs:
+        with open(job.kept, "w") as f:
+            for r in recs:
+                f.write(ladder.json.dumps({k: v for k, v in r.items() if k != "bytes"}) + "\n")
+    if code == 4 or (code == 0 and (not recs or recs[-1]["epoch"] < job.cell.epochs)):
+        with open(job.kept[:-len(".jsonl")] + ".failed", "w") as f:
+            f.write((ladder.divergence(run_dir) or f"exit {code}") + "\n")
+
+
+def stop(signum: int, frame: object) -> None:
+    STOPPING.append(True)
+    for proc in LIVE:
+        proc.send_signal(signal.SIGTERM)
+
+
+# ---- what it shows -------------------------------------------------------------------------------
+
+def ladder_final(family: str, size: str, seed: int) -> dict | None:
+    """The ladder's K = 4, E = 4 run of `family` at its chosen rate."""
+    job = ladder.Job(size, FAMILIES[family], LADDER_RATE[(family, size)], seed)
+    recs = ladder.read_records(ladder.kept_path(job)) or ladder.read_records(
+        os.path.join(ladder.LM_STUDY, job.name + ".jsonl"))
+    return recs[-1] if recs and recs[-1]["epoch"] >= ladder.EPOCHS else None
+
+
+@dataclass
+class Row:
+    cell: str
+    family: str
+    lr: float
+    held: dict[int, dict]  # seed -> final record
+    ref: dict[int, dict]  # Allreduce's, on the same seeds
+
+    def _seeds(self) -> list[int]:
+        return [s for s in self.held if s in self.ref]
+
+    def gap(self, key: str) -> float | None:
+        seeds = self._seeds()
+        if not seeds:
+            return None
+        return 100 * (statistics.mean(self.held[s][key] for s in seeds)
+                      / statistics.mean(self.ref[s][key] for s in seeds) - 1)
+
+    def ratio(self) -> float | None:
+        seeds = self._seeds()
+        mine = sum(self.held[s]["bytes_sent_per_worker"] for s in seeds)
+        return sum(self.ref[s]["bytes_sent_per_worker"] for s in seeds) / mine if seeds and mine else None
+
+
+def rows(cell: Cell, out: str) -> list[Row]:
+    """Each family's chosen rate judged on the held-out seeds, against Allreduce's on the same seeds."""
+    if (cell.workers, cell.epochs) == (4, 4):
+        ref = {s: r for s in range(10, 16) if (r := ladder_final("allreduce", cell.size, s))}
+        return [Row(cell.name, f, LADDER_RATE[(f, cell.size)],
+                    {s: r for s in LADDER_SEEDS[f] if (r := ladder_final(f, cell.size, s))}, ref)
+                for f in cell.families]
+    ref_pick = chosen(cell, "allreduce", out)
+    ref = {s: r for s in HELD_OUT if ref_pick and (r := final(Job(cell, "allreduce", ref_pick.lr, s), out))}
+    found = []
+    for f in cell.families:
+        pick = chosen(cell, f, out)
+        if pick is not None:
+            found.append(Row(cell.name, f, pick.lr,
+                             {s: r for s in HELD_OUT if (r := final(Job(cell, f, pick.lr, s), out))}, ref))
+    return found
+
+
+def pct(v: float | None) -> str:
+    return "-" if v is None else f"{v:+.2f}%"
+
+
+def report(cells: list[Cell], out: str, figure: str) -> None:
+    print(f"Worker axis and the regime without repetition (benchmarks/workers.py, commit {commit()}); "
+          "gaps to Allreduce on held-out seeds, validation and last-epoch training loss")
+    print("| cell | family | lr | seeds | val bpb | val gap | train-loss gap | fewer bytes |")
+    print("|---|---|---|---|---|---|---|---|")
+    table = []
+    for cell in cells:
+        for row in rows(cell, out):
+            seeds = sorted(s for s in row.held if s in row.ref)
+            mean = statistics.mean(row.held[s]["val_bpb"] for s in seeds) if seeds else math.nan
+            ratio = row.ratio()
+            print(f"| {row.cell} | {row.family} | {row.lr:g} | {','.join(map(str, seeds)) or '-'} | {mean:.4f} | "
+                  f"{pct(row.gap('val_bpb')) if row.family != 'allreduce' else '-'} | "
+                  f"{pct(row.gap('train_loss')) if row.family != 'allreduce' else '-'} | "
+                  f"{f'{ratio:,.0f}x' if ratio and row.family != 'allreduce' else '-'} |")
+            table.append((cell, row))
+    print(f"{write_csv(cells, out)} runs in {os.path.relpath(CSV)}")
+    plot(table, figure)
+
+
+def plot(table: list[tuple[Cell, Row]], figure: str) -> None:
+    """Gap to Allreduce (validation) against K at 4 epochs, per size; the one-epoch cells as open marks."""
+    import matplotlib
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(7, 4.2))
+    colors = {"sparseloco": "tab:orange", "diloco-0.7": "tab:green"}
+    for (size, epochs), style in {("tiny", 4): "-o", ("small", 4): "--s", ("tiny", 1): ":^", ("small", 1): ":v"}.items():
+        for family, color in colors.items():
+            pts = sorted((c.workers, g) for c, r in table if (c.size, c.epochs) == (size, epochs)
+                         and r.family == family and (g := r.gap("val_bpb")) is not None)
+            if pts:
+                ax.plot([k for k, _ in pts], [g for _, g in pts], style, color=color, mfc="none" if epochs == 1 else color,
+                        label=f"{family}, {size}, {epochs} epoch{'s' * (epochs > 1)}")
+    ax.axhline(0, color="gray", lw=0.8)
+    ax.set_xscale("log", base=2)
+    ax.set_xticks([2, 4, 8, 16])
+    ax.set_xticklabels(["2", "4", "8", "16"])
+    ax.set_xlabel("workers K (each a batch of 16 windows; the same samples for every K)")
+    ax.set_ylabel("validation gap to Allreduce (%)")
+    ax.set_title("How far the savers end from Allreduce, by the number of workers")
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    os.makedirs(os.path.dirname(os.path.abspath(figure)), exist_ok=True)
+    fig.savefig(figure, dpi=130)
+    print(f"figure: {os.path.relpath(figure)}")
+
+
+def write_csv(cells: list[Cell], out: str) -> int:
+    """workers.csv: every run of the new cells that ended, with its committed records."""
+    fields = ["size", "params", "workers", "method", "spec", "lr", "seed", "epochs", "val_bpb", "train_loss",
+              "bytes_sent_per_worker", "records"]
+    found = []
+    for cell in cells:
+        if (cell.workers, cell.epochs) == (4, 4):
+            continue
+        for job in cell_jobs(cell, out):
+            recs = ladder.read_records(job.kept)
+            if not recs and not failed(job):
+                continue
+            last = recs[-1] if recs else {}
+            ok = bool(recs) and last["epoch"] >= cell.epochs
+            found.append({"size": cell.size, "params": ladder.params_of(cell.size), "workers": cell.workers,
+                          "method": job.family, "spec": FAMILIES[job.family], "lr": f"{job.lr:g}", "seed": job.seed,
+                          "epochs": last.get("epoch", 0), "val_bpb": f"{last['val_bpb']:.6f}" if ok else "failed",
+                          "train_loss": f"{last['train_loss']:.6f}" if ok else "",
+                          "bytes_sent_per_worker": f"{last.get('bytes_sent_per_worker', 0):.0f}",
+                          "records": os.path.relpath(job.kept, os.path.dirname(HERE))})
+    with open(CSV, "w", newline="") as f:
+        writer = csv.DictWriter(f, fieldnames=fields)
+        writer.writeheader()
+        writer.writerows(found)
+    return len(found)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n")[0], epilog=__doc__,
+                                formatter_class=argparse.RawDescriptionHelpFormatter)
+    p.add_argument("--run", action="store_true", help="run the next jobs until none is left (or SIGTERM)")
+    p.add_argument("--plan", action="store_true", help="print the jobs known to be still to run, in order")
+    p.add_argument("--report", action="store_true", help="print the table, write workers.csv and the figure")
+    names = [c.name for c in CELLS]
+    p.add_argument("--cells", default=",".join(names), help=f"comma-separated cells, of {', '.join(names)}")
+    p.add_argument("--out", default="runs/workers", help="parent of the run directories (default runs/workers)")
+    p.add_argument("--figure", default=os.path.join(HERE, "figures", "workers.png"), help="the figure's PNG")
+    args = p.parse_args()
+    if not (args.run or args.plan or args.report):
+        p.error("nothing to do: give --run, --plan or --report")
+    want = [c.strip() for c in args.cells.split(",") if c.strip()]
+    bad = [c for c in want if c not in names]
+    if bad or not want:
+        p.error(f"--cells {args.cells!r}: {', '.join(bad) or 'no cell'} is not one of {', '.join(names)}")
+    sys.path.insert(0, os.path.join(os.path.dirname(HERE), "src"))
+    from lowband.errors import UsageError
+    from lowband.paths import can_make_dir, writable_file
+
+    try:
+        can_make_dir(args.out, "--out")
+        writable_file(args.figure, "--figure")
+    except UsageError as e:
+        p.error(str(e))
+    cells = [c for c in CELLS if c.name in want]
+    signal.signal(signal.SIGTERM, stop)
+    try:
+        if args.plan:
+            for cell in cells:
+                for job in cell_jobs(cell, args.out):
+                    if not done(job, args.out):
+                        print(f"{cell.name:14} {job.family:11} lr={job.lr:g} seed {job.seed}")
+        while args.run and not STOPPING and (job := next_job(cells, args.out)) is not None:
+            train(job, args.out)
+        if args.report:
+            report([Cell("tiny", 4, 4), Cell("small", 4, 4, ("allreduce", "sparseloco", "diloco-0.7")), *cells],
+                   args.out, args.figure)
+    except KeyboardInterrupt:
+        stop(signal.SIGINT, None)
+        print("interrupted: the run training resumes from its last checkpoint next time", file=sys.stderr)
+        sys.exit(130)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,53 @@
+"""lowband.wrap refuses what would train nothing while bytes are still sent: an optimizer over another model's
+parameters, a model without parameters; an optimizer that misses some parameters is a warning; a malformed
+spec is blamed on `spec`, the argument the user gave (not a CLI flag)."""
+
+from __future__ import annotations
+
+import warnings
+
+import pytest
+import torch
+from torch import nn
+
+import lowband
+from lowband.comm import Communicator
+
+pytestmark = pytest.mark.unit
+
+
+def alone() -> Communicator:
+    return Communicator(0, 1, torch.device("cpu"))
+
+
+def test_an_optimizer_over_another_model_is_refused_naming_the_optimizer():
+    model, other = nn.Linear(4, 1), nn.Linear(4, 1)
+    with pytest.raises(lowband.ConfigError, match=r"^optimizer='SGD' is invalid: holds none of the model's"):
+        lowband.wrap(model, torch.optim.SGD(other.parameters(), lr=0.1), "diloco:tau=4", comm=alone())
+
+
+def test_an_optimizer_missing_some_parameters_is_a_warning_and_the_rest_train():
+    model = nn.Sequential(nn.Linear(4, 3), nn.Linear(3, 1))
+    with pytest.warns(UserWarning, match=r"holds 2 of the model's 4 trainable parameters; the other 2 stay"):
+        sync = lowband.wrap(model, torch.optim.SGD(model[1].parameters(), lr=0.1), "allreduce", comm=alone())
+    sync.close()
+
+
+def test_a_full_optimizer_gives_no_warning():
+    model = nn.Linear(4, 1)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        lowband.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), "allreduce", comm=alone()).close()
+
+
+def test_a_model_without_parameters_is_one_config_error_not_stop_iteration():
+    with pytest.raises(lowband.ConfigError, match=r"^model='ReLU' is invalid: has no trainable parameters"):
+        lowband.wrap(nn.ReLU(), torch.optim.SGD(nn.Linear(1, 1).parameters(), lr=0.1), "allreduce", comm=alone())
+
+
+@pytest.mark.parametrize("spec", ["diloco:tau", "diloco:x:y=1", "sparse:loco:tau=4"])
+def test_a_malformed_spec_names_spec_not_a_cli_flag(spec):
+    model = nn.Linear(4, 1)
+    with pytest.raises(lowband.ConfigError) as caught:
+        lowband.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), spec, comm=alone())
+    assert str(caught.value).startswith("spec=") and "--methods" not in str(caught.value), caught.value
