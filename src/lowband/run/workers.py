@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import contextlib
 import ctypes
+import gc
 import importlib
 import logging
 import os
@@ -188,6 +189,8 @@ def spawn(entry: str, args: list[str], world: int, rendezvous_dir: str, threads:
     if can_fork(net):
         importlib.import_module(entry.partition(":")[0])  # once here, inherited by every worker
         import_what_workers_import()
+        gc.freeze()  # the launcher's objects out of the collector's reach: a worker's collections no longer
+        #              write to (and so copy) every page the fork shares with it
         return [fork_worker(entry, args, worker_env(r, world, init_file, threads)) for r in range(world)]
     cmd = [sys.executable, "-m", "lowband.run.workers", entry, *args]
     procs: list[Worker] = []
