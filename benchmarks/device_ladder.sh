@@ -18,7 +18,7 @@
 #   fits no more than that, so give the runs to the first call and keep the second short.
 # Back here: `tar xzf FILES_AT/ladder.tgz` in the repository root (it holds the committed records too, each
 #   record naming the device it trained on), run
-#   `python benchmarks/ladder.py --report --sizes small,tiny,nano,medium` and commit the records; the
+#   `python benchmarks/ladder.py --report --publish --sizes small,tiny,nano,medium` and commit the records; the
 #   queue of a later lease starts from them.
 #
 # LADDER_FAMILIES=diloco-0.7 (comma-separated) takes only those families' runs, e.g. DiLoCo's rung at `small`.

@@ -52,8 +52,11 @@ records without it trained on the 2-core CPU): a pair can mix the two when a GPU
 (the same seed, data and steps; the float rounding differs), and the report says so beside the pair.
 
 Run:      python benchmarks/ladder.py --run [--sizes small,tiny,nano] [--out runs/ladder]
-Report:   python benchmarks/ladder.py --report [--figure benchmarks/figures/ladder.png]
-          (every size with committed records, --sizes first)
+Report:   python benchmarks/ladder.py --report [--publish] [--figure PNG]
+          (every size with committed records, --sizes first). It writes ladder.csv, ladder.json and
+          ladder.png into --out; --publish writes them where they are committed instead
+          (benchmarks/results/ladder.csv, the package's ladder.json that every report quotes,
+          benchmarks/figures/ladder.png). A run lowband refuses (exit 2) stops the queue at once.
 Plan:     python benchmarks/ladder.py --plan   (the runs still to do, in the order --run takes them)
 GPU:      python benchmarks/ladder.py --run --sizes medium,large --device cuda --parallel 4
           (4 runs at once, each 4 workers sharing the GPU through gloo); benchmarks/device_ladder.sh runs

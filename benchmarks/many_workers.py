@@ -79,7 +79,8 @@ def main() -> None:
                                     "--dataset", "text", "--model", "gpt", "--set", f"model.size='{args.size}'",
                                     "--set", f"data.max_bytes={args.max_bytes}", "--set", "data.context=64",
                                     "--batch-size", "16", "--run-dir", run,
-                                    *(["--set", "method.tau=16"] if args.method in ("diloco", "local_sgd") else [])])
+                                    *(["--set", "method.tau=16"] if args.method in ("diloco", "local_sgd") else []),
+                                    *(["--set", "method.round_evals=0"] if args.method != "allreduce" else [])])
         first = first or (wall, peak)
         print(f"K={k:3}: exit {code}, wall {wall:7.1f} s ({wall / first[0]:.2f}x), peak memory {peak / 1024:6.2f} GB "
               f"({peak / max(first[1], 1):.1f}x)", flush=True)

@@ -66,8 +66,13 @@ def process_running(pid: int) -> bool:
     return True
 
 
-def write_text_atomic(path: str, text: str) -> None:
+def write_text_atomic(path: str, text: str, private: bool = False) -> None:
+    """`text` into `path`, whole or not at all; `private`: readable by its owner alone (mode 0600, set before a
+    byte is written), for a file that holds a secret."""
     def write(tmp: str) -> None:
+        if private:
+            os.close(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600))
+            os.chmod(tmp, 0o600)
         with open(tmp, "w") as f:
             f.write(text)
     write_atomic(path, write)

@@ -171,7 +171,9 @@ def cmd_compare(args) -> int:
         with target_blamed(args):
             plan, folder = plan_for(compare_request(args))
     code, folder, rows = compare(plan, folder)
-    if rows:
+    if code == 130:  # a run was stopped by Ctrl-C: no summary.csv yet (--resume continues); the one line
+        print("lowband: interrupted", file=sys.stderr)
+    elif rows:
         print_summary(rows, folder)
     return code
 

@@ -29,6 +29,10 @@ def run_teacher(args) -> int:
         raise UsageError("--threads and --max-batch must be >= 1, --ttl > 0, --max-rate >= 0")
     if not (0 < args.idle_timeout < 1e6 and 0 < args.read_timeout < 1e6 and 1 <= args.max_connections <= 10_000):
         raise UsageError("--idle-timeout and --read-timeout must be in (0, 1e6) s, --max-connections in 1..10000")
+    url = args.coordinator or os.environ.get("LOWBAND_COORDINATOR", "")
+    if not url:
+        raise UsageError("--coordinator is missing: give the coordinator's Redis URL, or set LOWBAND_COORDINATOR")
+    args.coordinator = url
     torch.set_num_threads(args.threads)
     coord = Coordinator(args.coordinator, ttl_s=args.ttl)
     coord.ping()
@@ -64,8 +68,9 @@ def run_coordinator(args) -> int:
         print(f"coordinator {redact(args.redis_url)}: reachable")
         return _watch(coord, args.watch)
     with EmbeddedRedis(args.redis) as url:
-        print(f"coordinator: embedded Redis at {url} (stops with this command; Ctrl-C to stop)\n"
-              f"  start teachers with:  lowband teacher --checkpoint RUN_DIR --coordinator {url}", flush=True)
+        print(f"coordinator: embedded Redis at {url} (its password is in the URL; stops with this command; Ctrl-C to "
+              f"stop)\n  start teachers with:  LOWBAND_COORDINATOR='{url}' lowband teacher --checkpoint RUN_DIR",
+              flush=True)
         return _watch(Coordinator(url), args.watch or 2.0)
 
 

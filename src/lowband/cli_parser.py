@@ -232,7 +232,8 @@ def _distill_parsers(sub) -> None:
     t = sub.add_parser("teacher", help="serve a teacher model to students; registers in the coordinator",
                        epilog=DISTILL_EXAMPLES, formatter_class=fmt)
     t.add_argument("--checkpoint", required=True, metavar="RUN_DIR|CKPT", help="a lowband run dir or checkpoint")
-    t.add_argument("--coordinator", required=True, metavar="URL", help="Redis URL of the coordinator")
+    t.add_argument("--coordinator", metavar="URL", help="Redis URL of the coordinator (default: $LOWBAND_COORDINATOR, "
+                   "which keeps a password out of the process list)")
     t.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the teacher runs (default cpu)")
     t.add_argument("--threads", type=int, default=1, help="torch threads (default 1)")
     t.add_argument("--host", default="127.0.0.1", help="address to bind (default 127.0.0.1; 0.0.0.0 for all)")

@@ -161,3 +161,16 @@ def test_embedded_redis_refuses_a_taken_port():
         port = int(url.rsplit(":", 1)[1].split("/")[0])
         with pytest.raises(UsageError, match=f"did not start on port {port}"):
             EmbeddedRedis(port=port).start(timeout_s=3)
+
+
+def test_every_embedded_redis_has_its_own_password_and_refuses_a_client_without_it():
+    """Any local user could once read or rewrite a job's membership: PING answered, requirepass was empty."""
+    import redis
+
+    with EmbeddedRedis() as url, EmbeddedRedis() as other:
+        parsed = redis.connection.parse_url(url)
+        assert len(parsed["password"]) >= 24 and parsed["password"] != redis.connection.parse_url(other)["password"]
+        assert redis.Redis.from_url(url).ping()  # the URL carries it
+        with pytest.raises(redis.AuthenticationError):
+            redis.Redis(port=parsed["port"], socket_connect_timeout=2).ping()
+        assert redis.Redis.from_url(url).config_get("requirepass")["requirepass"] == parsed["password"]

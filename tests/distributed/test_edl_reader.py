@@ -236,8 +236,7 @@ def test_coordinator_restart_mid_run():
         try:
             r.feed(1, batches(200))
             ids = drain(r, 20)
-            redis_port = int(url.rsplit(":", 1)[1].split("/")[0])
-            server = _restart_redis_on(redis_port)
+            server = _restart_redis_on(url)
             ids += drain(r, 200, start=20)  # the student carries on with the teacher it holds
             assert ids == list(range(200 * BS))
             wait_for(lambda: t.info.id in {x.id for x in coord.teachers()}, 5,
@@ -249,13 +248,14 @@ def test_coordinator_restart_mid_run():
                 server.stop()
 
 
-def _restart_redis_on(port: int) -> EmbeddedRedis:
-    """Kill the Redis listening on `port` and start an empty one there."""
+def _restart_redis_on(url: str) -> EmbeddedRedis:
+    """Kill the Redis at `url` and start an empty one there, with the same password."""
     import redis
 
     with contextlib.suppress(redis.ConnectionError):
-        redis.Redis(port=port).shutdown(nosave=True)
-    fresh = EmbeddedRedis(port=port)
+        redis.Redis.from_url(url).shutdown(nosave=True)
+    parsed = redis.connection.parse_url(url)
+    fresh = EmbeddedRedis(port=parsed["port"], password=parsed.get("password", ""))
     for _ in range(50):
         try:
             fresh.start()

@@ -84,3 +84,33 @@ def test_model_kwargs_reach_a_user_factory_and_the_saved_config(tmp_path, monkey
     assert again.model.kwargs == {"width": 7}  # what load_model rebuilds from
     assert "kwargs = {width = 7}" in C.describe(cfg)
     assert build_model(ModelConfig(name="widefactory:make"), (1, 40), 10)[1].out_features == 4
+
+
+class _SmallVocab(torch.nn.Module):
+    """A language model whose factory ignores the data's vocabulary: 16 tokens, not 256."""
+
+    def __init__(self, width: int = 8):
+        super().__init__()
+        if width < 1:
+            raise ValueError(f"width must be >= 1, got {width}")
+        self.emb, self.out = torch.nn.Embedding(16, width), torch.nn.Linear(width, 256)
+
+    def forward(self, x):
+        return self.out(self.emb(x))
+
+
+def small_vocab(in_shape, num_classes, width: int = 8):
+    return _SmallVocab(width)
+
+
+def test_a_factory_that_ignores_the_vocabulary_is_refused_before_any_worker():
+    """It once died in a worker with IndexError on the first byte above 15."""
+    from lowband.models import build_for_task
+
+    with pytest.raises(ConfigError, match=r"^model.name=.* with tokens 0..255 \(its embedding needs vocab_size=256\)"):
+        build_for_task(ModelConfig(name=f"{__name__}:small_vocab"), (32,), 256, "lm")
+
+
+def test_a_bad_kwargs_value_is_blamed_on_model_kwargs_not_model_name():
+    with pytest.raises(ConfigError, match=r"^model.kwargs=\{'width': 0\} is invalid: .*ValueError: width must be"):
+        build_model(ModelConfig(name=f"{__name__}:small_vocab", kwargs={"width": 0}), (32,), 256)

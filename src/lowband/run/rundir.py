@@ -132,9 +132,9 @@ class RunDir:
     def create(self) -> None:
         os.makedirs(self.path, exist_ok=True)
 
-    def write_text(self, name: str, text: str) -> None:
-        """Write a file atomically (a temporary name, then a rename)."""
-        write_text_atomic(self.file(name), text)
+    def write_text(self, name: str, text: str, private: bool = False) -> None:
+        """Write a file atomically (a temporary name, then a rename); `private`: its owner's alone (0600)."""
+        write_text_atomic(self.file(name), text, private)
 
     def divergences(self) -> list[tuple[str, str]]:
         """(path, first line) of each diverged.rank{R}.txt a worker left (lowband.errors.Diverged)."""

@@ -103,8 +103,9 @@ def _run_job(cfg: C.Config, run_dir: str, resume: bool) -> int:
             write_config(cfg, run_dir)
         else:
             prepare_run_dir(cfg, run_dir)
-        RunDir(run_dir).write_text(JOB_FILE, json.dumps({"coordinator": url, "job": members.job,
-                                                         "started_at": _clock_start(run_dir)}, indent=1) + "\n")
+        RunDir(run_dir).write_text(JOB_FILE, json.dumps({"coordinator": url, "job": members.job,  # the URL holds
+                                                         "started_at": _clock_start(run_dir)}, indent=1) + "\n",
+                                   private=True)  # the coordinator's password: its owner's alone
         members.publish_job("running", cfg.elastic.min_workers, cfg.elastic.max_workers, round_no,
                             launched=cfg.train.workers)
         if earlier:
