@@ -57,6 +57,9 @@ class TrainConfig:
     seed: int = opt(0, "seed for model initialisation, data partition and data order")
     eval_every: int = opt(1, "evaluate on the test set every this many epochs")
     eval_batch_size: int = opt(1000, "batch size for evaluation")
+    eval_ranks: int = opt(8, "past this many workers, each evaluated epoch only rank 0, the rank with the lowest "
+                             "training loss and this many evenly spaced ranks evaluate their own model (the others' "
+                             "per-rank figures are null; the global model is evaluated as always); 0: every rank")
     checkpoint_every: int = opt(1, "write a resumable checkpoint every this many epochs")
     max_restarts: int = opt(0, "when a worker dies, restart all from the latest checkpoint, at most this many times")
     device: Literal["auto", "cpu", "cuda"] = opt("auto", "auto: cuda when available, else cpu; local worker r "
@@ -82,6 +85,8 @@ class TrainConfig:
         require(self.checkpoint_every >= 0, "train.checkpoint_every", self.checkpoint_every,
                 "must be >= 0 (0: only at the end)")
         require(self.max_restarts >= 0, "train.max_restarts", self.max_restarts, "must be >= 0")
+        require(0 <= self.eval_ranks <= MAX_WORKERS, "train.eval_ranks", self.eval_ranks,
+                f"must be in 0..{MAX_WORKERS} (0: every rank)")
         require(0 < self.timeout_s <= MAX_TIMEOUT_S, "train.timeout_s", self.timeout_s,
                 f"must be in (0, {MAX_TIMEOUT_S:g}] seconds")
         require(0 <= self.seed <= MAX_SEED, "train.seed", self.seed, f"must be in 0..{MAX_SEED}")

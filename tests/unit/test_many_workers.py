@@ -52,3 +52,18 @@ def test_a_text_file_is_reloaded_when_it_changes(tmp_path):
     first = load_dataset(cfg)
     path.write_text("and the earth was " * 500)
     assert load_dataset(cfg) is not first
+
+
+@pytest.mark.parametrize("world, n, losses_min, expected", [
+    (4, 8, 2, {0, 1, 2, 3}),  # up to train.eval_ranks: every rank, as always
+    (8, 8, 5, set(range(8))),
+    (64, 8, 37, {0, 37, 9, 18, 27, 36, 45, 54, 63}),  # rank 0, the lowest loss, 8 spaced from first to last
+    (16, 0, 3, set(range(16))),  # 0: every rank
+    (16, 1, 7, {0, 7}),
+])
+def test_past_eval_ranks_rank_0_the_lowest_loss_and_evenly_spaced_ranks_evaluate(world, n, losses_min, expected):
+    from lowband.run.reporter import own_evaluators
+
+    losses = [1.0] * world
+    losses[losses_min] = 0.5
+    assert own_evaluators(losses, n) == expected

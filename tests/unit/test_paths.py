@@ -216,3 +216,13 @@ def test_a_shipped_tool_refuses_bad_arguments_in_one_line_before_any_work(tmp_pa
     assert lines[-1].startswith(f"{argv[0]}: error:") and all(ln.startswith(("usage:", " ")) for ln in lines[:-1]), \
         p.stderr  # argparse's usage, then one line
     assert (tmp_path / "afile").read_text() == "keep"
+
+
+def test_every_planted_bug_names_code_that_is_in_the_tree(tmp_path):
+    """A plant whose text drifted from the code tests nothing: it fails planted_bugs.py (and so this test)."""
+    here = tool("planted_bugs.py", "--check")
+    assert here.returncode == 0, here.stdout
+    (tmp_path / "src").mkdir()  # a tree holding none of the plants' files
+    gone = tool("planted_bugs.py", "--check", "--tree", str(tmp_path))
+    assert gone.returncode == 1 and "its code is not in this tree" in gone.stdout
+    assert tool("planted_bugs.py", "--check", "--tree", str(tmp_path), "--allow-absent").returncode == 0

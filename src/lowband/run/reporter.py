@@ -97,6 +97,17 @@ def first_reached(records: Sequence[EpochRecord], metric: Metric, target: float)
     return next((r.epoch for r in records if metric.reaches(r.value(metric.val_key), target)), None)
 
 
+def own_evaluators(losses: list[float], n: int) -> set[int]:
+    """The ranks that evaluate their own model when `n` (train.eval_ranks) is fewer than the ranks: rank 0 (its
+    model stands for the run's when the method has no global one), the lowest training loss (the record's _L
+    figures) and `n` ranks evenly spaced from the first to the last."""
+    world = len(losses)
+    if n == 0 or world <= n:
+        return set(range(world))
+    spaced = {round(i * (world - 1) / max(n - 1, 1)) for i in range(n)}
+    return {0, min(range(world), key=lambda i: losses[i])} | spaced
+
+
 def set_corpus(record: EpochRecord, meta: dict) -> None:
     """Which text a language model trained on (its sha256 and length, from the data's `meta`), so two
     machines can tell; nothing for other data."""

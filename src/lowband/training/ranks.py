@@ -24,7 +24,7 @@ from lowband.records import EpochRecord
 from lowband.registry import METHODS
 from lowband.run import checkpoint
 from lowband.run.metrics import setup_logging
-from lowband.run.reporter import EpochReporter, RankFigures, TrainingError, tag_bytes
+from lowband.run.reporter import EpochReporter, RankFigures, TrainingError, own_evaluators, tag_bytes
 from lowband.run.rundir import RunDir
 from lowband.training.trainer import Resumed, Steps, Trainer, WorkerData, rank_batches
 
@@ -98,10 +98,11 @@ class FixedRanks:
         self.samples += done.taken * self.cfg.train.batch_size
         mine = RankFigures(loss=done.loss, samples=done.taken * self.cfg.train.batch_size, seen=self.samples)
         glob, glob_scores = None, None
-        if evaluate:
+        if evaluate and self._evaluates_own(done.loss):
             local = trainer.scores(method.local_model())
             mine.test_acc, mine.val_acc, mine.test_loss, mine.val_loss = (
                 local.test_acc, local.val_acc, local.test_loss, local.val_loss)
+        if evaluate:
             glob = method.global_model(final=last)
             glob_scores = trainer.scores(glob) if glob is not None and self.scope.rank == 0 else None
         mine.bytes = tag_bytes(self.comm)  # after the global model, whose final exchange counts
@@ -112,6 +113,17 @@ class FixedRanks:
         if evaluate:  # the stopping epoch of an early stop is always evaluated
             self.final_global = glob
         return record, sum(r.samples for r in ranks)
+
+    def _evaluates_own(self, loss: float) -> bool:
+        """Whether this rank evaluates its own model this epoch (train.eval_ranks, `own_evaluators`): every rank
+        up to that many; past it, the epoch's training losses are gathered first (under "metrics"), so that the
+        rank with the lowest is among those that do. Many workers on one machine spent most of an epoch on
+        every rank's evaluation."""
+        n = self.cfg.train.eval_ranks
+        if n == 0 or self.scope.world <= n:
+            return True
+        losses = self.scope.all_gather(torch.tensor([loss], dtype=torch.float64, device=self.device), tag="metrics")
+        return self.scope.rank in own_evaluators([float(x.item()) for x in losses], n)
 
     def write(self, record: EpochRecord) -> None:
         self.reporter.write(record)
