@@ -253,13 +253,16 @@ def rows(cell: Cell, out: str) -> list[Row]:
                     {s: r for s in LADDER_SEEDS[f] if (r := ladder_final(f, cell.size, s))}, ref)
                 for f in cell.families]
     ref_pick = chosen(cell, "allreduce", out)
-    ref = {s: r for s in HELD_OUT if ref_pick and (r := final(Job(cell, "allreduce", ref_pick.lr, s), out))}
+    seeds = (CHOOSE_SEED, *HELD_OUT)
+    ref = {s: r for s in seeds if ref_pick and (r := final(Job(cell, "allreduce", ref_pick.lr, s), out))}
     found = []
     for f in cell.families:
         pick = chosen(cell, f, out)
         if pick is not None:
-            found.append(Row(cell.name, f, pick.lr,
-                             {s: r for s in HELD_OUT if (r := final(Job(cell, f, pick.lr, s), out))}, ref))
+            held = {s: r for s in seeds if (r := final(Job(cell, f, pick.lr, s), out))}
+            if any(s in held and s in ref for s in HELD_OUT):  # held out: the choosing seed informs no figure
+                held.pop(CHOOSE_SEED, None)
+            found.append(Row(cell.name, f, pick.lr, held, ref))
     return found
 
 
@@ -277,8 +280,10 @@ def report(cells: list[Cell], out: str, figure: str) -> None:
         for row in rows(cell, out):
             seeds = sorted(s for s in row.held if s in row.ref)
             mean = statistics.mean(row.held[s]["val_bpb"] for s in seeds) if seeds else math.nan
+            row.held = {s: row.held[s] for s in seeds}
             ratio = row.ratio()
-            print(f"| {row.cell} | {row.family} | {row.lr:g} | {','.join(map(str, seeds)) or '-'} | {mean:.4f} | "
+            said = "0 (chose it)" if seeds == [CHOOSE_SEED] else ",".join(map(str, seeds)) or "-"
+            print(f"| {row.cell} | {row.family} | {row.lr:g} | {said} | {mean:.4f} | "
                   f"{pct(row.gap('val_bpb')) if row.family != 'allreduce' else '-'} | "
                   f"{pct(row.gap('train_loss')) if row.family != 'allreduce' else '-'} | "
                   f"{f'{ratio:,.0f}x' if ratio and row.family != 'allreduce' else '-'} |")

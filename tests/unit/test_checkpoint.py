@@ -169,3 +169,28 @@ def test_an_old_elastic_checkpoint_never_replaces_a_newer_rank_0_one(tmp_path):
     checkpoint.save_state({"w": torch.full((4,), 1.0)}, str(folder / "elastic-epoch3.pt"))
     assert checkpoint.adopt_old_job_checkpoints(str(tmp_path)) == []
     assert torch.equal(checkpoint.load_state(checkpoint.rank_path(str(tmp_path), 0, 3))["w"], torch.full((4,), 9.0))
+
+
+def test_a_finished_run_keeps_no_temporary_and_no_checkpoint_without_its_checksum(tmp_path):
+    """A writer killed mid-write left checkpoints/*.tmp-PID, or a checkpoint whose sidecar it never wrote: they
+    stayed in a finished elastic job for good. tidy() removes those and keeps every sealed checkpoint."""
+    import subprocess
+
+    from lowband.run import checkpoint
+
+    folder = tmp_path / "checkpoints"
+    folder.mkdir()
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    sealed = folder / "rank0-epoch0002.pt"
+    checkpoint.save_state({"epoch": 2}, str(sealed))
+    (folder / f"rank0-epoch0003.pt.tmp-{dead.pid}").write_bytes(b"half")
+    (folder / "rank1-epoch0003.pt").write_bytes(b"never sealed")
+    (folder / "rank1-epoch0001.pt.sha256").write_text("0" * 64 + "\n")
+    (folder / f"rank0-epoch0004.pt.tmp-{os.getpid()}").write_bytes(b"a live writer's")
+    gone = checkpoint.tidy(str(tmp_path))
+    assert sorted(gone) == sorted([f"rank0-epoch0003.pt.tmp-{dead.pid}", "rank1-epoch0003.pt",
+                                   "rank1-epoch0001.pt.sha256"])
+    assert sorted(p.name for p in folder.iterdir()) == sorted(
+        ["rank0-epoch0002.pt", "rank0-epoch0002.pt.sha256", f"rank0-epoch0004.pt.tmp-{os.getpid()}"])
+    assert checkpoint.load_state(str(sealed))["epoch"] == 2

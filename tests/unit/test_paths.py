@@ -9,6 +9,7 @@ import contextlib
 import os
 import subprocess
 import sys
+from pathlib import Path
 
 import pytest
 
@@ -226,3 +227,15 @@ def test_every_planted_bug_names_code_that_is_in_the_tree(tmp_path):
     gone = tool("planted_bugs.py", "--check", "--tree", str(tmp_path))
     assert gone.returncode == 1 and "its code is not in this tree" in gone.stdout
     assert tool("planted_bugs.py", "--check", "--tree", str(tmp_path), "--allow-absent").returncode == 0
+
+
+def test_the_ladder_report_writes_into_out_and_leaves_the_committed_files_alone(tmp_path):
+    """`--report --sizes nano --out DIR` once rewrote the package's ladder.json and ladder.csv with nano alone."""
+    committed = [os.path.join(ROOT, "src", "lowband", "comparison", "ladder.json"),
+                 os.path.join(BENCH, "results", "ladder.csv")]
+    before = [Path(p).read_bytes() for p in committed]
+    p = tool("ladder.py", "--report", "--sizes", "nano", "--out", str(tmp_path))
+    assert p.returncode == 0, p.stderr[-2000:]
+    assert [Path(p).read_bytes() for p in committed] == before
+    assert (tmp_path / "ladder.csv").is_file() and (tmp_path / "ladder.json").is_file()
+    assert (tmp_path / "ladder.png").is_file()

@@ -11,6 +11,7 @@ directory and is renamed into place, so a reader sees the old file or the new on
 
 from __future__ import annotations
 
+import contextlib
 import errno
 import hashlib
 import os
@@ -50,6 +51,29 @@ def save_state(state: dict, path: str) -> None:
     except (OSError, RuntimeError) as e:
         raise UsageError(f"could not write the checkpoint {path} ({why_unwritten(e)}); the one before it is kept: "
                          "free space or raise the limit, then --resume") from None
+
+
+def tidy(run_dir: str) -> list[str]:
+    """After a run finished: remove from checkpoints/ what a killed writer left (a `.tmp-PID` whose writer no
+    longer runs, a checkpoint whose checksum sidecar was never written, a sidecar without its checkpoint):
+    none of it could ever be resumed from. The names removed."""
+    from lowband.atomic import process_running
+
+    folder = RunDir(run_dir).checkpoint_dir
+    if not os.path.isdir(folder):
+        return []
+    names = set(os.listdir(folder))
+    gone = []
+    for name in sorted(names):
+        base, _, pid = name.rpartition(".tmp-")
+        orphan = bool(base) and pid.isdigit() and not process_running(int(pid))
+        unsealed = name.endswith(".pt") and name + SIDECAR not in names
+        widowed = name.endswith(".pt" + SIDECAR) and name[:-len(SIDECAR)] not in names
+        if orphan or unsealed or widowed:
+            with contextlib.suppress(OSError):
+                os.remove(os.path.join(folder, name))
+                gone.append(name)
+    return gone
 
 
 def why_unwritten(e: BaseException) -> str:

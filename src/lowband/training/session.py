@@ -114,6 +114,8 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
         print(f"lowband: error: {first_divergence(run_dir)}", file=sys.stderr)
     elif method.independent_models and code not in (2, 130):
         code = salvage(run_dir, spec.world, code)
+    if code == 0:
+        checkpoint.tidy(run_dir)  # what a killed writer left in checkpoints/ (a restart's) could never be resumed
     return code, run_dir
 
 

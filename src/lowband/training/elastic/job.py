@@ -86,6 +86,7 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
     with held(run_dir, field):  # one launcher per directory; one that cannot be written is refused here
         code = _run_job(cfg, run_dir, resume)
     if code == 0:
+        checkpoint.tidy(run_dir)  # a writer killed mid-job left nothing a later resume would trip on
         summarize(run_dir)
     return code, run_dir
 
