@@ -61,7 +61,12 @@ def main() -> None:
     torch.manual_seed(0)  # every worker starts from the same weights
     model = gpt2(args.context, n_layer=2, n_embd=64)
     optimizer = torch.optim.AdamW(model.parameters(), lr=args.lr, betas=(0.9, 0.95), weight_decay=0.1)
-    sync = lowband.wrap(model, optimizer, args.method, total_steps=args.steps)
+    with lowband.wrap(model, optimizer, args.method, total_steps=args.steps) as sync:
+        train_loop(args, sync, optimizer, train, held_out)
+
+
+def train_loop(args, sync, optimizer, train, held_out) -> None:
+    """The user's own loop: every worker trains its windows; rank 0 prints the final model's held-out loss."""
     rank, world = sync.comm.rank, sync.comm.world
     mine = train[rank::world]  # this worker's own windows
     gen = torch.Generator().manual_seed(rank)
@@ -84,7 +89,6 @@ def main() -> None:
                       for i in range(0, len(held_out), 64)) / len(held_out)
         print(f"final model: held-out loss {val:.4f} nats ({val / math.log(2):.3f} bits per byte); "
               f"{sync.bytes_sent / 1e6:.3f} MB sent by each worker ({args.method})", flush=True)
-    sync.close()
 
 
 if __name__ == "__main__":

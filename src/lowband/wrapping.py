@@ -1,24 +1,25 @@
 """lowband's methods in a user's own training loop: `lowband.wrap(model, optimizer, "sparseloco:tau=8")`.
 
-    sync = lowband.wrap(model, optimizer, "sparseloco:tau=8:density=0.015625")  # under torchrun, or a group
-    for batch in loader:
-        loss = loss_fn(sync.model(batch.x), batch.y)     # sync.model: the model the method trains
-        loss.backward()
-        optimizer.step()                                   # the method's gradient hook runs first (Allreduce)
-        optimizer.zero_grad()
-        sync.step()                                        # its outer steps and exchanges, every byte counted
-    sync.bytes_sent, sync.final_model()                    # the ledger's figures; the model to evaluate
-    sync.close()                                           # every worker: waits for the others, leaves the group
+    with lowband.wrap(model, optimizer, "sparseloco:tau=8:density=0.015625", total_steps=n) as sync:
+        for batch in loader:                               # under torchrun, or over a communicator you give
+            loss = loss_fn(sync.model(batch.x), batch.y)   # sync.model: the model the method trains
+            loss.backward()
+            optimizer.step()                               # the method's gradient hook runs first (Allreduce)
+            optimizer.zero_grad()
+            sync.step()                                    # its outer steps and exchanges, every byte counted
+        sync.bytes_sent, sync.final_model()                # the ledger's figures; the model to evaluate
+    # leaving the block closes it: every worker waits for the others, then leaves the group wrap joined
 
 The method object is the one `lowband train` builds (the same class, config and hooks), over a
 communicator from torchrun's environment (or the `comm` given). A method that works around the optimizer
-step runs here: allreduce, local_sgd, diloco (Streaming DiLoCo), sparseloco, dpsgd, rdpsgd, topk; the
-others shape the loss or need services beside the workers, and are refused with one ConfigError. The
+step runs here (a method says so: `Method.around_the_step`; today allreduce, local_sgd, diloco and Streaming
+DiLoCo, sparseloco, dpsgd, rdpsgd, topk); the others shape the loss or need services beside the workers, and
+are refused with one ConfigError. The
 method's own options are the spec's (`NAME:KEY=VALUE:...`, as `lowband compare --methods` takes them);
 `total_steps` is the length of the run, for the options that change over it (a tau schedule,
-SparseLoCo's decay and density ramps). The learning rate is the loop's own: the method's rules for it
-(linear scaling, DiLoCo's inner_lr_factor) are `lowband.run.schedule.MethodSchedule(cfg, sync.method)`'s
-to apply, as tests/distributed/helpers.py's `wrapped_loop` does.
+SparseLoCo's decay and density ramps). The learning rate is the loop's own; the method's rule on it over the
+run (DiLoCo's inner_lr_factor) is `sync.lr_scheduler(optimizer)`, a torch scheduler to step with the
+optimizer. `sync.config` is the configuration the spec resolved to, every default filled in.
 """
 
 from __future__ import annotations
@@ -36,9 +37,6 @@ from lowband.errors import ConfigError, require
 from lowband.methods.base import Context, Method
 from lowband.run.rundir import RunDir
 
-#: the methods whose work happens around the optimizer step (their hooks: setup, after_backward, after_step)
-AROUND_THE_STEP = ("allreduce", "local_sgd", "diloco", "sparseloco", "dpsgd", "rdpsgd", "topk")
-
 
 class Sync:
     """One worker's method in a user's loop: `model` to train, `step()` after each optimizer step, the bytes
@@ -47,9 +45,24 @@ class Sync:
     def __init__(self, method: Method, model: nn.Module, comm: Communicator, optimizer: torch.optim.Optimizer,
                  owns_comm: bool = False):
         self.method, self.model, self.comm = method, model, comm
+        self.config: C.Config = method.ctx.cfg  # what the spec resolved to, every default filled in
         self.owns_comm = owns_comm  # wrap joined torchrun's process group for it: close() leaves it
         self.steps = 0
         self._hook = optimizer.register_step_pre_hook(lambda *_: method.after_backward(self.steps))
+        self._closed = False
+
+    def __enter__(self) -> Sync:
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+    def lr_scheduler(self, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
+        """A scheduler applying the method's rule on the rate over the run (DiLoCo's inner_lr_factor; 1 for
+        most methods) to the rate the optimizer was built with: step it after every optimizer step, as any
+        torch scheduler (to combine it with your own, torch's ChainedScheduler)."""
+        total = max(self.method.ctx.total_steps, 1)
+        return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: self.method.lr_factor(min(step / total, 1.0)))
 
     def step(self) -> None:
         """After the optimizer's step: the method's exchanges due at this step (an outer step, a gossip)."""
@@ -76,7 +89,11 @@ class Sync:
 
     def close(self) -> None:
         """Remove the hook and close the method; a group `wrap` joined is left once every worker has come
-        here (a worker that exited while a peer still evaluated tore gloo down under it: SIGABRT)."""
+        here (a worker that exited while a peer still evaluated tore gloo down under it: SIGABRT). Once:
+        a second call (the `with` block's end after an explicit close) does nothing."""
+        if self._closed:
+            return
+        self._closed = True
         self._hook.remove()
         self.method.close()
         if self.owns_comm:
@@ -145,9 +162,13 @@ def method_config(spec: str, seed: int = 0) -> tuple[str, C.Config]:
     if not isinstance(spec, str) or not spec.strip():
         raise ConfigError("spec", spec, "must be NAME[:KEY=VALUE...], e.g. sparseloco:tau=8")
     name, options = parse_spec(spec.strip(), "spec")
-    if name not in AROUND_THE_STEP:
-        raise ConfigError("spec", spec, f"wrap runs the methods that work around the optimizer step: "
-                                        f"{', '.join(AROUND_THE_STEP)}")
+    from lowband.catalog import load_all
+    from lowband.registry import METHODS
+
+    load_all()
+    around = [n for n in METHODS.names() if METHODS.get(n).around_the_step]
+    if name not in around:
+        raise ConfigError("spec", spec, f"wrap runs the methods that work around the optimizer step: {', '.join(around)}")
     method: dict[str, Any] = {"name": name, **options}
     if "round_evals" in C.from_dict({"method": {"name": name}}, method_configs()).method.__dataclass_fields__:
         method.setdefault("round_evals", 0)

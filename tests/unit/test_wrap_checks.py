@@ -51,3 +51,37 @@ def test_a_malformed_spec_names_spec_not_a_cli_flag(spec):
     with pytest.raises(lowband.ConfigError) as caught:
         lowband.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), spec, comm=alone())
     assert str(caught.value).startswith("spec=") and "--methods" not in str(caught.value), caught.value
+
+
+def test_wrap_is_a_context_manager_that_closes_once_and_gives_its_resolved_config():
+    model = nn.Linear(4, 1)
+    with lowband.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), "diloco:tau=4", comm=alone()) as sync:
+        assert sync.config.method.name == "diloco" and sync.config.method.tau == 4
+        sync.close()  # an explicit close inside the block: the block's end does nothing more
+    assert sync._closed
+
+
+def test_the_methods_wrap_takes_are_those_that_say_they_work_around_the_step():
+    from lowband.catalog import load_all
+    from lowband.registry import METHODS
+
+    load_all()
+    around = {n for n in METHODS.names() if METHODS.get(n).around_the_step}
+    assert around == {"allreduce", "local_sgd", "diloco", "sparseloco", "dpsgd", "rdpsgd", "topk"}
+    model = nn.Linear(4, 1)
+    with pytest.raises(lowband.ConfigError, match=r"^spec='ec_dnn' is invalid: wrap runs the methods that work"):
+        lowband.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), "ec_dnn", comm=alone())
+
+
+def test_the_lr_scheduler_applies_the_methods_rule_over_the_run():
+    """DiLoCo's inner_lr_factor at its place in the run (lr_factor), on the optimizer's own rate."""
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with lowband.wrap(model, opt, "diloco:tau=4", comm=alone(), total_steps=10) as sync:
+        sched = sync.lr_scheduler(opt)
+        seen = []
+        for _ in range(10):
+            seen.append(opt.param_groups[0]["lr"])
+            opt.step()
+            sched.step()
+        assert seen == pytest.approx([0.1 * sync.method.lr_factor(s / 10) for s in range(10)])

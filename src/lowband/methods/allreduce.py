@@ -31,6 +31,7 @@ class Allreduce(Method):
     Config = AllreduceConfig
     cfg: AllreduceConfig
     averages_workers = True
+    around_the_step = True
 
     def setup(self, model):
         self._has_buffers = any(b.is_floating_point() for b in model.buffers())

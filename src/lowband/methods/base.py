@@ -94,6 +94,10 @@ class Method:
     #: gossip), so by default its learning rate scales linearly with K after a 2-epoch warm-up, like
     #: the synchronous baseline it approximates (Goyal et al. 2017; Lin et al. 2020 for local SGD)
     averages_workers: bool = False
+    #: True: the method's work happens around the optimizer step (setup, after_backward, after_step) and needs
+    #: nothing else of lowband's trainer (its data, services beside the workers), so `lowband.wrap` runs it in a
+    #: user's own loop; the others shape the loss or need those services, and wrap refuses them
+    around_the_step: bool = False
 
     @classmethod
     def check(cls, cfg: Any, world: int) -> None:

@@ -74,6 +74,7 @@ class DiLoCoConfig(OuterConfig):
 class DiLoCo(Method):
     Config = DiLoCoConfig
     cfg: DiLoCoConfig
+    around_the_step = True
 
     @classmethod
     def check(cls, cfg: DiLoCoConfig, world: int) -> None:

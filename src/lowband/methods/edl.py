@@ -79,6 +79,7 @@ class EDLConfig(AllreduceConfig):
 class EDL(Allreduce):
     Config = EDLConfig
     cfg: EDLConfig
+    around_the_step = False  # its loss is the teacher's, served beside the workers
 
     @classmethod
     def check(cls, cfg: EDLConfig, world: int) -> None:

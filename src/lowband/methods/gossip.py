@@ -98,6 +98,8 @@ class Gossip(Method):
     exchange after the optimizer step, wait for it after the next backward pass, apply it.
     """
 
+    around_the_step = True
+
     Config = DPSGDConfig
     cfg: DPSGDConfig
     averages_workers = True

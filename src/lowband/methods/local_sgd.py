@@ -50,6 +50,7 @@ class LocalSGD(Method):
     Config = LocalSGDConfig
     cfg: LocalSGDConfig
     averages_workers = True
+    around_the_step = True
     min_workers = 2
 
     @classmethod
