@@ -29,7 +29,7 @@ from lowband.run.workers import leave_now
 from lowband.training.ranks import FixedRanks
 from lowband.training.runconfig import check_model, given_flag, new_run_dir, prepare_run_dir, read_run_config, write_config
 from lowband.training.spec import RunSpec, resolve
-from lowband.training.trainer import Trainer, worker_data
+from lowband.training.trainer import EVAL_SHARE_FROM, Trainer, eval_batch, worker_data
 
 
 def check_resume_world(run_dir: str, world: int, allow_change: bool = False) -> int:
@@ -94,6 +94,7 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
     old_world = check_resume_world(run_dir, spec.world, allow_world_change) if resume else None
     if not resume or old_world != spec.world:
         check_plan(spec)
+    many_workers_note(cfg, spec.world)
     netns, sites = None, None
     if cfg.link.mode == "netns":
         check_netns_possible(cfg.link.spec)
@@ -150,6 +151,19 @@ def _elastic(cfg: C.Config, run_dir: str | None, out: str, resume: bool, allow_w
     if code == Diverged.exit_code:
         print(f"lowband: error: {first_divergence(run_dir)}", file=sys.stderr)
     return code, run_dir
+
+
+def many_workers_note(cfg: C.Config, world: int) -> None:
+    """Past EVAL_SHARE_FROM workers on one machine, say once how lowband runs them (the evaluation's share)."""
+    if world <= EVAL_SHARE_FROM:
+        return
+    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    n = cfg.train.eval_ranks
+    who = "every worker" if n == 0 or world <= n else f"rank 0, the lowest training loss and {n} spaced ranks"
+    shared = " sharing one copy of the text windows" if cfg.data.is_text else ""
+    print(f"lowband: {world} workers on {cores} cores, worker processes{shared}: each evaluates in batches of "
+          f"{eval_batch(cfg.train.eval_batch_size, world)}, and {who} evaluate their own model each epoch "
+          "(train.eval_ranks)", file=sys.stderr)
 
 
 def announce(where: Placement, run_dir: str) -> None:
