@@ -217,7 +217,10 @@ def cmd_report(args) -> int:
     if not delay:
         raise UsageError(f"--latency={args.latency!r} does not parse: expected a time such as 20ms (units us, ms, s)")
     latency = float(delay.group(1)) * DELAY_UNITS[delay.group(2).lower()]
-    can_make_dir(args.out, "--out")
+    if args.out is not None:
+        can_make_dir(args.out, "--out")
+    else:
+        writable_dir(args.folders[0], "the report's folder (--out not given)", make=False)
     print(f"wrote {build(args.folders, args.out, args.target, labels, latency)} and report.html")
     return 0
 
