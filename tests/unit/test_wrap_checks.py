@@ -85,3 +85,39 @@ def test_the_lr_scheduler_applies_the_methods_rule_over_the_run():
             opt.step()
             sched.step()
         assert seen == pytest.approx([0.1 * sync.method.lr_factor(s / 10) for s in range(10)])
+
+
+def test_the_methods_gradient_hook_runs_before_the_optimizer_step_and_never_after_close():
+    """Allreduce's gradients must be averaged before the step uses them; after close() the hook is gone."""
+    model = nn.Linear(4, 1)
+    opt, order = torch.optim.SGD(model.parameters(), lr=0.1), []
+    sync = lowband.wrap(model, opt, "allreduce", comm=alone())
+    sync.method.after_backward = lambda step: order.append(("hook", float(model.bias.detach())))
+    opt.register_step_post_hook(lambda *_: order.append(("step", float(model.bias.detach()))))
+    before = float(model.bias.detach())
+    model(torch.ones(2, 4)).sum().backward()
+    opt.step()
+    assert [what for what, _ in order] == ["hook", "step"] and order[0][1] == before  # the hook saw no step yet
+    sync.close()
+    opt.step()
+    assert [what for what, _ in order] == ["hook", "step", "step"]  # the hook left with close()
+
+
+def test_bytes_sent_leaves_the_bookkeeping_tags_out():
+    from lowband.comm import BOOKKEEPING_TAGS
+
+    model = nn.Linear(4, 1)
+    with lowband.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), "allreduce", comm=alone()) as sync:
+        sync.comm.ledger.count("grad", sent=1000.0, recv=1000.0)
+        for tag in sorted(BOOKKEEPING_TAGS):
+            sync.comm.ledger.count(tag, sent=7.0, recv=7.0)
+        assert sync.bytes_sent == 1000.0 and sync.bytes_received == 1000.0
+
+
+def test_a_tune_seed_of_2_to_the_32_is_refused_naming_the_flag(tmp_path, capsys):
+    from lowband.cli import main
+
+    code = main(["compare", "--methods", "allreduce", "--tune", "optim.lr=0.1,0.2", "--tune-seed", str(2**32),
+                 "--samples", "300", "--epochs", "1", "--out", str(tmp_path)])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and err.startswith("lowband: error: --tune-seed=4294967296 is invalid") and "\n" not in err
