@@ -66,6 +66,10 @@ class TrainConfig:
                                                          "trains on GPU r % the GPUs")
     backend: Literal["auto", "gloo", "nccl"] = opt("auto", "auto: nccl when every worker on a machine has a GPU of "
                                                            "its own, else gloo (workers sharing a GPU, or the CPU)")
+    precision: Literal["fp32", "bf16"] = opt("fp32", "bf16: each step's forward pass under torch.autocast in "
+                                                     "bfloat16 (CPU and CUDA); weights, gradients, optimizer and "
+                                                     "outer state stay fp32, the loss is taken in fp32, and what "
+                                                     "travels is the codec's, as in fp32")
     timeout_s: float = opt(300.0, "process-group timeout: a collective waiting longer fails")
     threads: int = opt(1, "torch threads per worker process")
     target_accuracy: float = opt(0.0, "report the first epoch whose validation accuracy reaches this (0: none)")

@@ -57,6 +57,14 @@ class Sync:
     def __exit__(self, *exc) -> None:
         self.close()
 
+    def autocast(self):
+        """The forward pass's context for wrap's `precision` (lowband train's train.precision): bf16 is
+        torch.autocast in bfloat16 on the model's device, fp32 no context; weights and the method's state stay
+        fp32. `with sync.autocast(): out = sync.model(x)`, then take the loss on `out.float()`."""
+        from lowband.training.trainer import autocast
+
+        return autocast(next(self.model.parameters()).device, self.config.train.precision)
+
     def lr_scheduler(self, optimizer: torch.optim.Optimizer) -> torch.optim.lr_scheduler.LambdaLR:
         """A scheduler applying the method's rule on the rate over the run (DiLoCo's inner_lr_factor; 1 for
         most methods) to the rate the optimizer was built with: step it after every optimizer step, as any
@@ -101,11 +109,12 @@ class Sync:
 
 
 def wrap(model: nn.Module, optimizer: torch.optim.Optimizer, spec: str = "allreduce", *,
-         comm: Communicator | None = None, total_steps: int = 1, seed: int = 0, run_dir: str | None = None) -> Sync:
+         comm: Communicator | None = None, total_steps: int = 1, seed: int = 0, run_dir: str | None = None,
+         precision: str = "fp32") -> Sync:
     """`model` and `optimizer` trained by the method `spec` ('NAME:KEY=VALUE:...') over `comm` (None: the
     process group torchrun's environment describes, or this process alone); see the module docstring.
     Raises ConfigError naming the field for a method or option it cannot run."""
-    name, cfg = method_config(spec, seed)
+    name, cfg = method_config(spec, seed, precision)
     require(isinstance(total_steps, int) and total_steps >= 1, "total_steps", total_steps, "must be an integer >= 1")
     device = check_optimizer(model, optimizer)
     owns = comm is None
@@ -153,7 +162,7 @@ def check_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> torch
     return params[0].device
 
 
-def method_config(spec: str, seed: int = 0) -> tuple[str, C.Config]:
+def method_config(spec: str, seed: int = 0, precision: str = "fp32") -> tuple[str, C.Config]:
     """The method's name and a Config holding its options from `spec` (its rounds' evaluations off: they need
     the run's data, which a user's loop keeps) and `seed` (a stochastic codec's, as train.seed seeds it)."""
     from lowband.comparison.plan import parse_spec
@@ -173,7 +182,9 @@ def method_config(spec: str, seed: int = 0) -> tuple[str, C.Config]:
     if "round_evals" in C.from_dict({"method": {"name": name}}, method_configs()).method.__dataclass_fields__:
         method.setdefault("round_evals", 0)
     require(isinstance(seed, int) and seed >= 0, "seed", seed, "must be an integer >= 0")
-    return name, C.from_dict({"method": method, "train": {"epochs": 1, "seed": seed}}, method_configs())
+    require(precision in ("fp32", "bf16"), "precision", precision, "must be fp32 or bf16")
+    return name, C.from_dict({"method": method, "train": {"epochs": 1, "seed": seed, "precision": precision}},
+                             method_configs())
 
 
 def _logger():

@@ -100,11 +100,20 @@ def task_loss(outputs: torch.Tensor, y: torch.Tensor, reduction: str = "mean") -
     return F.cross_entropy(outputs.flatten(0, -2), y.flatten(), reduction=reduction)
 
 
+def autocast(device: torch.device, precision: str):
+    """The forward pass's context for train.precision: bf16 is torch.autocast in bfloat16 on the device's type
+    (the weights stay fp32); fp32 is no context at all."""
+    return torch.autocast(device.type, dtype=torch.bfloat16, enabled=precision == "bf16")
+
+
 def train_step(model: torch.nn.Module, method: Method, optimizer, batch, step: int,
-               counted: Callable[[float], None] | None = None) -> float:
+               counted: Callable[[float], None] | None = None, precision: str = "fp32") -> float:
     """One optimizer step with the method's hooks in their fixed order; returns the minibatch loss. `counted`
-    hears the loss before `after_step`, whose outer step may report what was trained (an elastic round)."""
-    outputs = model(batch.x)
+    hears the loss before `after_step`, whose outer step may report what was trained (an elastic round).
+    `precision` bf16: the forward pass under autocast, the loss taken in fp32."""
+    with autocast(batch.x.device, precision):
+        outputs = model(batch.x)
+    outputs = outputs.float()
     loss = method.loss(batch, outputs, task_loss(outputs, batch.y))
     optimizer.zero_grad(set_to_none=True)
     loss.backward()
@@ -118,10 +127,10 @@ def train_step(model: torch.nn.Module, method: Method, optimizer, batch, step: i
 
 
 def checked_step(model: torch.nn.Module, method: Method, optimizer, batch, step: int, epoch: int,
-                 worker: int, counted: Callable[[float], None] | None = None) -> float:
+                 worker: int, counted: Callable[[float], None] | None = None, precision: str = "fp32") -> float:
     """`train_step`, stopping on a non-finite loss: this worker alone knows, so it raises Diverged (with
     the 1-based `epoch` and the step's number) and the launcher stops the others."""
-    loss = train_step(model, method, optimizer, batch, step, counted)
+    loss = train_step(model, method, optimizer, batch, step, counted, precision)
     if not math.isfinite(loss):
         raise Diverged(epoch, step + 1, worker, loss, optimizer.param_groups[0]["lr"], method.divergence_suspects())
     return loss
@@ -348,7 +357,8 @@ class Trainer:
                 return done
             batch, place = item
             self.schedule.apply(self.optimizer, place)
-            checked_step(self.model, self.method, self.optimizer, batch, self.step, epoch, self.team.rank, count)
+            checked_step(self.model, self.method, self.optimizer, batch, self.step, epoch, self.team.rank, count,
+                         self.cfg.train.precision)
 
     def close(self) -> None:
         self.team.close(self)
