@@ -345,8 +345,11 @@ def test_the_job_survives_a_coordinator_restart(tmp_path):
                     *FAST_FAILURE, "--run-dir", str(run), "--coordinator", url)
         try:
             wait_for_rounds(run, job, 4)
+            import redis
+
             from lowband.distill.redis_server import EmbeddedRedis as Server
-            restarted = Server(port=int(server_port))
+            # the same coordinator come back: its port and its password (a fresh one would refuse the job)
+            restarted = Server(port=int(server_port), password=redis.connection.parse_url(url)["password"])
             _restart(url, restarted)
             code = job.wait(timeout=150)
             restarted.stop()
