@@ -114,8 +114,9 @@ class ElasticSoak:
             self.soak(url)
             self.wait_joiners()  # a hung joiner is seen before anything is killed
         finally:
-            for j in self.jobs + self.joiners:
-                end(j)
+            from lowband.run.launch import stop
+
+            stop(self.jobs + self.joiners, grace_s=30)  # SIGTERM (a launcher stops its workers), then SIGKILL
         ok = self.check(url, baseline)
         self.server.stop()
         return ok
@@ -473,19 +474,6 @@ def summary(out: str) -> list[dict]:
         return []
     with open(paths[0]) as f:
         return sorted(({k: row.get(k) for k in STEADY} for row in csv.DictReader(f)), key=lambda r: (r["label"], r["seed"]))
-
-
-def end(proc: subprocess.Popen) -> None:
-    """Stop a child the soak started, if it still runs: SIGTERM (a launcher stops its workers), then SIGKILL."""
-    if proc.poll() is not None:
-        return
-    with contextlib.suppress(OSError):
-        proc.terminate()
-        try:
-            proc.wait(timeout=30)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
 
 
 def check_args(p: argparse.ArgumentParser, args) -> None:
