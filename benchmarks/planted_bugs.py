@@ -5,7 +5,9 @@ Each plant replaces one exact piece of source text with a wrong one (a bug a tir
 sparse top-k, the error buffer's decay, the tau schedule, the tuning's trial choice, the target budget's
 stop, the done.jsonl repair, the ring's byte count, the placement rule, a forked worker's exit code, the
 decay schedule, the trainer's rate at a step's place, an elastic worker's figures per round, an elastic
-joiner's fragments, SparseLoCo's flush over fragments, the epoch at target, a pruned trial run again. A plant
+joiner's fragments, SparseLoCo's flush over fragments, the epoch at target, a pruned trial run again; and issue 65's item 6:
+samples a second, a prediction reply's count, a streaming receiver's fragments and residual, an aborted
+elastic round, wrap's hook and byte count, the tuning seed's bound. A plant
 whose text is not in the tree is reported as absent and fails the script (exit 1), as an uncaught one does:
 a plant that names code no longer there tests nothing (--allow-absent, for a --tree at an older commit).
 A plant is caught when at least one of its tests fails; the tests named are those a developer would run
@@ -69,8 +71,8 @@ PLANTS = [
      "for frag, state in zip(self.fragments[:1], shared[\"fragments\"][:1], strict=True):\n            frag.load_shared(state)",
      ["tests/faults/test_elastic.py::test_a_joiner_of_a_streaming_job_receives_every_fragment"]),
     ("SparseLoCo's flush reaches the first fragment alone", "src/lowband/methods/sparseloco.py",
-     "        for frag in self.fragments:\n            if self.group.rank == 0:\n                flush(frag, rnd, codec)",
-     "        for frag in self.fragments[:1]:\n            if self.group.rank == 0:\n                flush(frag, rnd, codec)",
+     "        for frag in self.fragments:\n            if self.group.rank == 0:\n                flush(frag, rnd, codec, self._divisor(rnd))",
+     "        for frag in self.fragments[:1]:\n            if self.group.rank == 0:\n                flush(frag, rnd, codec, self._divisor(rnd))",
      ["tests/distributed/test_sparseloco.py"]),
     ("the epoch at target moves when the run goes on past it", "src/lowband/training/trainer.py",
      "if self.reached_target is None and found is not None:", "if found is not None:",
@@ -79,6 +81,41 @@ PLANTS = [
      "    earlier = next((t for t in study.trials if t.state.is_finished() and t.params == values",
      "    earlier = next((t for t in study.trials if t.value is not None and t.params == values",
      ["tests/unit/test_tuning.py"]),
+    # issue 65, item 6: what users would notice and the suite on 4ce807b did not
+    ("samples a second count one rank's samples", "src/lowband/training/ranks.py",
+     "        return record, sum(r.samples for r in ranks)\n", "        return record, mine.samples\n",
+     ["tests/distributed/test_train_cli.py::test_allreduce_run_writes_records_bytes_and_equal_checkpoints"]),
+    ("a prediction reply is counted after it was sent", "src/lowband/distill/teacher.py",
+     "                self.answered(got[0], got[1], len(reply))  # counted before the asker can hold it\n"
+     "                wire.send(conn, reply)\n",
+     "                wire.send(conn, reply)\n                self.answered(got[0], got[1], len(reply))\n",
+     ["tests/unit/test_predictions.py"]),
+    ("a Streaming DiLoCo receiver merges only the fragment in flight", "src/lowband/methods/diloco.py",
+     "            frag.load_shared(state)\n            frag.merge(1.0)\n",
+     "            frag.load_shared(state)\n            if frag.apply_at is not None:\n                frag.merge(1.0)\n",
+     ["tests/unit/test_receive.py"]),
+    ("an aborted elastic round's exchange is kept", "src/lowband/comm/elastic_quorum.py",
+     "            if saved is not None:\n                state.restore(saved)\n", "",
+     ["tests/contract/test_round_undo.py"]),
+    ("wrap runs the gradient hook after the optimizer step", "src/lowband/wrapping.py",
+     "optimizer.register_step_pre_hook(", "optimizer.register_step_post_hook(",
+     ["tests/unit/test_wrap_checks.py"]),
+    ("wrap counts bookkeeping tags in bytes_sent", "src/lowband/wrapping.py",
+     "return sum(s.sent for tag, s in self.comm.ledger.stats.items() if tag not in BOOKKEEPING_TAGS)",
+     "return sum(s.sent for tag, s in self.comm.ledger.stats.items())",
+     ["tests/unit/test_wrap_checks.py"]),
+    ("wrap leaves its hook on the optimizer after close()", "src/lowband/wrapping.py",
+     "        self._hook.remove()\n", "",
+     ["tests/unit/test_wrap_checks.py"]),
+    ("a receiver keeps its error-feedback residual", "src/lowband/methods/outer.py",
+     "        if self.feedback is not None:\n            self.feedback.residual = None\n", "",
+     ["tests/unit/test_receive.py"]),
+    ("--tune-seed accepts 2**32", "src/lowband/comparison/space.py",
+     'require(0 <= seed < 2**32, "--tune-seed"', 'require(0 <= seed <= 2**32, "--tune-seed"',
+     ["tests/unit/test_wrap_checks.py", "tests/unit/test_plan.py"]),
+    ("an elastic round's outer step ignores the workers it lost", "src/lowband/methods/diloco.py",
+     "            return max(rnd.contributors, self.ctx.cfg.train.workers)\n",
+     "            return rnd.contributors\n", ["tests/unit/test_quorum_rates.py"]),
 ]
 
 

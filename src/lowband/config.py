@@ -260,6 +260,11 @@ class ElasticConfig:
                                  "an exchange takes on your link")
     wait_s: float = opt(600.0, "how long a worker waits without progress (below min_workers, or for a coordinator "
                                "that is away) before it gives up (exit code 3)")
+    scale_with_quorum: bool = opt(True, "a round with fewer workers than were launched takes a smaller step: "
+                                        "DiLoCo's and SparseLoCo's outer step divides the pseudo-gradients' sum by "
+                                        "the workers launched (an absent one counts as zero), local SGD's scaled rate "
+                                        "counts the round's contributors (false: the mean over the contributors, at "
+                                        "the launched rates)")
     max_failed_rounds: int = opt(5, "a round whose exchange fails this many times in a row for the same cause ends "
                                     "the job (or the joiner) with one line naming the cause, exit code 3; a joiner "
                                     "whose first exchange fails leaves at once")

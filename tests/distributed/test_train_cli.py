@@ -36,6 +36,8 @@ def test_allreduce_run_writes_records_bytes_and_equal_checkpoints(tmp_path):
     for r in records:  # the rate of the epoch's last step: scaled by the 2 workers, warmed up over 1.5 epochs
         at = r.epoch - 1 + (steps - 1) / steps
         assert r.lr == pytest.approx(goyal_cosine_lr(at, 0.03, 2, 1.5, 2), rel=1e-9)
+        # every worker's samples of the epoch, not one rank's, over the epoch's training time
+        assert r.samples_per_s == pytest.approx(steps * 16 * 2 / r.time["epoch_train_s"], rel=0.01)
     last = records[-1]
     assert last.steps == 2 * steps and last.samples == 2 * steps * 16 * 2
     ring = 2 * (2 - 1) / 2 * CNN1D_PARAMS * 4

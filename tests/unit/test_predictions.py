@@ -3,6 +3,8 @@ computation, versions served as asked, and hostile or stale clients refused."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -112,3 +114,27 @@ def test_a_stopped_server_fails_fast_and_one_on_its_port_answers_again(server):
 
 def test_the_server_binds_loopback_by_default(server):
     assert server.address()["host"] == "127.0.0.1" and server.sock.getsockname()[0] == "127.0.0.1"
+
+
+class SlowCounter(PredictionServer):
+    """A server whose byte count takes 0.3 s: an answer counted after it was sent would reach the asker
+    before its bytes are in the count."""
+
+    def answered(self, frame, request_bytes, reply_bytes):
+        time.sleep(0.3)
+        super().answered(frame, request_bytes, reply_bytes)
+
+
+def test_an_answers_bytes_are_counted_before_the_asker_holds_it():
+    """A rank takes its server's count right after its peers' last answers (a barrier); an answer counted
+    after it was sent would be missing from it."""
+    s = SlowCounter(model(0), IN_SHAPE, CLASSES, wait_s=0.5, read_timeout_s=5)
+    s.start()
+    try:
+        ask = client(s)
+        for _ in range(2):
+            _, _, moved = ask.ask(torch.randn(3, *IN_SHAPE), 0)
+            counted = s.take_bytes()  # at once: no sleep gives a late count its chance
+            assert (counted.sent, counted.recv) == (moved.recv, moved.sent) and moved.recv > 0
+    finally:
+        s.close()

@@ -179,10 +179,21 @@ class DiLoCo(Method):
     def _outer_step(self, frag: Fragment, rnd: Round, delay: int) -> None:
         """The replicas' first ranks average and step; the others receive θ_global from theirs."""
         if self.group.rank == 0:
-            frag.reduce_and_step(rnd.comm, "params", rnd.contributors, rnd.contributes)
+            frag.reduce_and_step(rnd.comm, "params", self._divisor(rnd), rnd.contributes)
         if self.group.world > 1:
             self.group.broadcast(frag.anchor.data, src=0, tag="params-group")
         frag.schedule(self.steps, delay)
+
+    def _divisor(self, rnd: Round) -> int:
+        """What the round's sum of pseudo-gradients is divided by: its contributors; in an elastic job with
+        elastic.scale_with_quorum, at least the replicas launched, so an absent one counts as a zero
+        pseudo-gradient and a smaller quorum takes a smaller outer step (Charles et al. 2025: the best outer
+        rate grows with the replicas; one worker at the rate three train well with stalls at chance,
+        benchmarks/quorum_rates.py). A fixed world's rounds hold every replica: the mean either way."""
+        elastic = self.ctx.cfg.elastic
+        if rnd.contributors and elastic.on and elastic.scale_with_quorum:
+            return max(rnd.contributors, self.ctx.cfg.train.workers)
+        return rnd.contributors
 
     def _average_buffers(self, rnd: Round) -> None:
         """Floating buffers (BatchNorm) averaged over the round's contributors, in fp32."""

@@ -52,6 +52,9 @@ class LocalSGD(Method):
     averages_workers = True
     around_the_step = True
     min_workers = 2
+    #: the workers the rate is scaled for: the launched ones, or in an elastic job the last round's
+    #: contributors (elastic.scale_with_quorum); None until a round says otherwise
+    scale: float | None = None
 
     @classmethod
     def check_elastic(cls, cfg: LocalSGDConfig) -> None:
@@ -71,6 +74,17 @@ class LocalSGD(Method):
     def next_sync(self, step: int) -> int:
         return self.plan.next_sync(step)
 
+    def lr_scale(self) -> float:
+        """Linear scaling by the workers whose models the average takes: the launched ones, or in an elastic
+        job with elastic.scale_with_quorum the last round's contributors (at most the launched ones), so a
+        worker left alone trains at one worker's rate."""
+        return self.scale or float(self.ctx.width)
+
+    def _follow(self, rnd: Round) -> None:
+        elastic = self.ctx.cfg.elastic
+        if rnd.contributors and elastic.on and elastic.scale_with_quorum:
+            self.scale = float(min(rnd.contributors, self.ctx.width))
+
     def after_step(self, step: int) -> None:
         self.steps += 1  # the outer clock: a receiver in an elastic job takes the source's
         if self.plan.ends_round(self.steps):
@@ -79,6 +93,7 @@ class LocalSGD(Method):
     def _exchange(self, rnd: Round) -> None:
         """One model average over the round: θ_global <- θ_global - mean(θ_global - θ_local)."""
         self.outer_steps += 1
+        self._follow(rnd)
         local = self.rounds.local_accuracies(self.model, rnd.comm) if self.rounds.due(self.outer_steps) else None
         self.average.reduce_and_step(rnd.comm, "params", rnd.contributors, rnd.contributes)
         self.average.schedule(self.steps, 0)
@@ -107,7 +122,8 @@ class LocalSGD(Method):
 
     # ---- the outer state a quorum handles (comm/quorum.py's OuterState) ----------------------------
     def shared_state(self) -> dict:
-        return {"steps": self.steps, "outer_steps": self.outer_steps, "average": self.average.shared_state()}
+        return {"steps": self.steps, "outer_steps": self.outer_steps, "average": self.average.shared_state(),
+                "scale": self.scale or 0.0}
 
     def handover(self) -> dict:
         return {}
@@ -117,6 +133,7 @@ class LocalSGD(Method):
         self.steps, self.outer_steps = int(shared["steps"]), int(shared["outer_steps"])
         self.average.load_shared(shared["average"])
         self.average.merge(1.0)
+        self.scale = float(shared.get("scale", 0.0)) or None
 
     def snapshot(self) -> Any:
         return self.state_dict(), copy.deepcopy(self.model.state_dict())
@@ -130,10 +147,12 @@ class LocalSGD(Method):
         return self.plan.next_sync(self.steps) - self.steps
 
     def state_dict(self) -> dict:
-        return {"average": self.average.state_dict(), "outer_steps": self.outer_steps, "steps": self.steps}
+        return {"average": self.average.state_dict(), "outer_steps": self.outer_steps, "steps": self.steps,
+                "scale": self.scale or 0.0}
 
     def load_state_dict(self, state: dict) -> None:
         if "average" in state:
             self.average.load_state_dict(state["average"])
         self.outer_steps = int(state.get("outer_steps", self.average.sent_at // self.cfg.tau))
         self.steps = int(state.get("steps", self.average.sent_at))
+        self.scale = float(state.get("scale", 0.0)) or None

@@ -204,8 +204,8 @@ class Fragment:
     def reduce_and_step(self, comm, tag: str, contributors: int | None = None, contribute: bool = True) -> None:
         """The outer step, for a fixed membership and an elastic one alike: every rank of `comm` sends its
         pseudo-gradient Δ = θ_global - θ_local (zeros unless it `contribute`s: a member that trained nothing
-        from this θ_global), the mean is taken over the `contributors` (None: every rank), and θ_global
-        steps with it. Every rank of `comm` holds the same θ_global (comm/quorum.py)."""
+        from this θ_global), the sum is divided by `contributors` (None: every rank; more than contribute:
+        DiLoCo._divisor), and θ_global steps with it. Every rank of `comm` holds the same θ_global (comm/quorum.py)."""
         local = parameters_to_vector(self.params)
         delta = self.anchor.detach() - local if contribute else torch.zeros_like(local)
         mean = compressed_mean(comm, delta, self.codec, tag, self.feedback if contribute else None, self.by_senders)

@@ -199,20 +199,22 @@ class SparseLoCo(DiLoCo):
         codec = parse_codec(self.cfg.flush, "method.flush", seed=self.ctx.cfg.train.seed * 1000 + self.ctx.rank)
         for frag in self.fragments:
             if self.group.rank == 0:
-                flush(frag, rnd, codec)
+                flush(frag, rnd, codec, self._divisor(rnd))
             if self.group.world > 1:
                 self.group.broadcast(frag.anchor.data, src=0, tag="params-group")
 
 
 @torch.no_grad()
-def flush(frag: Fragment, rnd: Round, codec: Codec) -> None:
+def flush(frag: Fragment, rnd: Round, codec: Codec, divisor: int | None = None) -> None:
     """One outer step of `frag` on the mean of the round's error buffers, each sent once through the dense
-    `codec`, and the buffer emptied. The mean is over the members that hold one, the round's contributors:
-    a member that received θ_global instead (an elastic job's joiner or stalled worker) sends zeros."""
+    `codec`, and the buffer emptied. The mean is over the members that hold one, the round's contributors
+    (or `divisor`, DiLoCo._divisor): a member that received θ_global instead (an elastic job's joiner or
+    stalled worker) sends zeros."""
     assert frag.feedback is not None
     held = frag.feedback.residual
     held = torch.zeros(frag.numel) if held is None or not rnd.contributes else held
     mean = compressed_mean(rnd.comm, held.to(frag.anchor.device), codec, "params")
-    if rnd.contributors:
-        frag.step(mean * (rnd.comm.world / rnd.contributors))
+    divisor = rnd.contributors if divisor is None else divisor
+    if divisor:
+        frag.step(mean * (rnd.comm.world / divisor))
     frag.feedback.residual = torch.zeros_like(held)
