@@ -71,8 +71,10 @@ PLANTS = [
      "for frag, state in zip(self.fragments[:1], shared[\"fragments\"][:1], strict=True):\n            frag.load_shared(state)",
      ["tests/faults/test_elastic.py::test_a_joiner_of_a_streaming_job_receives_every_fragment"]),
     ("SparseLoCo's flush reaches the first fragment alone", "src/lowband/methods/sparseloco.py",
-     "        for frag in self.fragments:\n            if self.group.rank == 0:\n                flush(frag, rnd, codec, self._divisor(rnd))",
-     "        for frag in self.fragments[:1]:\n            if self.group.rank == 0:\n                flush(frag, rnd, codec, self._divisor(rnd))",
+     "        for frag in self.fragments:\n            if self.group.rank == 0:\n"
+     "                flush(frag, rnd, codec, self._divisor(rnd))",
+     "        for frag in self.fragments[:1]:\n            if self.group.rank == 0:\n"
+     "                flush(frag, rnd, codec, self._divisor(rnd))",
      ["tests/distributed/test_sparseloco.py"]),
     ("the epoch at target moves when the run goes on past it", "src/lowband/training/trainer.py",
      "if self.reached_target is None and found is not None:", "if found is not None:",

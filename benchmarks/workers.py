@@ -19,7 +19,11 @@ its records are read from benchmarks/results/ladder/, not run again.
 
 Run:     python benchmarks/workers.py --run [--cells tiny-k4-e1,small-k16-e1] [--out runs/workers]
 Plan:    python benchmarks/workers.py --plan
-Report:  python benchmarks/workers.py --report [--figure benchmarks/figures/workers.png]
+Report:  python benchmarks/workers.py --report [--publish] [--figure PNG]
+         (the table; workers.csv, workers.json and workers.png into --out; --publish writes them where
+         they are committed instead: benchmarks/results/workers.csv, the package's workers.json, from
+         which every language-model report quotes the measured cell nearest its size, workers and
+         epochs, and benchmarks/figures/workers.png)
 Records: benchmarks/results/workers/CELL/RUN.jsonl (committed, a failed run's with a .failed file) and
          benchmarks/results/workers.csv. SIGTERM stops the queue; the run training resumes next time.
 """
@@ -28,6 +32,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import json
 import math
 import os
 import shutil
@@ -44,6 +49,8 @@ from common import commit
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results", "workers")
 CSV = os.path.join(HERE, "results", "workers.csv")
+#: what `lowband compare`'s report quotes of pools (lowband.comparison.scale reads it)
+SUMMARY = os.path.join(os.path.dirname(HERE), "src", "lowband", "comparison", "workers.json")
 CHOOSE_SEED, HELD_OUT = 0, (10, 11, 12)
 MAX_RATES = 4
 
@@ -289,7 +296,38 @@ def report(cells: list[Cell], out: str, figure: str) -> None:
                   f"{f'{ratio:,.0f}x' if ratio and row.family != 'allreduce' else '-'} |")
             table.append((cell, row))
     print(f"{write_csv(cells, out)} runs in {os.path.relpath(CSV)}")
+    write_summary(table)
     plot(table, figure)
+
+
+def publish_to(out: str, publish: bool) -> None:
+    """Where --report writes workers.csv and workers.json: the committed places only with --publish; else
+    beside the runs, in --out."""
+    global CSV, SUMMARY
+    if not publish:
+        CSV, SUMMARY = os.path.join(out, "workers.csv"), os.path.join(out, "workers.json")
+
+
+def write_summary(table: list[tuple[Cell, Row]]) -> None:
+    """workers.json: per cell judged on held-out seeds, each saver's gaps to Allreduce (validation and last-epoch
+    training loss) and its bytes ratio."""
+    cells: dict[str, dict] = {}
+    for cell, row in table:
+        seeds = sorted(row.held)
+        gap, train_gap, ratio = row.gap("val_bpb"), row.gap("train_loss"), row.ratio()
+        if row.family == "allreduce" or not seeds or seeds == [CHOOSE_SEED] or gap is None or ratio is None:
+            continue
+        entry = cells.setdefault(cell.name, {"size": cell.size, "params": ladder.params_of(cell.size),
+                                             "workers": cell.workers, "epochs": cell.epochs, "methods": []})
+        entry["methods"].append({"method": row.family, "spec": FAMILIES[row.family], "lr": row.lr,
+                                 "gap_pct": round(gap, 2), "train_gap_pct": round(train_gap or 0.0, 2),
+                                 "fewer_bytes": round(ratio, 1), "seeds": f"held-out seeds {', '.join(map(str, seeds))}"})
+    os.makedirs(os.path.dirname(os.path.abspath(SUMMARY)), exist_ok=True)
+    with open(SUMMARY, "w") as f:
+        json.dump({"commit": commit(), "workload": "GPT on the whole KJV, batch 16 windows a worker, the same samples "
+                   "for every K", "cells": list(cells.values())}, f, indent=1)
+        f.write("\n")
+    print(f"summary for the report: {os.path.relpath(SUMMARY)}")
 
 
 def plot(table: list[tuple[Cell, Row]], figure: str) -> None:
@@ -341,6 +379,7 @@ def write_csv(cells: list[Cell], out: str) -> int:
                           "train_loss": f"{last['train_loss']:.6f}" if ok else "",
                           "bytes_sent_per_worker": f"{last.get('bytes_sent_per_worker', 0):.0f}",
                           "records": os.path.relpath(job.kept, os.path.dirname(HERE))})
+    os.makedirs(os.path.dirname(os.path.abspath(CSV)), exist_ok=True)
     with open(CSV, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields)
         writer.writeheader()
@@ -357,7 +396,10 @@ def main() -> None:
     names = [c.name for c in CELLS]
     p.add_argument("--cells", default=",".join(names), help=f"comma-separated cells, of {', '.join(names)}")
     p.add_argument("--out", default="runs/workers", help="parent of the run directories (default runs/workers)")
-    p.add_argument("--figure", default=os.path.join(HERE, "figures", "workers.png"), help="the figure's PNG")
+    p.add_argument("--figure", default="", help="the figure's PNG (default: workers.png in --out; with --publish "
+                   "benchmarks/figures/workers.png)")
+    p.add_argument("--publish", action="store_true", help="--report writes the committed workers.csv, the package's "
+                   "workers.json (every report quotes it) and figure; without it they go to --out")
     args = p.parse_args()
     if not (args.run or args.plan or args.report):
         p.error("nothing to do: give --run, --plan or --report")
@@ -369,6 +411,10 @@ def main() -> None:
     from lowband.errors import UsageError
     from lowband.paths import can_make_dir, writable_file
 
+    if args.publish and not args.report:
+        p.error("--publish goes with --report")
+    args.figure = args.figure or (os.path.join(HERE, "figures", "workers.png") if args.publish
+                                  else os.path.join(args.out, "workers.png"))
     try:
         can_make_dir(args.out, "--out")
         writable_file(args.figure, "--figure")
@@ -385,6 +431,7 @@ def main() -> None:
         while args.run and not STOPPING and (job := next_job(cells, args.out)) is not None:
             train(job, args.out)
         if args.report:
+            publish_to(args.out, args.publish)
             report([Cell("tiny", 4, 4), Cell("small", 4, 4, ("allreduce", "sparseloco", "diloco-0.7")), *cells],
                    args.out, args.figure)
     except KeyboardInterrupt:

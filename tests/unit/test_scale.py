@@ -8,7 +8,7 @@ import statistics
 
 import pytest
 
-from lowband.comparison.scale import ladder, scale_note
+from lowband.comparison.scale import ladder, pool_note, pools, scale_note
 from lowband.comparison.summary import SummaryRow
 from lowband.data.metric import ACCURACY, BITS_PER_BYTE
 from lowband.records import EpochRecord
@@ -92,3 +92,63 @@ def test_the_lm_small_suite_runs_what_the_ladder_chose_at_small():
             assert float(min(ran, key=lambda r: float(r["val_bpb"]))["lr"]) == lr, label
         else:
             assert float(ran[0]["lr"]) == lr, label
+
+
+POOLS = {"workload": "GPT on the KJV", "cells": [
+    {"size": "tiny", "params": 220_544, "workers": 4, "epochs": 4, "methods": [
+        {"method": "sparseloco", "gap_pct": 2.01, "train_gap_pct": 3.88, "fewer_bytes": 577.3, "seeds": "held-out 10-12"}]},
+    {"size": "tiny", "params": 220_544, "workers": 4, "epochs": 1, "methods": [
+        {"method": "sparseloco", "gap_pct": 10.46, "train_gap_pct": 11.75, "fewer_bytes": 577.3, "seeds": "held-out 10-12"}]},
+    {"size": "small", "params": 834_304, "workers": 16, "epochs": 1, "methods": [
+        {"method": "sparseloco", "gap_pct": 5.0, "train_gap_pct": 6.0, "fewer_bytes": 560.0, "seeds": "held-out 10-12"}]},
+    {"size": "small", "params": 834_304, "workers": 2, "epochs": 1, "methods": []}]}
+
+
+def pool_run(params: int, workers: int, epochs: int, method: str = "sparseloco") -> SummaryRow:
+    record = EpochRecord(epoch=epochs, val_bpb=1.8, params=params)
+    return SummaryRow(label=method, method=method, workers=workers, records=[record], metric=BITS_PER_BYTE)
+
+
+@pytest.mark.parametrize("params, workers, epochs, cell", [
+    (220_544, 4, 4, "tiny with 4 workers and 4 epochs"),
+    (220_544, 4, 1, "tiny with 4 workers and 1 epoch "),
+    (900_000, 12, 1, "small with 16 workers and 1 epoch "),  # nearest by size, workers and epochs together
+    (800_000, 2, 1, "tiny with 4 workers and 1 epoch "),  # a cell without verdicts is never quoted
+])
+def test_a_report_quotes_the_worker_axis_cell_nearest_its_size_workers_and_epochs(params, workers, epochs, cell):
+    [line] = pool_note([pool_run(params, workers, epochs), pool_run(params, 1, epochs, "single")], POOLS)
+    assert f"nearest the worker-axis cell {cell}" in line
+    assert f"({params:,} parameters, {workers} workers, {epochs} epochs)" in line  # single's one worker aside
+    if cell.startswith("tiny with 4 workers and 1"):
+        assert "sparseloco +10.46% (training loss +11.75%) at 577x fewer bytes (held-out 10-12)" in line
+
+
+def test_no_pool_is_quoted_for_another_workload_or_without_cells():
+    assert pool_note([pool_run(220_544, 4, 1)], {}) == []
+    accuracy = SummaryRow(label="a", method="allreduce", workers=4, metric=ACCURACY,
+                          records=[EpochRecord(epoch=1, val_acc=0.9, params=5_000)])
+    assert pool_note([accuracy], POOLS) == []
+
+
+def test_the_packaged_worker_axis_agrees_with_the_committed_runs():
+    """Every gap workers.json quotes is recomputed from the committed runs: workers.csv for the worker-axis
+    cells (the mean over the seeds it names against Allreduce's on the same seeds), and the ladder's own
+    summary for its 4-worker, 4-epoch cells."""
+    with open(os.path.join(ROOT, "benchmarks", "results", "workers.csv")) as f:
+        rows = list(csv.DictReader(f))
+    by_size = {s["size"]: {m["method"]: m for m in s["methods"]} for s in ladder()["sizes"]}
+    cells = pools()["cells"]
+    assert cells, "workers.json quotes nothing"
+    for cell in cells:
+        for m in cell["methods"]:
+            if (cell["workers"], cell["epochs"]) == (4, 4):
+                assert m["gap_pct"] == by_size[cell["size"]][m["method"]]["gap_pct"]
+                continue
+            seeds = m["seeds"].removeprefix("held-out seeds ").split(", ")
+            here = [r for r in rows if (r["size"], int(r["workers"]), int(r["epochs"])) ==
+                    (cell["size"], cell["workers"], cell["epochs"]) and r["seed"] in seeds]
+            mine = [float(r["val_bpb"]) for r in here if r["method"] == m["method"] and float(r["lr"]) == m["lr"]]
+            ref_lr = min((r for r in here if r["method"] == "allreduce"), key=lambda r: float(r["val_bpb"]))["lr"]
+            ref = [float(r["val_bpb"]) for r in here if r["method"] == "allreduce" and r["lr"] == ref_lr]
+            assert len(mine) == len(ref) == len(seeds) >= 3
+            assert m["gap_pct"] == pytest.approx(100 * (statistics.mean(mine) / statistics.mean(ref) - 1), abs=0.006)

@@ -36,7 +36,7 @@ from lowband.comparison.report_figures import (
     sweep,
 )
 from lowband.comparison.report_words import compute_note, facts, how_projected, link_sentences, measured_note, nothing_finished
-from lowband.comparison.scale import scale_note
+from lowband.comparison.scale import pool_note, scale_note
 from lowband.comparison.summary import SummaryRow
 from lowband.comparison.table import TableRow
 
@@ -81,7 +81,8 @@ def answer(rows: list[TableRow], groups: dict[str, list[SummaryRow]], target: fl
     return ["## Which method for my link", "", *nothing_finished(rows),
             *link_sentences(rows, groups, goals, latency_s, target is not None, on_dedicated,
                             spent(rows) if cap is not None else None),
-            *compute_note(rows, cap), *scale_note([r for g in groups.values() for r in g]), "",
+            *compute_note(rows, cap), *scale_note([r for g in groups.values() for r in g]),
+            *pool_note([r for g in groups.values() for r in g]), "",
             how_projected(on_dedicated, latency_s),
             *measured_note(rows, groups, goals, latency_s, on_dedicated), "", "![time_link](time_link.png)"]
 
@@ -99,7 +100,7 @@ def verdict(folders: list, target: float | None = None, latency_s: float = 0.0) 
     cap = caps(folders)
     return [head, *link_sentences(rows, groups, goals, latency_s, target is not None, on_dedicated,
                                   spent(rows) if cap is not None else None), *compute_note(rows, cap),
-            *scale_note(runs)]
+            *scale_note(runs), *pool_note(runs)]
 
 
 def plot_sections(runs: list[SummaryRow], rows: list[TableRow], groups: dict[str, list[SummaryRow]], target: float | None,

@@ -3,7 +3,8 @@
 `benchmarks/ladder.py --report --publish` writes ladder.json beside this module: per GPT size, each saver's gap
 to Allreduce (final validation bits per byte, at equal samples) and its bytes ratio, on held-out seeds
 where they have run. A report on a language model quotes it, so that a verdict measured at one size is
-read beside how the gaps move with size.
+read beside how the gaps move with size. `benchmarks/workers.py --report --publish` writes workers.json: the
+same gaps per cell of (size, workers, epochs); a report quotes the cell nearest its own.
 """
 
 from __future__ import annotations
@@ -19,8 +20,17 @@ from lowband.data.metric import BITS_PER_BYTE
 
 def ladder() -> dict:
     """The packaged ladder summary ({} when missing or unreadable)."""
+    return _packaged("ladder.json")
+
+
+def pools() -> dict:
+    """The packaged worker-axis summary (benchmarks/workers.py --report --publish; {} when missing)."""
+    return _packaged("workers.json")
+
+
+def _packaged(name: str) -> dict:
     try:
-        return json.loads(resources.files("lowband.comparison").joinpath("ladder.json").read_text())
+        return json.loads(resources.files("lowband.comparison").joinpath(name).read_text())
     except (OSError, ValueError):
         return {}
 
@@ -42,6 +52,32 @@ def scale_note(runs: list[SummaryRow], found: dict | None = None) -> list[str]:
         near = min(sizes, key=lambda s: abs(math.log(s["params"] / params)))
         line += f" This comparison's model has {params:,} parameters, nearest to {near['size']}."
     return [line]
+
+
+def pool_note(runs: list[SummaryRow], found: dict | None = None) -> list[str]:
+    """A sentence for a language-model comparison: the measured cell (GPT size, workers, epochs) of the
+    worker-axis study nearest this comparison's model size, workers and epochs (each on a log scale, summed),
+    with each saver's validation and training-loss gaps there. [] for another workload or no cell."""
+    found = pools() if found is None else found
+    cells = [c for c in found.get("cells", []) if c.get("methods")]
+    last = next((r.records[-1] for r in runs if r.records and r.records[-1].params), None)
+    if not cells or last is None or metric_of(runs) is not BITS_PER_BYTE:
+        return []
+    params, epochs = last.params or 1, max(last.epoch, 1)
+    workers = max((r.workers for r in runs if r.method != "single"), default=1)
+
+    def distance(c: dict) -> float:
+        return (abs(math.log(c["params"] / params)) + abs(math.log(c["workers"] / workers))
+                + abs(math.log(c["epochs"] / epochs)))
+
+    near = min(cells, key=distance)
+    gaps = ", ".join(f"{m['method']} {m['gap_pct']:+.2f}% (training loss {m['train_gap_pct']:+.2f}%) at "
+                     f"{math.floor(m['fewer_bytes']):,}x fewer bytes ({m['seeds']})" for m in near["methods"])
+    epoch_word = "epoch" if near["epochs"] == 1 else "epochs"
+    return [f"Pool: this comparison ({params:,} parameters, {workers} workers, {epochs} epochs) is nearest the "
+            f"worker-axis cell {near['size']} with {near['workers']} workers and {near['epochs']} {epoch_word} "
+            f"(benchmarks/workers.py; {found.get('workload', 'GPT on the KJV')}), where the gaps to Allreduce's "
+            f"validation bits per byte were: {gaps}."]
 
 
 def _method(m: dict) -> str:
