@@ -101,6 +101,7 @@ LAYERS: list[list[str]] = [
     ["lowband.comparison"],  # a comparison of runs
     ["lowband.api", "lowband.wrapping", "lowband.cli", "lowband.cli_parser", "lowband.cli_distill",
      "lowband.__main__"],  # what users call
+    ["lowband.integrations"],  # the trainers people use, each through wrap (imports its own library)
 ]
 
 

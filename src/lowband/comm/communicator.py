@@ -83,8 +83,9 @@ class Communicator:
     @classmethod
     def over_store(cls, store, rank: int, world: int, device: torch.device, timeout_s: float,
                    ledger: Ledger | None = None, host: str = "127.0.0.1") -> Communicator:
-        """A communicator over a gloo group of its own, whose ranks meet through `store` (any object with
-        set, get, add, check, wait, delete_key and num_keys, such as comm/rendezvous.py's RedisStore),
+        """A communicator over a gloo group of its own, whose ranks meet through `store` (a torch.distributed
+        store, or any object with set, get, add, check, wait, delete_key and num_keys, such as
+        comm/rendezvous.py's RedisStore),
         counting into `ledger`; this rank listens on `host`. Such a group is not torch.distributed's default one:
         collectives work on it, point-to-point calls do not (`p2p` is False). `close()`, or dropping
         it, ends it."""
@@ -93,7 +94,8 @@ class Communicator:
             options = dist.ProcessGroupGloo._Options()  # type: ignore[attr-defined]
             options._devices = [dist.ProcessGroupGloo.create_device(hostname=host)]
             options._timeout = timedelta(seconds=timeout_s)
-            group = dist.ProcessGroupGloo(_Store(store), rank, world, options)
+            group = dist.ProcessGroupGloo(store if isinstance(store, dist.Store) else _Store(store), rank, world,
+                                          options)
         comm = cls(rank, world, device, group)
         comm.p2p = False
         if ledger is not None:

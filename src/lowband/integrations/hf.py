@@ -1,0 +1,115 @@
+"""lowband's methods inside Hugging Face's `transformers.Trainer`, as a TrainerCallback (`pip install lowband[hf]`).
+
+    from lowband.integrations.hf import LowbandCallback, take_world
+
+    world = take_world()                              # first, before TrainingArguments: see below
+    sync = LowbandCallback("diloco:tau=16", world)
+    trainer = Trainer(model, args, train_dataset=my_shard(world.rank, world.size), callbacks=[sync])
+    trainer.train()                                   # at the end trainer.model holds the method's final model
+    sync.bytes_sent                                   # what this worker sent, as lowband's ledger counts it
+
+Under torchrun every Trainer would wrap its model in DistributedDataParallel and average the gradients at
+every step, which is what a low-communication method exists to avoid. `take_world()` takes torchrun's
+variables out of the environment, so that each process's Trainer trains alone, and keeps them in a `World`;
+the callback then joins the workers itself, over a gloo group of its own on torchrun's rendezvous store, for
+the method's exchanges only. Give each worker its own data (its shard of the dataset, or its own stream).
+
+The callback calls `lowband.wrap` on the Trainer's model and optimizer when training begins (`state.max_steps`
+is the run's length), steps the method after every optimizer step, and at the end loads the method's final
+model (DiLoCo's θ_global after its last outer step, the workers' average) into the Trainer's model and closes
+the method; `callback.sync` is wrap's `Sync` while it trains. The Trainer's own learning-rate schedule runs;
+the method's rule on it (DiLoCo's inner_lr_factor) is not applied here. `import lowband` never imports
+transformers: only this module does.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+from datetime import timedelta
+
+import torch
+import torch.distributed as dist
+from transformers import TrainerCallback
+
+from lowband.comm import Communicator
+from lowband.wrapping import Sync, wrap
+
+#: what torchrun sets for its workers; `take_world` removes them so that the Trainer trains one process
+TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
+                      "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE")
+
+
+@dataclass(frozen=True)
+class World:
+    """This worker's place among torchrun's: its rank, their number, and where their store listens."""
+
+    rank: int = 0
+    size: int = 1
+    address: str = "127.0.0.1"
+    port: int = 29500
+    agent_store: bool = False  # torchrun's agent hosts the store (every worker a client)
+
+    def communicator(self, device: torch.device, timeout_s: float = 300.0, host: str = "127.0.0.1") -> Communicator:
+        """The workers' own gloo group over the rendezvous store (this process alone when size is 1); `host`:
+        the address this worker listens on for its peers."""
+        if self.size == 1:
+            return Communicator(0, 1, device)
+        store = dist.TCPStore(self.address, self.port, self.size, is_master=self.rank == 0 and not self.agent_store,
+                              timeout=timedelta(seconds=timeout_s))
+        return Communicator.over_store(dist.PrefixStore("lowband-hf", store), self.rank, self.size, device,
+                                       timeout_s, host=host)
+
+
+def take_world(environ: dict | None = None) -> World:
+    """torchrun's description of the workers, taken out of the environment (`os.environ` by default), so that
+    a Trainer built afterwards trains this process alone; a process not started by torchrun is a world of one."""
+    env = os.environ if environ is None else environ
+    world = World(int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), env.get("MASTER_ADDR", "127.0.0.1"),
+                  int(env.get("MASTER_PORT", 29500)), env.get("TORCHELASTIC_USE_AGENT_STORE") == "True")
+    for name in TORCHRUN_VARIABLES:
+        env.pop(name, None)
+    return world
+
+
+class LowbandCallback(TrainerCallback):
+    """The method `spec` (NAME:KEY=VALUE:..., as `lowband.wrap` takes it) over `world`'s workers, run by a
+    Trainer (see the module docstring). `seed`: a stochastic codec's; `precision`: wrap's."""
+
+    def __init__(self, spec: str, world: World | None = None, seed: int = 0, precision: str = "fp32",
+                 timeout_s: float = 300.0):
+        self.spec, self.world, self.seed, self.precision = spec, world or World(), seed, precision
+        self.timeout_s = timeout_s
+        self.sync: Sync | None = None
+        self.bytes_sent = self.bytes_received = 0.0
+
+    def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
+        optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper holds the torch optimizer
+        device = next(model.parameters()).device
+        comm = self.world.communicator(device, self.timeout_s)
+        try:
+            self.sync = wrap(model, optimizer, self.spec, comm=comm, total_steps=max(int(state.max_steps), 1),
+                             seed=self.seed, precision=self.precision)
+        except BaseException:
+            comm.close()
+            raise
+
+    def on_step_end(self, args, state, control, **kwargs):
+        """After the optimizer's step (and the scheduler's): the method's exchanges due now."""
+        if self.sync is not None:
+            self.sync.step()
+
+    def on_train_end(self, args, state, control, model=None, **kwargs):
+        """The method's final model into the Trainer's (every worker takes part), then the method closed."""
+        if self.sync is None:
+            return
+        sync, self.sync = self.sync, None
+        try:
+            final = sync.final_model()
+            if model is not None and final is not model:
+                model.load_state_dict(final.state_dict())
+            self.bytes_sent, self.bytes_received = sync.bytes_sent, sync.bytes_received
+            sync.comm.allreduce(torch.zeros(1), tag="barrier")  # no worker leaves while a peer still exchanges
+        finally:
+            sync.close()
+            sync.comm.close()
