@@ -43,12 +43,13 @@ class Sync:
     it moved and the final model."""
 
     def __init__(self, method: Method, model: nn.Module, comm: Communicator, optimizer: torch.optim.Optimizer,
-                 owns_comm: bool = False):
+                 owns_comm: bool = False, gradient_hook: bool = True):
         self.method, self.model, self.comm = method, model, comm
         self.config: C.Config = method.ctx.cfg  # what the spec resolved to, every default filled in
         self.owns_comm = owns_comm  # wrap joined torchrun's process group for it: close() leaves it
         self.steps = 0
-        self._hook = optimizer.register_step_pre_hook(lambda *_: method.after_backward(self.steps))
+        self._hook = optimizer.register_step_pre_hook(lambda *_: method.after_backward(self.steps)) \
+            if gradient_hook else None
         self._closed = False
 
     def __enter__(self) -> Sync:
@@ -71,6 +72,12 @@ class Sync:
         torch scheduler (to combine it with your own, torch's ChainedScheduler)."""
         total = max(self.method.ctx.total_steps, 1)
         return torch.optim.lr_scheduler.LambdaLR(optimizer, lambda step: self.method.lr_factor(min(step / total, 1.0)))
+
+    def after_backward(self) -> None:
+        """The method's gradient exchange (Allreduce's average), for a trainer that steps its optimizer with a
+        closure (the gradients do not exist yet when the optimizer's pre-hook runs): call it after backward,
+        before the update, having wrapped with gradient_hook=False."""
+        self.method.after_backward(self.steps)
 
     def step(self) -> None:
         """After the optimizer's step: the method's exchanges due at this step (an outer step, a gossip)."""
@@ -102,7 +109,8 @@ class Sync:
         if self._closed:
             return
         self._closed = True
-        self._hook.remove()
+        if self._hook is not None:
+            self._hook.remove()
         self.method.close()
         if self.owns_comm:
             self.comm.close(clean=True)
@@ -110,10 +118,12 @@ class Sync:
 
 def wrap(model: nn.Module, optimizer: torch.optim.Optimizer, spec: str = "allreduce", *,
          comm: Communicator | None = None, total_steps: int = 1, seed: int = 0, run_dir: str | None = None,
-         precision: str = "fp32") -> Sync:
+         precision: str = "fp32", gradient_hook: bool = True) -> Sync:
     """`model` and `optimizer` trained by the method `spec` ('NAME:KEY=VALUE:...') over `comm` (None: the
     process group torchrun's environment describes, or this process alone); see the module docstring.
-    Raises ConfigError naming the field for a method or option it cannot run."""
+    `gradient_hook=False`: no hook on the optimizer; the caller calls `sync.after_backward()` itself (a trainer
+    whose optimizer step runs the backward pass in a closure). Raises ConfigError naming the field for a
+    method or option it cannot run."""
     name, cfg = method_config(spec, seed, precision)
     require(isinstance(total_steps, int) and total_steps >= 1, "total_steps", total_steps, "must be an integer >= 1")
     device = check_optimizer(model, optimizer)
@@ -137,7 +147,7 @@ def wrap(model: nn.Module, optimizer: torch.optim.Optimizer, spec: str = "allred
     ctx = Context(cfg, comm, device, _logger(), run, total_steps, width=comm.world)
     method = method_cls(cfg.method, ctx)
     trained = method.setup(model)
-    return Sync(method, trained, comm, optimizer, owns_comm=owns)
+    return Sync(method, trained, comm, optimizer, owns_comm=owns, gradient_hook=gradient_hook)
 
 
 def check_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> torch.device:

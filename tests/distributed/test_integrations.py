@@ -18,20 +18,22 @@ ROOT = os.path.dirname(os.path.dirname(os.path.dirname(os.path.abspath(__file__)
 PARAMS = 34_688  # the example's GPT-2: 2 layers of 32, context 32, 256 bytes (tied embedding counted once)
 
 
-def example(loop: str, out: str) -> subprocess.CompletedProcess:
+def example(script: str, loop: str, out: str) -> subprocess.CompletedProcess:
     return subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2",
-                           "examples/hf_trainer.py", "--steps", "16", "--bytes", "100000", "--loop", loop,
+                           f"examples/{script}", "--steps", "16", "--bytes", "100000", "--loop", loop,
                            "--out", out], capture_output=True, text=True, timeout=240, cwd=ROOT)
 
 
-def test_the_hf_trainer_callback_trains_what_wrap_trains_in_a_plain_loop(tmp_path):
+@pytest.mark.parametrize("script, prefix", [("hf_trainer.py", ""), ("lightning_trainer.py", "lightning-")])
+def test_a_trainers_callback_trains_what_wrap_trains_in_a_plain_loop(tmp_path, script, prefix):
+    """Hugging Face's Trainer and Lightning's, each with lowband's callback, against the plain loop."""
     for loop in ("trainer", "own"):
-        p = example(loop, str(tmp_path))
+        p = example(script, loop, str(tmp_path))
         assert p.returncode == 0, p.stderr[-3000:]
         assert f"{loop}: final model held-out loss" in p.stdout
-    models = {(loop, r): load_file(str(tmp_path / f"{loop}-rank{r}.safetensors")) for loop in ("trainer", "own")
+    models = {(loop, r): load_file(str(tmp_path / f"{prefix}{loop}-rank{r}.safetensors")) for loop in ("trainer", "own")
               for r in (0, 1)}
-    figures = {(loop, r): json.loads((tmp_path / f"{loop}-rank{r}.json").read_text()) for loop, r in models}
+    figures = {(loop, r): json.loads((tmp_path / f"{prefix}{loop}-rank{r}.json").read_text()) for loop, r in models}
     first = models[("trainer", 0)]
     assert sum(t.numel() for t in first.values()) == PARAMS
     for key, model in models.items():  # θ_global on every worker, and the plain loop's to float rounding
@@ -50,8 +52,27 @@ def test_import_lowband_imports_no_trainer_library():
     assert out.stdout.strip() == "[]"
 
 
+def test_a_method_that_trains_through_a_wrapper_is_refused_for_a_trainer(monkeypatch):
+    """Allreduce trains through DDP, which a Trainer calling its own model would bypass: refused, wrap closed."""
+    import lowband.integrations.world as world
+    from lowband import ConfigError
+
+    closed = []
+
+    class Wrapped:
+        model = torch.nn.Linear(2, 2)  # not the model given: a wrapper
+
+        def close(self):
+            closed.append(True)
+
+    monkeypatch.setattr(world, "wrap", lambda *a, **kw: Wrapped())
+    with pytest.raises(ConfigError, match="spec"):
+        world.wrapped_in_place(torch.nn.Linear(2, 2), None, "allreduce")
+    assert closed == [True]
+
+
 def test_take_world_takes_torchruns_variables_out_of_the_environment():
-    from lowband.integrations.hf import World, take_world
+    from lowband.integrations.world import World, take_world
 
     env = {"RANK": "1", "WORLD_SIZE": "3", "LOCAL_RANK": "1", "MASTER_ADDR": "10.0.0.2", "MASTER_PORT": "29400",
            "TORCHELASTIC_USE_AGENT_STORE": "True", "PATH": "/bin"}

@@ -24,53 +24,13 @@ transformers: only this module does.
 
 from __future__ import annotations
 
-import os
-from dataclasses import dataclass
-from datetime import timedelta
-
 import torch
-import torch.distributed as dist
 from transformers import TrainerCallback
 
-from lowband.comm import Communicator
-from lowband.wrapping import Sync, wrap
+from lowband.integrations.world import World, take_world, wrapped_in_place
+from lowband.wrapping import Sync
 
-#: what torchrun sets for its workers; `take_world` removes them so that the Trainer trains one process
-TORCHRUN_VARIABLES = ("RANK", "WORLD_SIZE", "LOCAL_RANK", "LOCAL_WORLD_SIZE", "GROUP_RANK", "GROUP_WORLD_SIZE",
-                      "ROLE_RANK", "ROLE_WORLD_SIZE", "MASTER_ADDR", "MASTER_PORT", "TORCHELASTIC_USE_AGENT_STORE")
-
-
-@dataclass(frozen=True)
-class World:
-    """This worker's place among torchrun's: its rank, their number, and where their store listens."""
-
-    rank: int = 0
-    size: int = 1
-    address: str = "127.0.0.1"
-    port: int = 29500
-    agent_store: bool = False  # torchrun's agent hosts the store (every worker a client)
-
-    def communicator(self, device: torch.device, timeout_s: float = 300.0, host: str = "127.0.0.1") -> Communicator:
-        """The workers' own gloo group over the rendezvous store (this process alone when size is 1); `host`:
-        the address this worker listens on for its peers."""
-        if self.size == 1:
-            return Communicator(0, 1, device)
-        store = dist.TCPStore(self.address, self.port, self.size, is_master=self.rank == 0 and not self.agent_store,
-                              timeout=timedelta(seconds=timeout_s))
-        return Communicator.over_store(dist.PrefixStore("lowband-hf", store), self.rank, self.size, device,
-                                       timeout_s, host=host)
-
-
-def take_world(environ: dict | None = None) -> World:
-    """torchrun's description of the workers, taken out of the environment (`os.environ` by default), so that
-    a Trainer built afterwards trains this process alone; a process not started by torchrun is a world of one."""
-    env = os.environ if environ is None else environ
-    world = World(int(env.get("RANK", 0)), int(env.get("WORLD_SIZE", 1)), env.get("MASTER_ADDR", "127.0.0.1"),
-                  int(env.get("MASTER_PORT", 29500)), env.get("TORCHELASTIC_USE_AGENT_STORE") == "True")
-    for name in TORCHRUN_VARIABLES:
-        env.pop(name, None)
-    return world
-
+__all__ = ["LowbandCallback", "World", "take_world"]
 
 class LowbandCallback(TrainerCallback):
     """The method `spec` (NAME:KEY=VALUE:..., as `lowband.wrap` takes it) over `world`'s workers, run by a
@@ -88,8 +48,9 @@ class LowbandCallback(TrainerCallback):
         device = next(model.parameters()).device
         comm = self.world.communicator(device, self.timeout_s)
         try:
-            self.sync = wrap(model, optimizer, self.spec, comm=comm, total_steps=max(int(state.max_steps), 1),
-                             seed=self.seed, precision=self.precision)
+            self.sync = wrapped_in_place(model, optimizer, self.spec, comm=comm,
+                                         total_steps=max(int(state.max_steps), 1), seed=self.seed,
+                                         precision=self.precision)
         except BaseException:
             comm.close()
             raise
