@@ -42,15 +42,29 @@ def unexpected_skips(nodeids: list[str], patterns: list[str]) -> list[str]:
 
 
 _skipped: list[tuple[str, str]] = []
+_durations: dict[str, float] = {}  # nodeid -> seconds (setup, call and teardown), for LOWBAND_DURATIONS
 
 
 def pytest_runtest_logreport(report):
     if report.skipped and not hasattr(report, "wasxfail"):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         _skipped.append((report.nodeid, reason))
+    _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+
+
+def write_durations(session) -> None:
+    """Every test's seconds into the JSON file LOWBAND_DURATIONS names (once, by the process that collects
+    the workers' reports): `python benchmarks/suite_time.py FILE` says where the suite's time goes."""
+    path = os.environ.get("LOWBAND_DURATIONS")
+    if path and not hasattr(session.config, "workerinput"):
+        import json
+
+        with open(path, "w") as f:
+            json.dump(_durations, f, indent=0, sort_keys=True)
 
 
 def pytest_sessionfinish(session, exitstatus):
+    write_durations(session)
     if os.environ.get("LOWBAND_STRICT_SKIPS") != "1" or exitstatus not in (0, 1):
         return
     bad = unexpected_skips([n for n, _ in _skipped], allowed_skips())
