@@ -89,29 +89,43 @@ def with_own_loop(args, world: World, model, stream: Windows) -> tuple[torch.nn.
     return model, sent
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
+def arguments(doc: str, trainer: str) -> argparse.Namespace:
+    """The examples' command line (`trainer`: whose Trainer --loop trainer runs)."""
+    p = argparse.ArgumentParser(description=doc.split("\n")[0])
     p.add_argument("--steps", type=int, default=40, help="optimizer steps per worker")
     p.add_argument("--method", default="diloco:tau=8:outer_lr=0.7", help="a lowband method, NAME:KEY=VALUE:...")
-    p.add_argument("--loop", choices=("trainer", "own"), default="trainer", help="Hugging Face's Trainer, or a plain loop")
+    p.add_argument("--loop", choices=("trainer", "own"), default="trainer", help=f"{trainer}'s Trainer, or a plain loop")
     p.add_argument("--text", default="", help="a UTF-8 text file (default: the KJV)")
     p.add_argument("--bytes", type=int, default=200_000, help="the text's first bytes to use")
     p.add_argument("--context", type=int, default=32)
     p.add_argument("--batch", type=int, default=8)
     p.add_argument("--lr", type=float, default=1e-3)
     p.add_argument("--out", default="", help="write each worker's final model and figures into this folder")
-    args = p.parse_args()
-    world = take_world()  # before any Trainer: each trains its process alone, the callback joins the workers
-    torch.set_num_threads(1)
+    return p.parse_args()
 
+
+def split_text(args) -> tuple[torch.Tensor, torch.Tensor]:
+    """The text's windows: the first tenth held out, the rest to train on."""
     from lowband.data.text import read_corpus
 
     _, text = read_corpus(f"text:{args.text}" if args.text else "text", args.bytes)
     data = windows(text, args.context)
-    held_out, train = data[: len(data) // 10], data[len(data) // 10:]
-    model = gpt2(args.context)
-    run = with_trainer if args.loop == "trainer" else with_own_loop
-    model, sent = run(args, world, model, Windows(train, world.rank, world.size))
+    return data[: len(data) // 10], data[len(data) // 10:]
+
+
+def main(doc: str, trainer: str, train_with, prefix: str = "") -> None:
+    """Train with `trainer`'s Trainer (`train_with`, as `with_trainer` here) or the plain loop, then report."""
+    args = arguments(doc, trainer)
+    world = take_world()  # before any Trainer: each trains its process alone, the callback joins the workers
+    torch.set_num_threads(1)
+    held_out, train = split_text(args)
+    run = train_with if args.loop == "trainer" else with_own_loop
+    model, sent = run(args, world, gpt2(args.context), Windows(train, world.rank, world.size))
+    report(args, world, model, sent, held_out, prefix)
+
+def report(args, world: World, model, sent: float, held_out: torch.Tensor, prefix: str = "") -> None:
+    """The final model's held-out loss (rank 0 prints it, with the bytes); with --out, each worker's model and
+    figures, PREFIX+LOOP-rankR.safetensors / .json."""
     with torch.no_grad():
         model.eval()
         loss = model(input_ids=held_out[:256], labels=held_out[:256]).loss.item()
@@ -120,8 +134,8 @@ def main() -> None:
 
         os.makedirs(args.out, exist_ok=True)
         save_file({name: p.detach().clone() for name, p in model.named_parameters()},  # tied weights once
-                  os.path.join(args.out, f"{args.loop}-rank{world.rank}.safetensors"))
-        with open(os.path.join(args.out, f"{args.loop}-rank{world.rank}.json"), "w") as f:
+                  os.path.join(args.out, f"{prefix}{args.loop}-rank{world.rank}.safetensors"))
+        with open(os.path.join(args.out, f"{prefix}{args.loop}-rank{world.rank}.json"), "w") as f:
             json.dump({"bytes_sent": sent, "held_out_loss": loss}, f)
     if world.rank == 0:
         print(f"{args.loop}: final model held-out loss {loss:.4f} nats ({loss / math.log(2):.3f} bits per byte); "
@@ -129,4 +143,4 @@ def main() -> None:
 
 
 if __name__ == "__main__":
-    main()
+    main(__doc__, "Hugging Face", with_trainer)

@@ -13,15 +13,10 @@ the same parameters and bytes (tests/distributed/test_integrations.py).
 
 from __future__ import annotations
 
-import argparse
-import json
-import math
-import os
-
 import torch
 
-from hf_trainer import Windows, gpt2, windows, with_own_loop
-from lowband.integrations.world import World, take_world
+from hf_trainer import Windows, main
+from lowband.integrations.world import World
 
 
 def module_of(model: torch.nn.Module, lr: float):
@@ -56,42 +51,5 @@ def with_trainer(args, world: World, model, stream: Windows) -> tuple[torch.nn.M
     return module.model, sync.bytes_sent
 
 
-def main() -> None:
-    p = argparse.ArgumentParser(description=__doc__.split("\n")[0])
-    p.add_argument("--steps", type=int, default=40, help="optimizer steps per worker")
-    p.add_argument("--method", default="diloco:tau=8:outer_lr=0.7", help="a lowband method, NAME:KEY=VALUE:...")
-    p.add_argument("--loop", choices=("trainer", "own"), default="trainer", help="Lightning's Trainer, or a plain loop")
-    p.add_argument("--bytes", type=int, default=200_000, help="the KJV's first bytes to use")
-    p.add_argument("--context", type=int, default=32)
-    p.add_argument("--batch", type=int, default=8)
-    p.add_argument("--lr", type=float, default=1e-3)
-    p.add_argument("--out", default="", help="write each worker's final model and figures into this folder")
-    args = p.parse_args()
-    world = take_world()  # before the Trainer: each trains its process alone, the callback joins the workers
-    torch.set_num_threads(1)
-
-    from lowband.data.text import read_corpus
-
-    _, text = read_corpus("text", args.bytes)
-    data = windows(text, args.context)
-    held_out, train = data[: len(data) // 10], data[len(data) // 10:]
-    run = with_trainer if args.loop == "trainer" else with_own_loop
-    model, sent = run(args, world, gpt2(args.context), Windows(train, world.rank, world.size))
-    with torch.no_grad():
-        model.eval()
-        loss = model(input_ids=held_out[:256], labels=held_out[:256]).loss.item()
-    if args.out:
-        from safetensors.torch import save_file
-
-        os.makedirs(args.out, exist_ok=True)
-        save_file({name: p.detach().clone() for name, p in model.named_parameters()},
-                  os.path.join(args.out, f"lightning-{args.loop}-rank{world.rank}.safetensors"))
-        with open(os.path.join(args.out, f"lightning-{args.loop}-rank{world.rank}.json"), "w") as f:
-            json.dump({"bytes_sent": sent, "held_out_loss": loss}, f)
-    if world.rank == 0:
-        print(f"{args.loop}: final model held-out loss {loss:.4f} nats ({loss / math.log(2):.3f} bits per byte); "
-              f"{sent / 1e6:.3f} MB sent by each worker ({args.method})", flush=True)
-
-
 if __name__ == "__main__":
-    main()
+    main(__doc__, "Lightning", with_trainer, prefix="lightning-")

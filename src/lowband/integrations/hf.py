@@ -24,36 +24,18 @@ transformers: only this module does.
 
 from __future__ import annotations
 
-import torch
 from transformers import TrainerCallback
 
-from lowband.integrations.world import World, take_world, wrapped_in_place
-from lowband.wrapping import Sync
+from lowband.integrations.world import TrainerMethod, World, take_world
 
 __all__ = ["LowbandCallback", "World", "take_world"]
 
-class LowbandCallback(TrainerCallback):
+class LowbandCallback(TrainerCallback, TrainerMethod):
     """The method `spec` (NAME:KEY=VALUE:..., as `lowband.wrap` takes it) over `world`'s workers, run by a
     Trainer (see the module docstring). `seed`: a stochastic codec's; `precision`: wrap's."""
 
-    def __init__(self, spec: str, world: World | None = None, seed: int = 0, precision: str = "fp32",
-                 timeout_s: float = 300.0):
-        self.spec, self.world, self.seed, self.precision = spec, world or World(), seed, precision
-        self.timeout_s = timeout_s
-        self.sync: Sync | None = None
-        self.bytes_sent = self.bytes_received = 0.0
-
     def on_train_begin(self, args, state, control, model=None, optimizer=None, **kwargs):
-        optimizer = getattr(optimizer, "optimizer", optimizer)  # accelerate's wrapper holds the torch optimizer
-        device = next(model.parameters()).device
-        comm = self.world.communicator(device, self.timeout_s)
-        try:
-            self.sync = wrapped_in_place(model, optimizer, self.spec, comm=comm,
-                                         total_steps=max(int(state.max_steps), 1), seed=self.seed,
-                                         precision=self.precision)
-        except BaseException:
-            comm.close()
-            raise
+        self.start(model, getattr(optimizer, "optimizer", optimizer), state.max_steps)  # accelerate's wrapper
 
     def on_step_end(self, args, state, control, **kwargs):
         """After the optimizer's step (and the scheduler's): the method's exchanges due now."""
@@ -62,15 +44,4 @@ class LowbandCallback(TrainerCallback):
 
     def on_train_end(self, args, state, control, model=None, **kwargs):
         """The method's final model into the Trainer's (every worker takes part), then the method closed."""
-        if self.sync is None:
-            return
-        sync, self.sync = self.sync, None
-        try:
-            final = sync.final_model()
-            if model is not None and final is not model:
-                model.load_state_dict(final.state_dict())
-            self.bytes_sent, self.bytes_received = sync.bytes_sent, sync.bytes_received
-            sync.comm.allreduce(torch.zeros(1), tag="barrier")  # no worker leaves while a peer still exchanges
-        finally:
-            sync.close()
-            sync.comm.close()
+        self.finish(model)

@@ -23,23 +23,14 @@ accumulate_grad_batches=1). At the end the method's final model is loaded into t
 
 from __future__ import annotations
 
-import torch
 from lightning.pytorch.callbacks import Callback
 
-from lowband.integrations.world import World, wrapped_in_place
-from lowband.wrapping import Sync
+from lowband.integrations.world import TrainerMethod
 
 
-class LowbandCallback(Callback):
+class LowbandCallback(Callback, TrainerMethod):
     """The method `spec` (NAME:KEY=VALUE:..., as `lowband.wrap` takes it) over `world`'s workers, run by a
     Lightning Trainer with one optimizer (see the module docstring)."""
-
-    def __init__(self, spec: str, world: World | None = None, seed: int = 0, precision: str = "fp32",
-                 timeout_s: float = 300.0):
-        self.spec, self.world, self.seed, self.precision = spec, world or World(), seed, precision
-        self.timeout_s = timeout_s
-        self.sync: Sync | None = None
-        self.bytes_sent = self.bytes_received = 0.0
 
     def on_train_start(self, trainer, pl_module) -> None:
         from lowband.errors import ConfigError
@@ -47,14 +38,7 @@ class LowbandCallback(Callback):
         if len(trainer.optimizers) != 1:
             raise ConfigError("optimizers", len(trainer.optimizers), "LowbandCallback trains a module with exactly one")
         steps = trainer.max_steps if trainer.max_steps and trainer.max_steps > 0 else trainer.estimated_stepping_batches
-        comm = self.world.communicator(next(pl_module.parameters()).device, self.timeout_s)
-        try:
-            self.sync = wrapped_in_place(pl_module, trainer.optimizers[0], self.spec, comm=comm,
-                                         total_steps=max(int(steps), 1), seed=self.seed, precision=self.precision,
-                                         gradient_hook=False)
-        except BaseException:
-            comm.close()
-            raise
+        self.start(pl_module, trainer.optimizers[0], steps, gradient_hook=False)
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer) -> None:
         """After the backward pass, before the update: the method's gradient exchange."""
@@ -68,15 +52,4 @@ class LowbandCallback(Callback):
 
     def on_train_end(self, trainer, pl_module) -> None:
         """The method's final model into the module (every worker takes part), then the method closed."""
-        if self.sync is None:
-            return
-        sync, self.sync = self.sync, None
-        try:
-            final = sync.final_model()
-            if final is not pl_module:
-                pl_module.load_state_dict(final.state_dict())
-            self.bytes_sent, self.bytes_received = sync.bytes_sent, sync.bytes_received
-            sync.comm.allreduce(torch.zeros(1), tag="barrier")  # no worker leaves while a peer still exchanges
-        finally:
-            sync.close()
-            sync.comm.close()
+        self.finish(pl_module)

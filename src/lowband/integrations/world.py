@@ -1,6 +1,6 @@
 """What the trainer integrations share: torchrun's workers taken out of the environment (`take_world`), their
-own gloo group for a method's exchanges (`World.communicator`), and `wrap` for a trainer that calls its own
-model (`wrapped_in_place`). Imports no trainer library."""
+own gloo group for a method's exchanges (`World.communicator`), `wrap` for a trainer that calls its own
+model (`wrapped_in_place`), and the callbacks' common part (`TrainerMethod`). Imports no trainer library."""
 
 from __future__ import annotations
 
@@ -65,3 +65,39 @@ def wrapped_in_place(model: nn.Module, optimizer: torch.optim.Optimizer, spec: s
                                         "model would bypass: use diloco, sparseloco or local_sgd here (or "
                                         "lowband.wrap in your own loop)")
     return sync
+
+
+class TrainerMethod:
+    """A lowband method run by a trainer's callback: `start` wraps the trainer's model and optimizer over the
+    world's workers, `finish` loads the method's final model into the trainer's and closes it (every worker
+    takes part). `sync` is wrap's Sync while it trains; `bytes_sent`/`bytes_received` are kept at the end."""
+
+    def __init__(self, spec: str, world: World | None = None, seed: int = 0, precision: str = "fp32",
+                 timeout_s: float = 300.0):
+        self.spec, self.world, self.seed, self.precision = spec, world or World(), seed, precision
+        self.timeout_s = timeout_s
+        self.sync: Sync | None = None
+        self.bytes_sent = self.bytes_received = 0.0
+
+    def start(self, model: nn.Module, optimizer: torch.optim.Optimizer, steps: int, gradient_hook: bool = True) -> None:
+        comm = self.world.communicator(next(model.parameters()).device, self.timeout_s)
+        try:
+            self.sync = wrapped_in_place(model, optimizer, self.spec, comm=comm, total_steps=max(int(steps), 1),
+                                         seed=self.seed, precision=self.precision, gradient_hook=gradient_hook)
+        except BaseException:
+            comm.close()
+            raise
+
+    def finish(self, model: nn.Module | None) -> None:
+        if self.sync is None:
+            return
+        sync, self.sync = self.sync, None
+        try:
+            final = sync.final_model()
+            if model is not None and final is not model:
+                model.load_state_dict(final.state_dict())
+            self.bytes_sent, self.bytes_received = sync.bytes_sent, sync.bytes_received
+            sync.comm.allreduce(torch.zeros(1), tag="barrier")  # no worker leaves while a peer still exchanges
+        finally:
+            sync.close()
+            sync.comm.close()
