@@ -24,22 +24,34 @@ def example(script: str, loop: str, out: str) -> subprocess.CompletedProcess:
                            "--out", out], capture_output=True, text=True, timeout=240, cwd=ROOT)
 
 
+@pytest.fixture(scope="module")
+def plain_loop(tmp_path_factory):
+    """The plain loop through `lowband.wrap`, once: both examples train the same stream, model and optimizer."""
+    out = tmp_path_factory.mktemp("integrations")
+    p = example("hf_trainer.py", "own", str(out))
+    assert p.returncode == 0, p.stderr[-3000:]
+    return out
+
+
+def finals(out, prefix: str, loop: str) -> list[tuple[dict, dict]]:
+    """Each worker's final parameters and figures."""
+    return [(load_file(str(out / f"{prefix}{loop}-rank{r}.safetensors")),
+             json.loads((out / f"{prefix}{loop}-rank{r}.json").read_text())) for r in (0, 1)]
+
+
 @pytest.mark.parametrize("script, prefix", [("hf_trainer.py", ""), ("lightning_trainer.py", "lightning-")])
-def test_a_trainers_callback_trains_what_wrap_trains_in_a_plain_loop(tmp_path, script, prefix):
+def test_a_trainers_callback_trains_what_wrap_trains_in_a_plain_loop(plain_loop, script, prefix):
     """Hugging Face's Trainer and Lightning's, each with lowband's callback, against the plain loop."""
-    for loop in ("trainer", "own"):
-        p = example(script, loop, str(tmp_path))
-        assert p.returncode == 0, p.stderr[-3000:]
-        assert f"{loop}: final model held-out loss" in p.stdout
-    models = {(loop, r): load_file(str(tmp_path / f"{prefix}{loop}-rank{r}.safetensors")) for loop in ("trainer", "own")
-              for r in (0, 1)}
-    figures = {(loop, r): json.loads((tmp_path / f"{prefix}{loop}-rank{r}.json").read_text()) for loop, r in models}
-    first = models[("trainer", 0)]
+    p = example(script, "trainer", str(plain_loop))
+    assert p.returncode == 0, p.stderr[-3000:]
+    assert "trainer: final model held-out loss" in p.stdout
+    runs = finals(plain_loop, prefix, "trainer") + finals(plain_loop, "", "own")
+    first = runs[-1][0]
     assert sum(t.numel() for t in first.values()) == PARAMS
-    for key, model in models.items():  # θ_global on every worker, and the plain loop's to float rounding
+    for i, (model, _) in enumerate(runs):  # θ_global on every worker, and the plain loop's to float rounding
         for name, tensor in first.items():
-            torch.testing.assert_close(model[name], tensor, rtol=0, atol=1e-6, msg=f"{key} {name}")
-    sent = {f["bytes_sent"] for f in figures.values()}
+            torch.testing.assert_close(model[name], tensor, rtol=0, atol=1e-6, msg=f"run {i} {name}")
+    sent = {figures["bytes_sent"] for _, figures in runs}
     assert len(sent) == 1  # the callback's ledger counts what wrap's does
     outer_steps = 16 // 8  # tau 8: two outer steps, each a ring allreduce of fp32 pseudo-gradients over 2 workers
     assert sent.pop() >= outer_steps * 2 * (2 - 1) / 2 * PARAMS * 4
