@@ -197,3 +197,34 @@ def test_the_docstring_check_finds_a_module_left_out(tmp_path, monkeypatch):
     (pkg / "beta.py").write_text("")
     monkeypatch.setitem(globals(), "SRC", str(tmp_path))
     assert undocumented("pkg") == ["beta"]
+
+
+def private_uses(path: str, known: set[str]) -> list[str]:
+    """`module.NAME` lines where `path` takes a private name (one underscore) from another lowband module:
+    imported by name, or read from a module it imported (`from lowband.run import launch; launch._x`)."""
+    with open(path) as f:
+        tree = ast.parse(f.read())
+    aliases, found = set(), []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.module and node.module.startswith("lowband") and node.level == 0:
+            for a in node.names:
+                if f"{node.module}.{a.name}" in known:
+                    aliases.add(a.asname or a.name)
+                elif a.name.startswith("_") and not a.name.startswith("__"):
+                    found.append(f"{node.module}.{a.name}")
+        elif isinstance(node, ast.Import):
+            aliases |= {a.asname for a in node.names if a.asname and a.name in known}
+    for node in ast.walk(tree):
+        if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id in aliases
+                and node.attr.startswith("_") and not node.attr.startswith("__")):
+            found.append(f"{node.value.id}.{node.attr}")
+    return found
+
+
+def test_no_module_takes_another_modules_private_name():
+    """A name with one leading underscore is its module's own: another module that needs it needs a public name
+    (issue 66: `launch._exit_code` read by the elastic job)."""
+    paths = [os.path.join(d, f) for d, _, files in os.walk(SRC) for f in files if f.endswith(".py")]
+    known = {module_name(p) for p in paths}
+    taken = {module_name(p): uses for p in paths if (uses := private_uses(p, known))}
+    assert not taken, taken

@@ -139,7 +139,7 @@ def sweep(groups: dict[str, list[SummaryRow]], goals: dict[str, int | None], rat
             for label, g in groups.items()}
 
 
-def _bytes_at_goal(row: TableRow | None, groups: dict[str, list[SummaryRow]], goals: dict[str, int | None]) -> float:
+def bytes_at_goal(row: TableRow | None, groups: dict[str, list[SummaryRow]], goals: dict[str, int | None]) -> float:
     goal = None if row is None else goals[row.label]
     if row is None or goal is None:
         return 0.0

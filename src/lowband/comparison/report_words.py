@@ -13,7 +13,7 @@ from lowband import config as C
 from lowband.comparison import projection, table
 from lowband.comparison.folder import ComparisonDir
 from lowband.comparison.plan import REFERENCE
-from lowband.comparison.report_figures import _bytes_at_goal, projected, read_config, spent
+from lowband.comparison.report_figures import bytes_at_goal, projected, read_config, spent
 from lowband.comparison.summary import SummaryRow
 from lowband.comparison.table import TableRow
 from lowband.net.links import LinkSpec, parse_link
@@ -41,7 +41,7 @@ def link_sentences(rows: list[TableRow], groups: dict[str, list[SummaryRow]], go
     spent in compute when it is not the reference."""
     goal = "to target" if has_target else "to finish training"
     reach = [r for r in rows if goals[r.label] is not None]
-    by_bytes = min(reach, key=lambda r: _bytes_at_goal(r, groups, goals), default=None)
+    by_bytes = min(reach, key=lambda r: bytes_at_goal(r, groups, goals), default=None)
     ref = next((r.label for r in reach if r.is_reference), None)
     out = []
     for name, rate in projection.LINK_CLASSES.items():
@@ -56,7 +56,7 @@ def link_sentences(rows: list[TableRow], groups: dict[str, list[SummaryRow]], go
             versus += f"; {spent[best]:.2f}x {ref or 'the reference'}'s training samples"
         out.append(f"At {name} the fastest {goal} is {best} ({secs[best]:.1f} s{versus}), the fewest bytes "
                    f"{by_bytes.label if by_bytes else '-'} "
-                   f"({human_bytes(_bytes_at_goal(by_bytes, groups, goals))} per worker){_team(reach, best, secs)}.")
+                   f"({human_bytes(bytes_at_goal(by_bytes, groups, goals))} per worker){_team(reach, best, secs)}.")
     return out
 
 

@@ -106,7 +106,7 @@ class Watch:
         if any(c is None for c in codes):
             return None
         failed = [c for c in codes if c]
-        return _exit_code(failed[0]) if failed else 0  # with keep_going: the run still lost a worker
+        return exit_code(failed[0]) if failed else 0  # with keep_going: the run still lost a worker
 
 
 
@@ -146,7 +146,7 @@ def _stop_for(procs: list[Worker], poll_s: float, crash_dir: str | None, since: 
         print(f"lowband: worker {rank} (pid {procs[rank].pid}) {_describe(code or 0)}"
               f"{crash_note(crash_dir, rank, since)}; stopped the other {others} running worker(s)"
               f"{others_note(crash_dir, rank, len(procs), since)}", file=sys.stderr)
-    return _exit_code(code)
+    return exit_code(code)
 
 
 
@@ -213,7 +213,7 @@ def stop(procs: Sequence[Worker], grace_s: float = GRACE_S) -> None:
 
 
 
-def _exit_code(code: int | None) -> int:
+def exit_code(code: int | None) -> int:
     """A worker's exit status as the launcher's: 128 + N for a worker killed by signal N."""
     assert code is not None, "a worker still running has no exit code"
     return 128 - code if code < 0 else code

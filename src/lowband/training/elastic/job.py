@@ -212,7 +212,7 @@ class ElasticWatch(launch.Watch):
         failed = [c for c in codes if c]
         print("lowband: every elastic worker left before the job finished; continue it with "
               "`lowband train --resume RUN_DIR`", file=sys.stderr)
-        return launch._exit_code(failed[0]) if failed else 1
+        return launch.exit_code(failed[0]) if failed else 1
 
     def _left_for_good(self) -> bool:
         """No live worker for elastic.dead_after_s + 5 s: a coordinator restarted empty names none until the
@@ -293,7 +293,7 @@ def join(run_dir: str, host: str | None = None) -> int:
         os.environ["LOWBAND_ELASTIC_HOST"] = host  # the worker inherits it
     procs = workers.spawn(ENTRY, [run_dir, "0", "1"], 1, run_dir, cfg.train.threads)
     try:
-        return launch._exit_code(procs[0].wait())
+        return launch.exit_code(procs[0].wait())
     except KeyboardInterrupt:
         launch.stop(procs)
         return 130
