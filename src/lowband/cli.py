@@ -11,7 +11,7 @@ import threading
 
 from lowband import config as C
 from lowband.cli_parser import SHORTCUTS, parser
-from lowband.errors import ConfigError, LowbandError, Terminated, UsageError, raise_terminated
+from lowband.errors import INTERRUPTED, TERMINATED, ConfigError, LowbandError, Terminated, UsageError, raise_terminated
 from lowband.paths import can_make_dir, writable_dir
 
 # Each command imports the layers it runs inside its own function: a command pays for nobody else's
@@ -171,7 +171,7 @@ def cmd_compare(args) -> int:
         with target_blamed(args):
             plan, folder = plan_for(compare_request(args))
     code, folder, rows = compare(plan, folder)
-    if code == 130:  # a run was stopped by Ctrl-C: no summary.csv yet (--resume continues); the one line
+    if code == INTERRUPTED:  # a run was stopped by Ctrl-C: no summary.csv yet (--resume continues); the one line
         print("lowband: interrupted", file=sys.stderr)
     elif rows:
         print_summary(rows, folder)
@@ -300,7 +300,7 @@ def main(argv: list[str] | None = None) -> int:
         return _main(argv)
     except KeyboardInterrupt as e:
         print(f"lowband: {'stopped by SIGTERM' if isinstance(e, Terminated) else 'interrupted'}", file=sys.stderr)
-        return 143 if isinstance(e, Terminated) else 130
+        return TERMINATED if isinstance(e, Terminated) else INTERRUPTED
     finally:
         if main_thread:  # an in-process caller gets its own handlers back
             signal.signal(signal.SIGINT, before[0])
@@ -312,7 +312,7 @@ def _interrupted_while_importing(*_) -> None:
     KeyboardInterrupt raised inside a library's import can leave it half-imported (numpy has then no
     `matrix`), which later fails as some other error."""
     sys.stderr.write("lowband: interrupted\n")
-    os._exit(130)
+    os._exit(INTERRUPTED)
 
 
 def _main(argv: list[str] | None) -> int:

@@ -6,6 +6,9 @@ Every error lowband raises on purpose is a `LowbandError`, so Python callers (lo
 can catch them all with one clause.
 """
 
+INTERRUPTED = 130  # stopped by Ctrl-C (128 + SIGINT): what was done is kept, `--resume` continues
+TERMINATED = 143  # stopped by SIGTERM (128 + SIGTERM)
+
 
 class LowbandError(Exception):
     """Base of lowband's own errors."""

@@ -22,6 +22,7 @@ from lowband.comparison.report import build, verdict
 from lowband.comparison.summary import SummaryRow, TuningRow, status_of
 from lowband.comparison.tuning import check_studies, tune_label
 from lowband.data.metric import ACCURACY, Metric, metric_for
+from lowband.errors import INTERRUPTED
 from lowband.records import EpochRecord
 from lowband.run import loggers
 from lowband.run.metrics import median, read_metrics
@@ -61,15 +62,15 @@ def compare(plan: P.Plan, folder: str) -> tuple[int, str, list[SummaryRow]]:
     chosen = tune(plan, where, metric) if plan.tune is not None else {}
     if chosen is None:
         print("lowband: interrupted (a tuning trial was stopped)", file=sys.stderr)
-        return 130, folder, []
+        return INTERRUPTED, folder, []
     rows: list[SummaryRow] = []
     targets: dict[int, float | None] = {}  # a target budget: the reference's final validation figure per seed
     full = P.full_runs(plan, chosen)
     for i, run in enumerate(full, 1):
         run = aimed(plan, run, targets, metric)
         code, run_dir = execute(where, run, f"run {i}/{len(full)}")
-        if code == 130:
-            return 130, folder, rows
+        if code == INTERRUPTED:
+            return INTERRUPTED, folder, rows
         if run.label == plan.reference:
             targets[run.seed] = final_val(run_dir, metric) if code == 0 else None
         rows.append(replace(summarize(run.label, run.config, run_dir, code), tuned=run.tuned,
@@ -145,7 +146,7 @@ def execute(folder: str | ComparisonDir, run: P.Run, position: str = "") -> tupl
         return 0, run_dir
     print(f"\n{title}", flush=True)
     code, run_dir = session.start(run.config, run_dir, resume=RunDir(run_dir).is_run())
-    if code != 130:
+    if code != INTERRUPTED:
         where.mark(run.key, run_dir, code)
     return code, run_dir
 
@@ -157,7 +158,7 @@ def prepared(where: ComparisonDir, key: str, command: str) -> int:
         print(f"\n=== prepare: lowband {command}: finished already ===", flush=True)
         return 0
     code = run_prepare(continued(command.replace("{folder}", where.path)))
-    if code != 130:
+    if code != INTERRUPTED:
         where.mark(key, "", code)
     return code
 

@@ -49,7 +49,7 @@ from lowband.comparison.folder import ComparisonDir
 from lowband.comparison.space import Tune, show
 from lowband.comparison.summary import TuningRow, status_of
 from lowband.data.metric import Metric
-from lowband.errors import ConfigError
+from lowband.errors import INTERRUPTED, ConfigError
 from lowband.run.launch import STOPPED_QUIETLY
 from lowband.run.metrics import read_metrics
 from lowband.run.rundir import RunDir
@@ -346,7 +346,7 @@ def _watched(proc, trial, metric: Metric, run: P.Run, run_dir: str) -> Outcome |
 
 
 def outcome_of(code: int, watch: Watch) -> Outcome | None:
-    if code == 130:
+    if code == INTERRUPTED:
         return None
     status = status_of(code)
     if status == "ok" and watch.val is None:

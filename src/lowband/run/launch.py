@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Collection, Sequence
 
-from lowband.errors import Terminated, raise_terminated
+from lowband.errors import INTERRUPTED, Diverged, Terminated, UsageError, raise_terminated
 from lowband.run.workers import Worker, crash_path, remove_quietly, spawn
 
 GRACE_S = 5.0
@@ -47,11 +47,15 @@ def run(entry: str, args: list[str], world: int, rendezvous_dir: str, threads: i
 
 
 
+#: exit codes a restart cannot mend: done, bad input, diverged, interrupted
+FINAL = (0, UsageError.exit_code, Diverged.exit_code, INTERRUPTED)
+
+
 def _restarting(entry, args, world, rendezvous_dir, threads, keep_going, net, max_restarts, restart_args) -> int:
     attempt = 0
     while True:
         code = _run(entry, args if attempt == 0 else restart_args, world, rendezvous_dir, threads, keep_going, net)
-        if code in (0, 2, 4, 130) or attempt >= max_restarts or restart_args is None:  # a restart cannot mend these
+        if code in FINAL or attempt >= max_restarts or restart_args is None:
             return code
         attempt += 1
         print(f"lowband: restarting all {world} worker(s) from the latest checkpoint "
@@ -70,7 +74,7 @@ def _run(entry, args, world, rendezvous_dir, threads, keep_going, net) -> int:
             raise  # `lowband` says "stopped by SIGTERM" (a pruned trial's caller: nothing)
         if os.environ.get(STOPPED_QUIETLY) != "1":
             print("lowband: interrupted; stopped every worker", file=sys.stderr)
-        return 130
+        return INTERRUPTED
     finally:
         stop(procs)
         signal.signal(signal.SIGTERM, previous)

@@ -35,7 +35,7 @@ import uuid
 from typing import NoReturn
 
 from lowband.atomic import discard_pending, process_running
-from lowband.errors import Diverged, Unavailable, UsageError
+from lowband.errors import INTERRUPTED, TERMINATED, Diverged, Unavailable, UsageError
 
 CRASH_FILE = "crash.rank{rank}.txt"
 
@@ -268,7 +268,7 @@ def leave_now(code: int) -> NoReturn:
 
 def worker_main(argv: list[str]) -> int:
     """Body of a worker process: call MODULE:FUNCTION(*ARGS), mapping failures to exit codes."""
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
+    signal.signal(signal.SIGTERM, lambda *_: sys.exit(TERMINATED))
     name_process(f"lowband-r{os.environ.get('RANK', '0')}")
     module, _, func = argv[0].partition(":")
     try:
@@ -280,7 +280,7 @@ def worker_main(argv: list[str]) -> int:
     except Diverged as e:  # several ranks may diverge at once: the run's starter says it once (session.py)
         leave_now(e.exit_code)
     except KeyboardInterrupt:
-        return 130
+        return INTERRUPTED
     except Exception as e:  # noqa: BLE001 - a crash: its file says why, the launcher says it once
         record_crash(e)
         leave_now(1)

@@ -18,7 +18,7 @@ from lowband import config as C
 from lowband.atomic import copy_atomic
 from lowband.comm import Communicator, launched_by_torchrun
 from lowband.comm.placement import Placement, here, local_rank, local_world
-from lowband.errors import Diverged, LowbandError, UsageError
+from lowband.errors import INTERRUPTED, Diverged, LowbandError, UsageError
 from lowband.net.links import check_netns_possible
 from lowband.registry import METHODS
 from lowband.run import checkpoint, launch, loggers
@@ -113,7 +113,7 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
                           sites=sites, intra=cfg.link.intra_spec)
     if code == Diverged.exit_code:
         print(f"lowband: error: {first_divergence(run_dir)}", file=sys.stderr)
-    elif method.independent_models and code not in (2, 130):
+    elif method.independent_models and code not in (UsageError.exit_code, INTERRUPTED):
         code = salvage(run_dir, spec.world, code)
     if code == 0:
         checkpoint.tidy(run_dir)  # what a killed writer left in checkpoints/ (a restart's) could never be resumed
@@ -131,7 +131,7 @@ def run_prepared(argv: list[str]) -> int:
         print(f"lowband: error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:  # before the launcher took over SIGTERM and Ctrl-C
-        return 130
+        return INTERRUPTED
 
 
 def _elastic(cfg: C.Config, run_dir: str | None, out: str, resume: bool, allow_world_change: bool,

@@ -25,7 +25,7 @@ from lowband.comm.membership import Membership, redact, wait_until
 from lowband.comm.rendezvous import check_bindable
 from lowband.data import load_dataset
 from lowband.distill.redis_server import EmbeddedRedis
-from lowband.errors import ConfigError, Terminated, UsageError
+from lowband.errors import INTERRUPTED, ConfigError, Terminated, UsageError
 from lowband.records import EpochRecord
 from lowband.registry import METHODS
 from lowband.run import checkpoint, launch, workers
@@ -240,7 +240,7 @@ def supervise(procs, members: Membership, e: C.ElasticConfig, poll_s: float | No
         if isinstance(e, Terminated):
             raise  # `lowband` says "stopped by SIGTERM"
         print("lowband: interrupted; stopped every worker", file=sys.stderr)
-        return 130
+        return INTERRUPTED
     finally:
         launch.stop(procs)
 
@@ -296,7 +296,7 @@ def join(run_dir: str, host: str | None = None) -> int:
         return launch.exit_code(procs[0].wait())
     except KeyboardInterrupt:
         launch.stop(procs)
-        return 130
+        return INTERRUPTED
 
 
 def summarize(run_dir: str) -> None:
