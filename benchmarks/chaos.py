@@ -24,6 +24,7 @@ summary.csv (deterministic columns) must equal an uninterrupted comparison's, st
 traceback, and no process may be left.
 
 Run:  python benchmarks/chaos.py --elastic --seed 0 [--faults 90] [--epochs 600] [--every 4 12]
+      python benchmarks/chaos.py --recheck KEPT --baseline 0,1,2   (a kept soak's loss check, again)
       python benchmarks/chaos.py --compare --seed 0 [--kills 10] [--tune]
 Prints the schedule as it goes and a summary line per soak; exit 1 when a check fails.
 """
@@ -132,13 +133,23 @@ class ElasticSoak:
                 if not started:
                     shutil.rmtree(run, ignore_errors=True)
                 fresh = [*JOB, "--epochs", str(self.args.epochs), "--seed", str(seed), "--run-dir", run]
-                subprocess.run([*PY, *(["train", "--resume", run] if started else fresh)], capture_output=True,
-                               text=True, check=False)  # a stopped baseline continues from its checkpoint
+                self.quietly([*PY, *(["train", "--resume", run] if started else fresh)])  # a stopped one resumes
             recs = records(run)
             if recs and recs[-1]["epoch"] == self.args.epochs:
                 losses.append(recs[-1]["val_loss"])
             log(f"fault-free seed {seed}: val loss {losses[-1] if losses else 'none'}")
         return losses
+
+    def quietly(self, command: list[str]) -> int:
+        """Run `command` to its end, output discarded; stopped (with what it started) if this script is."""
+        from lowband.run.launch import stop
+
+        proc = subprocess.Popen(command, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.jobs.append(proc)
+        try:
+            return proc.wait()
+        finally:
+            stop([proc], grace_s=30)  # nothing to do once it ended; else SIGTERM (it stops its workers), then SIGKILL
 
     def start(self, url: str, resume: bool) -> subprocess.Popen:
         args = ["train", "--resume", self.run, "--coordinator", url] if resume else [
@@ -476,13 +487,31 @@ def summary(out: str) -> list[dict]:
         return sorted(({k: row.get(k) for k in STEADY} for row in csv.DictReader(f)), key=lambda r: (r["label"], r["seed"]))
 
 
+def recheck(args) -> bool:
+    """The loss check of a kept soak against the --baseline seeds (each fault-free run made or reused)."""
+    work = tempfile.mkdtemp(prefix="lowband-chaos-")
+    try:
+        baseline = ElasticSoak(args, work).baseline()
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+    recs = records(os.path.join(args.recheck, "job"))
+    loss = recs[-1]["val_loss"] if recs and recs[-1].get("val_loss") is not None else math.nan
+    ok = trained(baseline) and within_spread(loss, baseline)
+    print(f"recheck {args.recheck}: final val loss {loss:.4f} against fault-free {fmt(baseline)} "
+          f"({len(baseline)} seeds; limit {loss_limit(baseline) if baseline else math.nan:.4f}): "
+          f"loss {'ok' if ok else 'FAILED'}", flush=True)
+    return ok
+
+
 def check_args(p: argparse.ArgumentParser, args) -> None:
     """Every argument bounded before any work (argparse's one line, exit code 2)."""
     from lowband.errors import UsageError
     from lowband.paths import can_make_dir
 
-    if not (args.elastic or args.compare):
-        p.error("nothing to do: give --elastic or --compare")
+    if not (args.elastic or args.compare or args.recheck):
+        p.error("nothing to do: give --elastic, --compare or --recheck")
+    if args.recheck and not os.path.isfile(os.path.join(args.recheck, "job", "metrics.jsonl")):
+        p.error(f"--recheck {args.recheck}: no soak kept there (give the --keep folder of an elastic soak)")
     lo, hi = args.every
     if not (math.isfinite(lo) and math.isfinite(hi) and 0 < lo <= hi <= 3600):
         p.error(f"--every {lo:g} {hi:g}: MIN_S and MAX_S must be finite, with 0 < MIN_S <= MAX_S <= 3600")
@@ -517,8 +546,18 @@ def main() -> None:
     p.add_argument("--kills", type=int, default=10, help="kills of the comparison soak")
     p.add_argument("--tune", action="store_true", help="the comparison soak with a tuning search")
     p.add_argument("--keep", default="", help="keep the work here instead of a temporary directory")
+    p.add_argument("--recheck", default="", metavar="KEPT", help="the loss check of an elastic soak kept with "
+                   "--keep KEPT, against the --baseline seeds' fault-free runs (run here if missing), without soaking")
     args = p.parse_args()
     check_args(p, args)
+    from lowband.errors import raise_terminated
+
+    signal.signal(signal.SIGTERM, raise_terminated)  # SIGTERM stops what this script started, as Ctrl-C does
+    if args.recheck:
+        try:
+            sys.exit(0 if recheck(args) else 1)
+        except KeyboardInterrupt:
+            sys.exit("chaos.py: interrupted; the fault-free run it trained is stopped (it resumes next time)")
     work = args.keep or tempfile.mkdtemp(prefix="lowband-chaos-")
     os.makedirs(work, exist_ok=True)
     ok = True
