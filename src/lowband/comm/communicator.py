@@ -102,6 +102,14 @@ class Communicator:
             comm.ledger = ledger
         return comm
 
+    @classmethod
+    def over_tcp_store(cls, address: str, port: int, rank: int, world: int, device: torch.device, timeout_s: float,
+                       serve: bool, prefix: str, host: str = "127.0.0.1") -> Communicator:
+        """`over_store` on a torch TCP store at address:port (torchrun's rendezvous store, say), its keys under
+        `prefix`; `serve`: this rank hosts the store (False when torchrun's agent does)."""
+        store = dist.TCPStore(address, port, world, is_master=serve, timeout=timedelta(seconds=timeout_s))
+        return cls.over_store(dist.PrefixStore(prefix, store), rank, world, device, timeout_s, host=host)
+
     p2p = True  # point-to-point calls work (False on a group built by over_store)
 
     def split(self, groups: list[list[int]]) -> Communicator:

@@ -6,10 +6,8 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass
-from datetime import timedelta
 
 import torch
-import torch.distributed as dist
 from torch import nn
 
 from lowband.comm import Communicator
@@ -36,10 +34,9 @@ class World:
         the address this worker listens on for its peers."""
         if self.size == 1:
             return Communicator(0, 1, device)
-        store = dist.TCPStore(self.address, self.port, self.size, is_master=self.rank == 0 and not self.agent_store,
-                              timeout=timedelta(seconds=timeout_s))
-        return Communicator.over_store(dist.PrefixStore("lowband-hf", store), self.rank, self.size, device,
-                                       timeout_s, host=host)
+        return Communicator.over_tcp_store(self.address, self.port, self.rank, self.size, device, timeout_s,
+                                           serve=self.rank == 0 and not self.agent_store, prefix="lowband-trainer",
+                                           host=host)
 
 
 def take_world(environ: dict | None = None) -> World:
