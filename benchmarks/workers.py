@@ -53,6 +53,8 @@ CSV = os.path.join(HERE, "results", "workers.csv")
 SUMMARY = os.path.join(os.path.dirname(HERE), "src", "lowband", "comparison", "workers.json")
 CHOOSE_SEED, HELD_OUT = 0, (10, 11, 12)
 MAX_RATES = 4
+MAX_TRIES = 3  # a run that fails for another cause than divergence (a worker killed, a timeout) is tried again
+#                at most this often in all, counted in RUN.tries beside its kept records; then it is failed
 
 #: the K = 4, E = 4 choice of each family at each size (the ladder's), where every cell's bracket starts
 FAMILIES = {"allreduce": "allreduce", "sparseloco": ladder.S8, "diloco-0.7": ladder.DILOCO_07}
@@ -207,9 +209,29 @@ def train(job: Job, out: str) -> None:
         with open(job.kept, "w") as f:
             for r in recs:
                 f.write(ladder.json.dumps({k: v for k, v in r.items() if k != "bytes"}) + "\n")
-    if code == 4 or (code == 0 and (not recs or recs[-1]["epoch"] < job.cell.epochs)):
+    if code == 2:
+        print(f"lowband refused {job.cell.name} {job.family} lr={job.lr:g} seed {job.seed} (exit 2; its line is "
+              "above): fix the request, then --run again", flush=True)
+        STOPPING.append(True)
+        return
+    finished = code == 0 and recs and recs[-1]["epoch"] >= job.cell.epochs
+    tries = count_try(job) if not finished and code != 4 else 0
+    if code == 4 or (code == 0 and not finished) or tries >= MAX_TRIES:
+        cause = ladder.divergence(run_dir) or f"exit {code}" + (f", {tries} tries (MAX_TRIES)" if tries else "")
         with open(job.kept[:-len(".jsonl")] + ".failed", "w") as f:
-            f.write((ladder.divergence(run_dir) or f"exit {code}") + "\n")
+            f.write(cause + "\n")
+
+
+def count_try(job: Job) -> int:
+    """One more failed try of `job` (RUN.tries beside its kept records); how many so far."""
+    path = job.kept[:-len(".jsonl")] + ".tries"
+    tries = 1
+    if os.path.exists(path):
+        with open(path) as f:
+            tries += int(f.read().strip() or 0)
+    with open(path, "w") as f:
+        f.write(f"{tries}\n")
+    return tries
 
 
 def stop(signum: int, frame: object) -> None:

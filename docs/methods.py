@@ -26,12 +26,15 @@ inherits too. How to use them: README.md; where they sit in the code: docs/ARCHI
 
 def options(config) -> list[str]:
     """A Markdown table of a method config's options (its `name` left out)."""
-    rows = ["| option | default | what it does |", "|---|---|---|"]
+    from lowband.config import bounds_of
+
+    rows, rules = ["| option | default | what it does |", "|---|---|---|"], bounds_of(config)
     for f in fields(config):
         if f.name == "name":
             continue
         default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
-        text = f.metadata.get("help", "").replace("|", "\\|")
+        allowed = f"; allowed: {rules[f.name].allowed()}" if f.name in rules else ""
+        text = (f.metadata.get("help", "") + allowed).replace("|", "\\|")
         rows.append(f"| `{f.name}` | `{default!r}` | {text} |")
     return rows if len(rows) > 2 else ["No options."]
 
@@ -42,8 +45,8 @@ def section(name: str, method) -> list[str]:
 
 
 def page() -> str:
-    from lowband.registry import METHODS
     from lowband.catalog import load_all
+    from lowband.registry import METHODS
 
     load_all()
     lines = [HEAD]

@@ -31,9 +31,13 @@ def table(section: str, config) -> list[str]:
     if _own_doc(config):
         rows += [(config.__doc__ or "").strip(), ""]
     rows += ["| option | default | what it does |", "|---|---|---|"]
+    from lowband.config import bounds_of
+
+    rules = bounds_of(config)
     for f in fields(config):
         default = f.default if f.default is not MISSING else f.default_factory()  # type: ignore[misc]
-        text = f.metadata.get("help", "").replace("|", "\\|")
+        allowed = f"; allowed: {rules[f.name].allowed()}" if f.name in rules else ""
+        text = (f.metadata.get("help", "") + allowed).replace("|", "\\|")
         rows.append(f"| `{section}.{f.name}` | `{default!r}` | {text} |")
     return rows + [""]
 

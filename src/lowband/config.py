@@ -8,6 +8,7 @@ holds the method's name and its own options; each method defines that table's da
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import types
 import typing
@@ -42,26 +43,110 @@ def text_path(name: str) -> str | None:
     return None if name == TEXT else name.removeprefix(TEXT + ":")
 
 
-def opt(default, help: str):
-    """A dataclass field with a default and a help text."""
+@dataclass(frozen=True)
+class Bounds:
+    """The values a number field allows, as its declaration says them: ">= 1", "> 0", "[0, 1)", "(0, 1e3]",
+    "0..N" (integers); `also` values allowed besides (a sentinel such as -1), `note` said after the range."""
+
+    spec: str
+    note: str = ""
+    also: tuple = ()
+
+    def _interval(self) -> tuple[float, float, bool, bool]:
+        """(low, high, low included, high included)."""
+        s = self.spec.strip()
+        for op, incl in ((">=", True), (">", False)):
+            if s.startswith(op):
+                return float(s[len(op):]), math.inf, incl, False
+        for op, incl in (("<=", True), ("<", False)):
+            if s.startswith(op):
+                return -math.inf, float(s[len(op):]), False, incl
+        if ".." in s:
+            lo, hi = s.split("..")
+            return float(lo), float(hi), True, True
+        lo, hi = s[1:-1].split(",")
+        return float(lo), float(hi), s[0] == "[", s[-1] == "]"
+
+    def holds(self, value) -> bool:
+        if value in self.also:
+            return True
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not math.isfinite(value):
+            return False
+        lo, hi, lo_in, hi_in = self._interval()
+        return (lo < value or (lo_in and lo == value)) and (value < hi or (hi_in and hi == value))
+
+    def says(self) -> str:
+        """'must be in [0, 1)', as an error message says it."""
+        return "must be " + self.range()
+
+    def range(self) -> str:
+        """'in [0, 1)', '>= 1', with the note."""
+        s = self.spec.strip()
+        return f"{s if s[0] in '<>' else 'in ' + s}{self.note}"
+
+    def allowed(self) -> str:
+        """'[0, 1)', '>= 1', with the note: as a help text says it."""
+        return self.spec.strip() + self.note
+
+
+def opt(default, help: str, bounds: str = "", note: str = "", also: tuple = ()):
+    """A dataclass field with a default, a help text and, for a number, the values it allows (`Bounds`:
+    checked when its table is built, with one message naming the field, the value and the range)."""
+    meta = {"help": help, **({"bounds": Bounds(bounds, note, also)} if bounds else {})}
     if isinstance(default, (list, dict)):
-        return dataclasses.field(default_factory=lambda: type(default)(default), metadata={"help": help})
-    return dataclasses.field(default=default, metadata={"help": help})
+        return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
+    return dataclasses.field(default=default, metadata=meta)
+
+
+@functools.cache
+def _choices(cls: type) -> dict[str, tuple]:
+    """The fields of dataclass `cls` typed as a Literal, and the values each allows."""
+    try:
+        hints = typing.get_type_hints(cls)
+    except NameError:  # a type only imported for type checking: no choices to check
+        return {}
+    return {name: typing.get_args(tp) for name, tp in hints.items() if typing.get_origin(tp) is Literal}
+
+
+@functools.cache
+def bounds_of(cls: type) -> dict[str, Bounds]:
+    """Each bounded field of dataclass `cls`, with its bounds: a field a subclass declares again (a new
+    default) keeps the bounds its base declared unless it declares its own."""
+    found: dict[str, Bounds] = {}
+    for base in reversed(cls.__mro__):
+        for name, f in getattr(base, "__dataclass_fields__", {}).items():
+            if "bounds" in f.metadata:
+                found[name] = f.metadata["bounds"]
+    return found
+
+
+def check_bounds(table, prefix: str) -> None:
+    """Raise ConfigError for the first field of `table` (a dataclass) outside its declared bounds or choices."""
+    choices, bounds = _choices(type(table)), bounds_of(type(table))  # type: ignore[arg-type]
+    for f in fields(table):
+        value, rule = getattr(table, f.name), bounds.get(f.name)
+        if rule is not None and not rule.holds(value):
+            raise ConfigError(f"{prefix}.{f.name}", value, rule.says())
+        if f.name in choices and value not in choices[f.name]:
+            raise ConfigError(f"{prefix}.{f.name}", value, "must be one of " + ", ".join(map(repr, choices[f.name])))
 
 
 @dataclass(kw_only=True)
 class TrainConfig:
-    workers: int = opt(4, "worker processes K (ignored under torchrun, which sets the world size)")
-    epochs: int = opt(30, "passes over each worker's data")
-    batch_size: int = opt(32, "minibatch size per worker")
-    seed: int = opt(0, "seed for model initialisation, data partition and data order")
-    eval_every: int = opt(1, "evaluate on the test set every this many epochs")
-    eval_batch_size: int = opt(1000, "batch size for evaluation")
+    workers: int = opt(4, "worker processes K (ignored under torchrun, which sets the world size)", bounds=f"1..{MAX_WORKERS}")
+    epochs: int = opt(30, "passes over each worker's data", bounds=">= 1")
+    batch_size: int = opt(32, "minibatch size per worker", bounds=">= 1")
+    seed: int = opt(0, "seed for model initialisation, data partition and data order", bounds=f"0..{MAX_SEED}")
+    eval_every: int = opt(1, "evaluate on the test set every this many epochs", bounds=">= 1")
+    eval_batch_size: int = opt(1000, "batch size for evaluation", bounds=">= 1")
     eval_ranks: int = opt(8, "past this many workers, each evaluated epoch only rank 0, the rank with the lowest "
                              "training loss and this many evenly spaced ranks evaluate their own model (the others' "
-                             "per-rank figures are null; the global model is evaluated as always); 0: every rank")
-    checkpoint_every: int = opt(1, "write a resumable checkpoint every this many epochs")
-    max_restarts: int = opt(0, "when a worker dies, restart all from the latest checkpoint, at most this many times")
+                             "per-rank figures are null; the global model is evaluated as always); 0: every rank",
+                          bounds=f"0..{MAX_WORKERS}", note=" (0: every rank)")
+    checkpoint_every: int = opt(1, "write a resumable checkpoint every this many epochs",
+                                bounds=">= 0", note=" (0: only at the end)")
+    max_restarts: int = opt(0, "when a worker dies, restart all from the latest checkpoint, at most this many times",
+                            bounds=">= 0")
     device: Literal["auto", "cpu", "cuda"] = opt("auto", "auto: cuda when available, else cpu; local worker r "
                                                          "trains on GPU r % the GPUs")
     backend: Literal["auto", "gloo", "nccl"] = opt("auto", "auto: nccl when every worker on a machine has a GPU of "
@@ -70,31 +155,20 @@ class TrainConfig:
                                                      "bfloat16 (CPU and CUDA); weights, gradients, optimizer and "
                                                      "outer state stay fp32, the loss is taken in fp32, and what "
                                                      "travels is the codec's, as in fp32")
-    timeout_s: float = opt(300.0, "process-group timeout: a collective waiting longer fails")
-    threads: int = opt(1, "torch threads per worker process")
-    target_accuracy: float = opt(0.0, "report the first epoch whose validation accuracy reaches this (0: none)")
+    timeout_s: float = opt(300.0, "process-group timeout: a collective waiting longer fails",
+                           bounds=f"(0, {MAX_TIMEOUT_S:g}]", note=" seconds")
+    threads: int = opt(1, "torch threads per worker process", bounds=">= 1")
+    target_accuracy: float = opt(0.0, "report the first epoch whose validation accuracy reaches this (0: none)", bounds="[0, 1]")
     target_bpb: float = opt(0.0, "language models: report the first epoch whose validation bits per byte is within "
-                                 "1% of this (0: none)")
+                                 "1% of this (0: none)", bounds=">= 0", note=" (0: none)")
     stop_at_target: bool = opt(False, "stop training at the first epoch that reaches target_accuracy (target_bpb)")
     loggers: list = opt([], "experiment loggers mirroring every epoch's figures: tensorboard, wandb "
                             "(offline unless WANDB_MODE is set) or package.module:factory")
 
     def __post_init__(self):
-        require(0 <= self.target_accuracy <= 1, "train.target_accuracy", self.target_accuracy, "must be in [0, 1]")
-        require(self.target_bpb >= 0, "train.target_bpb", self.target_bpb, "must be >= 0 (0: none)")
+        check_bounds(self, "train")
         require(not self.stop_at_target or self.target_accuracy > 0 or self.target_bpb > 0, "train.stop_at_target",
                 self.stop_at_target, "needs train.target_accuracy > 0, train.target_bpb > 0 or --target-from RUN_DIR")
-        for name in ("workers", "epochs", "batch_size", "eval_every", "eval_batch_size", "threads"):
-            require(getattr(self, name) >= 1, f"train.{name}", getattr(self, name), "must be >= 1")
-        require(self.checkpoint_every >= 0, "train.checkpoint_every", self.checkpoint_every,
-                "must be >= 0 (0: only at the end)")
-        require(self.max_restarts >= 0, "train.max_restarts", self.max_restarts, "must be >= 0")
-        require(0 <= self.eval_ranks <= MAX_WORKERS, "train.eval_ranks", self.eval_ranks,
-                f"must be in 0..{MAX_WORKERS} (0: every rank)")
-        require(0 < self.timeout_s <= MAX_TIMEOUT_S, "train.timeout_s", self.timeout_s,
-                f"must be in (0, {MAX_TIMEOUT_S:g}] seconds")
-        require(0 <= self.seed <= MAX_SEED, "train.seed", self.seed, f"must be in 0..{MAX_SEED}")
-        require(self.workers <= MAX_WORKERS, "train.workers", self.workers, f"must be <= {MAX_WORKERS}")
         for name in self.loggers:
             require(isinstance(name, str) and (name in ("tensorboard", "wandb") or ":" in name), "train.loggers",
                     name, "unknown logger; known: tensorboard, wandb (or package.module:factory)")
@@ -106,30 +180,25 @@ class DataConfig:
                                      "package.module:factory or PATH.npz (your own; see lowband.data.custom), "
                                      "text (the King James Bible as bytes) or text:PATH (a UTF-8 file or directory)")
     root: str = opt("", "directory holding cifar10/cifar100/imagefolder data")
-    num_samples: int = opt(5000, "mnist1d: samples generated (80% train, 20% test)")
+    num_samples: int = opt(5000, "mnist1d: samples generated (80% train, 20% test)", bounds=">= 50")
     partition: Literal["iid", "dirichlet", "same"] = opt(
         "iid", "iid: disjoint random shards; dirichlet: non-IID label skew; same: every worker all data")
-    alpha: float = opt(0.5, "dirichlet concentration: small is more skewed")
+    alpha: float = opt(0.5, "dirichlet concentration: small is more skewed", bounds="> 0")
     augment: Literal["auto", "on", "off"] = opt("auto", "random crop + flip; auto: on for cifar/imagefolder")
-    image_size: int = opt(32, "imagefolder: images are resized to this square size")
+    image_size: int = opt(32, "imagefolder: images are resized to this square size", bounds=">= 8")
     cache_dir: str = opt("", "where generated data sets are cached (default ~/.cache/lowband)")
     val_fraction: float = opt(0.1, "share of the training data held out for validation (stratified, never trained "
                                    "on); model selection, targets and early stopping read it, never the test set; "
-                                   "text: the share of the corpus in each of the validation and test blocks")
-    val_seed: int = opt(0, "seed of the validation split (the same for every method and train.seed)")
-    context: int = opt(128, "text: bytes per training window (the model's context)")
-    max_bytes: int = opt(0, "text: use only the corpus's first this many bytes (0: all of it)")
+                                   "text: the share of the corpus in each of the validation and test blocks", bounds="(0, 0.5]")
+    val_seed: int = opt(0, "seed of the validation split (the same for every method and train.seed)", bounds=f"0..{MAX_SEED}")
+    context: int = opt(128, "text: bytes per training window (the model's context)", bounds=">= 2")
+    max_bytes: int = opt(0, "text: use only the corpus's first this many bytes (0: all of it)",
+                         bounds=">= 0", note=" (0: the whole corpus)")
 
     def __post_init__(self):
-        require(self.num_samples >= 50, "data.num_samples", self.num_samples, "must be >= 50")
-        require(self.context >= 2, "data.context", self.context, "must be >= 2")
-        require(self.max_bytes >= 0, "data.max_bytes", self.max_bytes, "must be >= 0 (0: the whole corpus)")
+        check_bounds(self, "data")
         require(not self.is_text or self.partition != "dirichlet", "data.partition", self.partition,
                 "text data has no class labels to skew; use 'iid' or 'same'")
-        require(self.alpha > 0, "data.alpha", self.alpha, "must be > 0")
-        require(self.image_size >= 8, "data.image_size", self.image_size, "must be >= 8")
-        require(0 < self.val_fraction <= 0.5, "data.val_fraction", self.val_fraction, "must be in (0, 0.5]")
-        require(0 <= self.val_seed <= MAX_SEED, "data.val_seed", self.val_seed, f"must be in 0..{MAX_SEED}")
 
     @property
     def is_text(self) -> bool:
@@ -141,30 +210,26 @@ class DataConfig:
 class ModelConfig:
     name: str = opt("cnn1d", "mlp, cnn1d, cnn2d, resnet20, resnet32, vgg16, nin, cnn13, gpt (text data), "
                              "or package.module:factory")
-    hidden: int = opt(256, "mlp: hidden width")
-    channels: int = opt(25, "cnn1d: channels of each convolution (25 in the MNIST-1D paper; wider makes a teacher)")
+    hidden: int = opt(256, "mlp: hidden width", bounds=">= 1")
+    channels: int = opt(25, "cnn1d: channels of each convolution (25 in the MNIST-1D paper; wider makes a teacher)",
+                        bounds=">= 1")
     size: GptSize = opt("tiny", "gpt: named size (parameters at vocabulary 256, context 128): nano 2 layers x 24 "
                                 "(23,712), tiny 4 x 64 (224,640), small 4 x 128 (842,496), medium 6 x 192 "
                                 "(2,743,296), large 10 x 512 (31,721,472)")
-    n_layer: int = opt(0, "gpt: transformer blocks (0: from model.size)")
-    n_head: int = opt(0, "gpt: attention heads, must divide model.n_embd (0: from model.size)")
-    n_embd: int = opt(0, "gpt: embedding width (0: from model.size)")
+    n_layer: int = opt(0, "gpt: transformer blocks (0: from model.size)", bounds=">= 0", note=" (0: the default, see its help)")
+    n_head: int = opt(0, "gpt: attention heads, must divide model.n_embd (0: from model.size)",
+                      bounds=">= 0", note=" (0: the default, see its help)")
+    n_embd: int = opt(0, "gpt: embedding width (0: from model.size)", bounds=">= 0", note=" (0: the default, see its help)")
     context: int = opt(0, "gpt: longest input in tokens, the position table's length (0: the data's window, "
-                          "data.context)")
-    dropout: float = opt(0.0, "gpt: dropout probability after attention, MLP and embeddings")
+                          "data.context)", bounds=">= 0", note=" (0: the default, see its help)")
+    dropout: float = opt(0.0, "gpt: dropout probability after attention, MLP and embeddings", bounds="[0, 1)")
     kwargs: dict = opt({}, "package.module:factory models: keyword arguments for the factory, e.g. "
                            "--set model.kwargs.width=128 (a [model.kwargs] table in TOML)")
 
     def __post_init__(self):
-        require(self.hidden >= 1, "model.hidden", self.hidden, "must be >= 1")
-        require(self.channels >= 1, "model.channels", self.channels, "must be >= 1")
-        require(self.size in typing.get_args(GptSize), "model.size", self.size,
-                "known sizes: " + ", ".join(typing.get_args(GptSize)))
-        for name in ("n_layer", "n_head", "n_embd", "context"):
-            require(getattr(self, name) >= 0, f"model.{name}", getattr(self, name), "must be >= 0 (0: the default, see its help)")
+        check_bounds(self, "model")
         require(not (self.n_embd and self.n_head) or self.n_embd % self.n_head == 0, "model.n_embd", self.n_embd,
                 f"must be divisible by model.n_head={self.n_head}")
-        require(0 <= self.dropout < 1, "model.dropout", self.dropout, "must be in [0, 1)")
         require(not self.kwargs or ":" in self.name, "model.kwargs", self.kwargs,
                 f"only a package.module:factory model takes keyword arguments; {self.name} has model.hidden "
                 f"and model.channels")
@@ -174,22 +239,19 @@ class ModelConfig:
 class OptimConfig:
     name: Literal["sgd", "adam", "adamw"] = opt(
         "sgd", "optimizer; adamw (decoupled weight decay, betas 0.9/0.95, as GPT training uses) for the gpt model")
-    lr: float = opt(0.05, "base learning rate (for one worker's batch)")
-    momentum: float = opt(0.9, "sgd momentum")
+    lr: float = opt(0.05, "base learning rate (for one worker's batch)", bounds=f"(0, {MAX_LR:g}]")
+    momentum: float = opt(0.9, "sgd momentum", bounds="[0, 1)")
     nesterov: bool = opt(False, "sgd: Nesterov momentum")
-    weight_decay: float = opt(5e-4, "L2 weight decay")
+    weight_decay: float = opt(5e-4, "L2 weight decay", bounds="[0, 1]")
     schedule: Literal["constant", "step", "cosine"] = opt("cosine", "learning-rate schedule over the epochs")
     milestones: list = opt([], "step schedule: epochs at which the rate is multiplied by gamma")
-    gamma: float = opt(0.1, "step schedule: factor at each milestone")
+    gamma: float = opt(0.1, "step schedule: factor at each milestone", bounds="(0, 1]")
     warmup_epochs: float | str = opt("auto", "linear warm-up length in epochs; auto: the method's default")
     lr_scaling: Literal["linear", "none"] = opt(
         "linear", "linear: multiply lr by the method's data-parallel width (K for allreduce; Goyal et al.)")
 
     def __post_init__(self):
-        require(0 < self.lr <= MAX_LR, "optim.lr", self.lr, f"must be in (0, {MAX_LR:g}]")
-        require(0 <= self.momentum < 1, "optim.momentum", self.momentum, "must be in [0, 1)")
-        require(0 <= self.weight_decay <= 1, "optim.weight_decay", self.weight_decay, "must be in [0, 1]")
-        require(0 < self.gamma <= 1, "optim.gamma", self.gamma, "must be in (0, 1]")
+        check_bounds(self, "optim")
         ok = self.warmup_epochs == "auto" or (not isinstance(self.warmup_epochs, str) and self.warmup_epochs >= 0)
         require(ok, "optim.warmup_epochs", self.warmup_epochs, "must be 'auto' or a number >= 0")
         ms = self.milestones
@@ -202,18 +264,18 @@ class LinkConfig:
     rate: str = opt("unlimited", "RATE[,LATENCY] of the link between sites (every worker its own site unless "
                                  "sites or site_of say otherwise), e.g. 10mbit,20ms (units bit/kbit/mbit/gbit)")
     mode: Literal["model", "netns"] = opt("model", "model: delays in the communicator; netns: real tc-shaped links (root)")
-    sites: int = opt(0, "S: the workers form S equal sites of consecutive ranks (0: every worker its own site)")
+    sites: int = opt(0, "S: the workers form S equal sites of consecutive ranks (0: every worker its own site)",
+                     bounds=">= 0", note=" (0: every worker its own site)")
     site_of: list = opt([], "each rank's site, for uneven sites, e.g. [0, 0, 0, 1] (overrides sites)")
     intra: str = opt("unlimited", "RATE[,LATENCY] of the link inside a site (netns: RATE only)")
 
     def __post_init__(self):
-
+        check_bounds(self, "link")
         for name in ("rate", "intra"):
             try:
                 parse_link(getattr(self, name))
             except UsageError as e:
                 raise ConfigError(f"link.{name}", getattr(self, name), str(e).split(" does not parse: ")[-1]) from None
-        require(self.sites >= 0, "link.sites", self.sites, "must be >= 0 (0: every worker its own site)")
         require(all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in self.site_of),
                 "link.site_of", self.site_of, "must list integers >= 0, one site per rank")
 
@@ -243,23 +305,27 @@ class MethodConfig:
 
     name: str = opt("allreduce", "training method")
 
+    def __post_init__(self):
+        check_bounds(self, "method")
+
 
 @dataclass(kw_only=True)
 class ElasticConfig:
     on: bool = opt(False, "elastic membership (local_sgd, diloco, sparseloco): workers may leave and join (`lowband join RUN`) "
                           "while the job trains; they meet in a quorum at every outer step")
-    min_workers: int = opt(1, "the fewest workers a round runs with; below it the job waits and says so")
+    min_workers: int = opt(1, "the fewest workers a round runs with; below it the job waits and says so", bounds=">= 1")
     max_workers: int = opt(0, "the most workers a round takes (0: no limit); more wait for a free place")
     coordinator: str = opt("", "Redis URL keeping membership (redis://HOST:PORT/DB); empty: an embedded one on "
                                "127.0.0.1, started by `lowband train`")
     host: str = opt("127.0.0.1", "address this machine's workers listen on for their quorum's process group")
-    heartbeat_s: float = opt(1.0, "seconds between a worker's heartbeats")
-    dead_after_s: float = opt(5.0, "a worker silent this long is out of the job (it rejoins when it speaks again)")
+    heartbeat_s: float = opt(1.0, "seconds between a worker's heartbeats", bounds="> 0", note=" seconds")
+    dead_after_s: float = opt(5.0, "a worker silent this long is out of the job (it rejoins when it speaks again)",
+                              bounds="> 0", note=" seconds")
     timeout_s: float = opt(30.0, "how long a quorum waits for a live worker to arrive, and a collective for a peer "
                                  "(then it fails and the round is redone without the silent worker); longer than "
-                                 "an exchange takes on your link")
+                                 "an exchange takes on your link", bounds="> 0", note=" seconds")
     wait_s: float = opt(600.0, "how long a worker waits without progress (below min_workers, or for a coordinator "
-                               "that is away) before it gives up (exit code 3)")
+                               "that is away) before it gives up (exit code 3)", bounds="> 0", note=" seconds")
     scale_with_quorum: bool = opt(True, "a round with fewer workers than were launched takes a smaller step: "
                                         "DiLoCo's and SparseLoCo's outer step divides the pseudo-gradients' sum by "
                                         "the workers launched (an absent one counts as zero), local SGD's scaled rate "
@@ -267,16 +333,12 @@ class ElasticConfig:
                                         "the launched rates)")
     max_failed_rounds: int = opt(5, "a round whose exchange fails this many times in a row for the same cause ends "
                                     "the job (or the joiner) with one line naming the cause, exit code 3; a joiner "
-                                    "whose first exchange fails leaves at once")
+                                    "whose first exchange fails leaves at once", bounds=">= 1")
 
     def __post_init__(self):
-        require(self.min_workers >= 1, "elastic.min_workers", self.min_workers, "must be >= 1")
+        check_bounds(self, "elastic")
         require(self.max_workers == 0 or self.max_workers >= self.min_workers, "elastic.max_workers",
                 self.max_workers, f"must be 0 (no limit) or >= elastic.min_workers={self.min_workers}")
-        for name in ("heartbeat_s", "dead_after_s", "timeout_s", "wait_s"):
-            value = getattr(self, name)
-            require(math.isfinite(value) and value > 0, f"elastic.{name}", value, "must be > 0 seconds")
-        require(self.max_failed_rounds >= 1, "elastic.max_failed_rounds", self.max_failed_rounds, "must be >= 1")
         require(self.dead_after_s > self.heartbeat_s, "elastic.dead_after_s", self.dead_after_s,
                 f"must be longer than elastic.heartbeat_s={self.heartbeat_s:g}")
         require(self.coordinator == "" or self.coordinator.startswith(("redis://", "rediss://", "unix://")),
@@ -480,8 +542,10 @@ def describe(cfg: Config) -> str:
     for section in ("method", *SECTIONS):
         obj = getattr(cfg, section)
         lines.append(f"[{section}]")
+        rules = bounds_of(type(obj))  # type: ignore[arg-type]
         for f in fields(obj):
             value = _inline(getattr(obj, f.name))
-            lines.append(f"{f.name} = {value}".ljust(34) + f"  # {f.metadata.get('help', '')}")
+            allowed = f" (allowed: {rules[f.name].allowed()})" if f.name in rules else ""
+            lines.append(f"{f.name} = {value}".ljust(34) + f"  # {f.metadata.get('help', '')}{allowed}")
         lines.append("")
     return "\n".join(lines)

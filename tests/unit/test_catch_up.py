@@ -20,9 +20,18 @@ class FakeQuorum:
         self.version = version
         self.resumed: list[tuple] = []
 
-    def resume_at(self, version: int, round_no: int, epoch: int, from_checkpoint: bool) -> None:
-        self.resumed.append((version, round_no, epoch, from_checkpoint))
+    def resume_at(self, version: int, round_no: int, from_checkpoint: bool) -> None:
+        self.resumed.append((version, round_no, from_checkpoint))
         self.version = version
+
+
+class FakePlan:
+    def __init__(self, quorum: FakeQuorum):
+        self.quorum = quorum
+
+    def resume_at(self, epoch: int) -> None:  # the epoch joins the quorum's last resume, as (version, round, epoch, ...)
+        version, round_no, from_checkpoint = self.quorum.resumed[-1]
+        self.quorum.resumed[-1] = (version, round_no, epoch, from_checkpoint)
 
 
 class FakeMethod:
@@ -38,6 +47,7 @@ def worker(tmp_path, version: int) -> JobFiles:
     files.id, files.log, files.seen_checkpoint = 1, logging.getLogger("test"), None
     files.run_dir = RunDir(str(tmp_path))
     files.outer = FakeQuorum(version)  # type: ignore[assignment]
+    files.data = FakePlan(files.outer)  # type: ignore[assignment, arg-type]
     files.state = FakeMethod()  # type: ignore[assignment]
     return files
 

@@ -7,9 +7,9 @@ import pytest
 import torch
 
 from lowband import api
-from lowband.comm.membership import Arrival, decide
 from lowband.training.elastic.order import EpochOrder
 from lowband.training.trainer import rank_batches, worker_data
+from tests.unit.test_data_plan import Progress, handout
 
 
 def small(method: str = "local_sgd", **overrides):
@@ -28,8 +28,8 @@ def test_with_a_fixed_membership_member_j_trains_rank_js_batches(tau, fragments)
     order, bs = EpochOrder(cfg, plan, sync.next_sync), 9
     clock, cursor, taken = plan.steps, 0, {0: [], 1: []}  # epoch 2 (0-based 1) starts at the trainer's step 20
     while cursor < order.samples:
-        arrivals = {w: Arrival(0, "x", next_stop=sync.next_sync(clock) - clock, cursor=cursor) for w in (0, 1)}
-        q = decide(0, 0, arrivals, order.samples, bs, epochs=2)
+        brought = {w: Progress(next_stop=sync.next_sync(clock) - clock, cursor=cursor) for w in (0, 1)}
+        q = handout(0, brought, order.samples, bs, epochs=2)
         for w, (a, b) in q.slices.items():
             before = sum(len(t) for t in taken[int(w)])  # what the trainer's rank w has taken this epoch
             assert order.done(1, a) == before / order.per_rank

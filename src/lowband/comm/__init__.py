@@ -2,8 +2,8 @@
 importer) and its byte ledger (ledger); value_codecs and index_codecs, random masks (masks), compressed
 means (reduce), averaging, hierarchy; links, sites and who talks to whom (topology); the checkpoint
 store (store); each local rank's device and the backend (placement); who takes an outer step (quorum:
-a fixed world; elastic_quorum: an elastic job's, met at every outer step), an elastic job's membership
-and rendezvous in Redis (membership, rendezvous). See docs/ARCHITECTURE.md."""
+a fixed world; elastic_quorum: an elastic job's, met at every outer step; meet: where and when a worker
+meets), an elastic job's membership and rendezvous in Redis (membership, rendezvous). See docs/ARCHITECTURE.md."""
 
 from lowband.comm.communicator import Communicator, launched_by_torchrun
 

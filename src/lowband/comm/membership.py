@@ -18,13 +18,14 @@ Keys live under `lowband:elastic:JOB:`:
                       whose holder is gone is taken over, so a record is written once whoever dies)
 
 A round: the live workers arrive with what they hold (their version, a fingerprint of θ_global, the
-steps they trained since); once every live worker has arrived (or `quorum_wait_s` passed with at
-least `min_workers`), the first to look decides the quorum: its members, whose θ_global is the
-authority (the highest version), who contributes a pseudo-gradient and who receives the state, and
-each member's slice of the epoch's data for the next round. The members exchange, then vote: the
-round commits when every member says done, and aborts when one fails, or one dies before voting.
-An aborted round is tried again, without the dead, as attempt A + 1. Nothing here unpickles: every
-value is JSON. A Redis that restarts empty loses the round's keys; the workers' own state (versions,
+steps they trained since, and what the trainer's plan brings); once every live worker has arrived (or
+`timeout_s` passed with at least `min_workers`), the first to look decides the quorum: its members, whose
+θ_global is the authority (the highest version), who contributes a pseudo-gradient and who receives the
+state; the trainer's plan adds what the round hands each member (an elastic job's data plan,
+training/elastic/plan.py: each member's slice of the epoch's data), JSON this module does not read. The
+members exchange, then vote: the round commits when every member says done, and aborts when one fails,
+or one dies before voting. An aborted round is tried again, without the dead, as attempt A + 1. Nothing
+here unpickles: every value is JSON. A Redis that restarts empty loses the round's keys; the workers' own state (versions,
 fingerprints, progress) is in every arrival, so the next quorum rebuilds what it needs from them.
 """
 
@@ -35,11 +36,12 @@ import json
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
 import redis
 
-from lowband.errors import UsageError
+from lowband.errors import Unavailable, UsageError
 
 COMMIT, ABORT = "commit", "abort"
 
@@ -51,13 +53,7 @@ class Arrival:
     version: int  # rounds committed into its θ_global (a newcomer holds the initial θ, version 0, or a checkpoint's)
     fingerprint: str  # of its outer state, so two holders of one version can tell they agree
     trained: int = 0  # steps trained since it last took θ_global from another (received, started): a pseudo-gradient
-    fresh: int = 0  # steps trained since its last round, and their summed loss: the epoch's loss so far
-    loss_sum: float = 0.0
-    epoch: int = 0  # the data progress it knows of: epoch (0-based) and cursor into its order
-    cursor: int = 0
-    epoch_loss: float = 0.0  # the epoch's training loss so far (sum) and steps
-    epoch_steps: int = 0
-    next_stop: int = 1  # inner steps from its outer clock to its method's next outer step
+    plan: dict = field(default_factory=dict)  # what the trainer's plan brings (its data progress), JSON
 
     @classmethod
     def from_json(cls, text: str | bytes) -> Arrival:
@@ -75,15 +71,7 @@ class Decision:
     contributors: list[int]  # members with a pseudo-gradient from the source's θ_global
     receivers: list[int]  # members whose θ_global differs from the source's: they receive its state
     version: int  # the source's version
-    slices: dict[str, list[int]] = field(default_factory=dict)  # worker id -> [start, end) for the next round
-    epoch: int = 0  # the epoch the slices belong to (0-based)
-    next_cursor: int = 0
-    epoch_end: int = -1  # the epoch (1-based) whose last pseudo-gradients this round averages, -1: none
-    finished: bool = False  # the last epoch ended: no slices, the job is done after this round
-    epoch_loss: float = 0.0  # the current epoch's training loss (sum) and steps after this round
-    epoch_steps: int = 0
-    ended_loss: float | None = None  # mean training loss of the epoch that ended here
-    dropped: int = 0  # samples of the ended epoch too few to give every member a step (0 while none leave)
+    plan: dict = field(default_factory=dict)  # what the trainer's plan hands the members for the round, JSON
     nonce: str = ""  # set when proposed: this quorum's votes and rendezvous are its own, even if a coordinator
     #                  that restarted empty lets another quorum be proposed for the same round and attempt
 
@@ -98,18 +86,18 @@ class Decision:
         return [w for w in self.members if w not in self.receivers]
 
 
-def decide(round_no: int, attempt: int, arrivals: dict[int, Arrival], samples: int, batch: int,
-           epochs: int, max_workers: int = 0) -> Decision:
+#: what a round hands its members, decided with its members: (the round, what each member brought) -> JSON
+Plan = Callable[[Decision, dict[int, dict]], dict]
+
+
+def decide(round_no: int, attempt: int, arrivals: dict[int, Arrival], max_workers: int = 0,
+           plan: Plan | None = None) -> Decision:
     """The quorum of these arrivals (a pure function: every decider gets the same answer).
 
     The source is the arrival with the highest version (ties: the lowest id); members are the source
     and the others, those with a pseudo-gradient to contribute first, then by id, at most `max_workers`
     (0: all). Those that hold the source's θ_global (its version and fingerprint) agree, and contribute
-    if they trained; the others receive. The epoch's loss adds what the agreeing members trained since
-    their last round. Slices: every member the same number of steps (so their outer clocks stay equal),
-    the source's steps to its next outer step, fewer where the epoch's order has not that many left
-    for everyone; when it has not one step for everyone, the epoch ends here (the rest, fewer than a
-    batch a member, is dropped and counted) and the next starts at 0."""
+    if they trained; the others receive. `plan` (a pure function too) says what the round hands out."""
     source = min(arrivals, key=lambda w: (-arrivals[w].version, w))
     ref = arrivals[source]
 
@@ -119,24 +107,10 @@ def decide(round_no: int, attempt: int, arrivals: dict[int, Arrival], samples: i
     others = sorted((w for w in arrivals if w != source), key=lambda w: (not (agrees(w) and arrivals[w].trained), w))
     members = [source] + (others[:max_workers - 1] if max_workers else others)
     agree = [w for w in members if agrees(w)]
-    loss = ref.epoch_loss + sum(arrivals[w].loss_sum for w in agree)
-    steps = ref.epoch_steps + sum(arrivals[w].fresh for w in agree)
-    epoch, cursor, epoch_end, dropped = ref.epoch, ref.cursor, -1, 0
-    each = min(ref.next_stop, (samples - cursor) // (len(members) * batch))
-    if each <= 0:
-        epoch_end, dropped, epoch, cursor = epoch + 1, max(samples - cursor, 0), epoch + 1, 0
-        each = max(min(ref.next_stop, samples // (len(members) * batch)), 1)
     q = Decision(round_no, attempt, members, [w for w in agree if arrivals[w].trained > 0],
-                 [w for w in members if w not in agree], ref.version, epoch=epoch, epoch_end=epoch_end,
-                 finished=epoch >= epochs, epoch_loss=loss, epoch_steps=steps, dropped=dropped)
-    if epoch_end >= 0:
-        q.ended_loss, q.epoch_loss, q.epoch_steps = loss / max(steps, 1), 0.0, 0
-    if q.finished:
-        return q
-    for w in members:
-        q.slices[str(w)] = [cursor, min(cursor + each * batch, samples)]
-        cursor = min(cursor + each * batch, samples)
-    q.next_cursor = cursor
+                 [w for w in members if w not in agree], ref.version)
+    if plan is not None:
+        q.plan = plan(q, {w: arrivals[w].plan for w in members})
     return q
 
 
@@ -323,6 +297,19 @@ class Membership:
     def abort(self, q: Decision) -> str:
         """Abort the round unless its outcome is decided; returns the outcome that holds."""
         return self._settle(self._vote_key("outcome", q), ABORT)
+
+    def settle(self, q: Decision, ok: bool, wait_s: float, worker: int) -> str:
+        """Vote, then wait for the round's outcome as the coordinator holds it (never decided by one worker
+        alone: the others may have read another). A member that dies or votes fail aborts it; the wait is
+        bounded by wait_s, after which this worker aborts it in the coordinator."""
+        wait_until(lambda: self.vote(q, ok), wait_s, poll_s=0.2)
+        outcome = wait_until(lambda: self.outcome(q), wait_s)
+        if outcome is None:
+            outcome = wait_until(lambda: self.abort(q), wait_s, poll_s=0.2)
+        if outcome is None:
+            raise Unavailable(f"worker {worker}: the coordinator {redact(self.url)} stayed away {wait_s:g} s "
+                              "(elastic.wait_s)")
+        return outcome
 
     def decided(self, q: Decision) -> str | None:
         """The round's stored outcome, or None while undecided (nothing is decided here)."""

@@ -82,9 +82,9 @@ Exchange = Callable[[Round], None]
 class Quorum(Protocol):
     """Who meets at an outer step (see the module docstring)."""
 
-    def outer_step(self, exchange: Exchange | None, state: OuterState) -> None:
-        """Meet, run `exchange` over the round's members (None: no collective, only the meeting), hand
-        receivers the source's state, and commit; again until a round commits."""
+    def outer_step(self, exchange: Exchange, state: OuterState) -> None:
+        """Meet, run `exchange` over the round's members, hand receivers the source's state, and commit;
+        again until a round commits."""
 
 
 class FixedQuorum:
@@ -93,9 +93,8 @@ class FixedQuorum:
     def __init__(self, comm: Communicator):
         self.comm = comm
 
-    def outer_step(self, exchange: Exchange | None, state: OuterState) -> None:
-        if exchange is not None:
-            exchange(Round(self.comm, self.comm.world))
+    def outer_step(self, exchange: Exchange, state: OuterState) -> None:
+        exchange(Round(self.comm, self.comm.world))
 
 
 # ---- a state on the wire: plain-typed structure + safetensors, never pickle ---------------------------

@@ -39,15 +39,16 @@ MIN_ANSWER_S = 0.01  # the shortest wait for a peer's answer that a loopback rou
 @dataclass(kw_only=True)
 class CodistillConfig(MethodConfig):
     name: str = opt("codistill", "training method")
-    group_size: int = opt(1, "g: ranks per model, which allreduce among themselves (m = K / g models)")
-    interval: int = opt(50, "N: steps between exchanges (checkpoints written and read, or the servers' models refreshed)")
-    alpha: float = opt(1.0, "weight of the distillation term")
-    burn_in: int = opt(0, "B: steps of plain training before distillation starts")
+    group_size: int = opt(1, "g: ranks per model, which allreduce among themselves (m = K / g models)", bounds=">= 1")
+    interval: int = opt(50, "N: steps between exchanges (checkpoints written and read, or the servers' models refreshed)",
+                        bounds="1..100000")
+    alpha: float = opt(1.0, "weight of the distillation term", bounds=">= 0")
+    burn_in: int = opt(0, "B: steps of plain training before distillation starts", bounds=">= 0")
     data: Literal["same", "partitioned"] = opt("same", "same: every model sees all data; partitioned: disjoint shards")
     store: str = opt("", "checkpoint store: a directory or fsspec URL (default RUN_DIR/exchange)")
-    temperature: float = opt(1.0, "distillation temperature T")
+    temperature: float = opt(1.0, "distillation temperature T", bounds="> 0")
     wait_s: float = opt(0.0, "lockstep: wait this long for peers' checkpoints (or answers) of the same "
-                                    "step (0: take the newest)")
+                                    "step (0: take the newest)", bounds=">= 0")
     codec: Literal["fp32", "fp16", "bf16", "int8"] = opt("fp32", "precision of what is exchanged: the checkpoints "
                                                                   "written to the store, or the server's answers "
                                                                   "(fp16/bf16: half the bytes, int8 about a quarter; "
@@ -57,23 +58,17 @@ class CodistillConfig(MethodConfig):
                                                         "model and every rank asks the peers' servers for their "
                                                         "outputs on each batch")
     answer_topk: int = opt(0, "exchange=server, codistill: the server sends each row's k largest logits only "
-                              "(0, or k >= the classes or vocabulary: all; the rest read as probability 0)")
+                              "(0, or k >= the classes or vocabulary: all; the rest read as probability 0)", bounds=">= 0")
     server_host: str = opt("127.0.0.1", "exchange=server: the interface the prediction servers bind (0.0.0.0 for "
                                         "workers on several machines)")
     server_timeout_s: float = opt(30.0, "exchange=server: a peer that does not answer within this many seconds is "
-                                        "skipped (training goes on without its term) until the next exchange")
+                                        "skipped (training goes on without its term) until the next exchange",
+                                  bounds=f">= {MIN_ANSWER_S:g}",
+                                  note=" s: no answer comes back sooner, so every peer's term would be dropped and "
+                                       "distillation would be off")
 
     def __post_init__(self):
-        require(self.group_size >= 1, "method.group_size", self.group_size, "must be an integer >= 1")
-        require(1 <= self.interval <= 100_000, "method.interval", self.interval, "must be in [1, 100000]")
-        require(self.alpha >= 0, "method.alpha", self.alpha, "must be >= 0")
-        require(self.burn_in >= 0, "method.burn_in", self.burn_in, "must be >= 0")
-        require(self.temperature > 0, "method.temperature", self.temperature, "must be > 0")
-        require(self.wait_s >= 0, "method.wait_s", self.wait_s, "must be >= 0")
-        require(self.answer_topk >= 0, "method.answer_topk", self.answer_topk, "must be an integer >= 0")
-        require(self.server_timeout_s >= MIN_ANSWER_S, "method.server_timeout_s", self.server_timeout_s,
-                f"must be >= {MIN_ANSWER_S:g} s: no answer comes back sooner, so every peer's term would be dropped "
-                "and distillation would be off")
+        super().__post_init__()
         require(self.answer_topk == 0 or self.exchange == "server", "method.answer_topk", self.answer_topk,
                 "applies to exchange=server only (the store sends whole checkpoints)")
         require(not self.store or self.exchange == "store", "method.store", self.store,

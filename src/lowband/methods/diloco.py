@@ -52,10 +52,11 @@ class DiLoCoConfig(OuterConfig):
     tau: int = opt(16, "inner steps between outer steps (H in the paper)")
     fragments: int = opt(1, "Streaming DiLoCo: parameter fragments synchronised in rotation (1: all at once)")
     overlap: int = opt(0, "steps between sending a fragment and merging its result; < tau / fragments")
-    mix: float = opt(1.0, "merge weight of θ_global: θ_local <- mix·θ_global + (1 - mix)·θ_local, in (0, 1]")
+    mix: float = opt(1.0, "merge weight of θ_global: θ_local <- mix·θ_global + (1 - mix)·θ_local, in (0, 1]", bounds="(0, 1]")
     codec: str = opt("fp32", f"how pseudo-gradients travel: {SPEC_HELP}")
     error_feedback: bool = opt(True, "keep what a lossy codec dropped and send it with the next sync")
-    group_size: int = opt(1, "ranks per replica, allreducing gradients every step; outer steps average the replicas")
+    group_size: int = opt(1, "ranks per replica, allreducing gradients every step; outer steps average the replicas",
+                          bounds=">= 1")
 
     def __post_init__(self):
         super().__post_init__()
@@ -63,9 +64,7 @@ class DiLoCoConfig(OuterConfig):
                 f"must be in [1, method.tau={self.tau}]")
         require(self.overlap >= 0 and (self.overlap == 0 or self.overlap < self.tau / self.fragments),
                 "method.overlap", self.overlap, f"must be >= 0 and < tau / fragments = {self.tau / self.fragments:g}")
-        require(0 < self.mix <= 1, "method.mix", self.mix, "must be in (0, 1]")
         parse_codec(self.codec, "method.codec")
-        require(self.group_size >= 1, "method.group_size", self.group_size, "must be an integer >= 1")
         require(not self.tau_schedule or self.fragments == 1, "method.tau_schedule", self.tau_schedule,
                 f"needs method.fragments=1 (streaming fragments keep a fixed tau); fragments={self.fragments}")
 

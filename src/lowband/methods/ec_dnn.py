@@ -37,19 +37,15 @@ class ECDNNConfig(RoundsConfig):
     name: str = opt("ec_dnn", "training method")
     tau: int = opt(64, "local steps per round (64 = about 2 epochs of MNIST-1D with 4 workers: ~15 rounds in 30 epochs)")
     ensemble: Literal["simple", "regression", "margin"] = opt("simple", "how the K local models' outputs are weighted")
-    alpha: float = opt(0.6, "weight of the diversity term in local training")
-    beta: float = opt(0.4, "weight of the distillation term during compression")
-    p: float = opt(0.1, "compression length as a fraction of all steps (p * tau steps per round)")
-    mu: float = opt(0.7, "fraction of the local data relabelled by the ensemble each round")
+    alpha: float = opt(0.6, "weight of the diversity term in local training", bounds=">= 0")
+    beta: float = opt(0.4, "weight of the distillation term during compression", bounds=">= 0")
+    p: float = opt(0.1, "compression length as a fraction of all steps (p * tau steps per round)", bounds="(0, 1]")
+    mu: float = opt(0.7, "fraction of the local data relabelled by the ensemble each round", bounds="(0, 1]")
     codec: str = opt("fp32", "how the models travel at each gather: fp32, fp16, bf16, int8, int4 or int2 "
                              "(whole models: no top-k)")
 
     def __post_init__(self):
         super().__post_init__()
-        require(self.alpha >= 0, "method.alpha", self.alpha, "must be >= 0")
-        require(self.beta >= 0, "method.beta", self.beta, "must be >= 0")
-        require(0 < self.p <= 1, "method.p", self.p, "must be in (0, 1]")
-        require(0 < self.mu <= 1, "method.mu", self.mu, "must be in (0, 1]")
         require(not parse_codec(self.codec, "method.codec").sparse, "method.codec", self.codec,
                 "ec_dnn gathers whole models: fp32, fp16, bf16, int8, int4 or int2")
 

@@ -53,11 +53,11 @@ __all__ = ["DPSGD", "RDPSGD", "DPSGDConfig", "Gossip", "RDPSGDConfig", "mask_see
 class DPSGDConfig(MethodConfig):
     name: str = opt("dpsgd", "training method")
     topology: Literal["ring", "torus", "complete"] = opt("ring", "who mixes with whom")
-    sync_every: int = opt(1, "mix every this many steps (the synchronisation delay s)")
+    sync_every: int = opt(1, "mix every this many steps (the synchronisation delay s)", bounds=">= 1")
     codec: str = opt("fp32", f"how the mixed values travel: {VALUE_SPECS} (int codecs: best with topk)")
 
     def __post_init__(self):
-        require(self.sync_every >= 1, "method.sync_every", self.sync_every, "must be an integer >= 1")
+        super().__post_init__()
         require(not parse_codec(self.codec, "method.codec").sparse, "method.codec", self.codec,
                 f"must be a value codec ({VALUE_SPECS}); the sparsifier chooses the coordinates")
 
@@ -69,13 +69,9 @@ class DPSGDConfig(MethodConfig):
 @dataclass(kw_only=True)
 class RDPSGDConfig(DPSGDConfig):
     name: str = opt("rdpsgd", "training method")
-    p: float = opt(0.1, "fraction of coordinates mixed per step (the sparsity ratio)")
+    p: float = opt(0.1, "fraction of coordinates mixed per step (the sparsity ratio)", bounds="(0, 1]")
     index: Literal["seed", "gaps", "bitmask"] = opt("seed", "how the receiver learns the indices")
     sampler: Literal["geometric", "bernoulli"] = opt("geometric", "index generation: O(p d) skips or O(d) draws")
-
-    def __post_init__(self):
-        super().__post_init__()
-        require(0 < self.p <= 1, "method.p", self.p, "must be in (0, 1]")
 
     def sparsifier(self, seed: int) -> Sparsifier:
         """What a mixing step sends: a random subset shared by all nodes through `seed`."""

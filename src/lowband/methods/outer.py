@@ -16,7 +16,6 @@ averaging (local SGD): θ_global - mean(θ_global - θ_local) = mean(θ_local).
 from __future__ import annotations
 
 import copy
-import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -68,24 +67,18 @@ def parse_tau_schedule(spec: str, base: int, field: str = "method.tau_schedule")
 class OuterConfig(RoundsConfig):
     """Options of every method with an outer optimizer on averaged pseudo-gradients (DiLoCo, SparseLoCo)."""
 
-    outer_lr: float = opt(0.7, "outer SGD learning rate (1 with outer_momentum 0 is local SGD)")
-    outer_momentum: float = opt(0.9, "outer momentum in [0, 1) (0: plain SGD)")
+    outer_lr: float = opt(0.7, "outer SGD learning rate (1 with outer_momentum 0 is local SGD)", bounds="> 0")
+    outer_momentum: float = opt(0.9, "outer momentum in [0, 1) (0: plain SGD)", bounds="[0, 1)")
     outer_nesterov: bool = opt(True, "Nesterov's form of the outer momentum (false: heavy ball)")
     tau_schedule: str = opt("", f"a tau that grows during the run: {SCHEDULE_HELP}")
     inner_lr_factor: float = opt(1.0, "the inner rate is optim.lr times this (Charles et al. 2025 find DiLoCo's "
-                                      "best inner rate about half the synchronous one)")
+                                      "best inner rate about half the synchronous one)", bounds="> 0")
     inner_lr_factor_end: float = opt(-1.0, "the factor at the run's last step, > 0, reached linearly from "
-                                           "inner_lr_factor over the run (-1: inner_lr_factor throughout)")
+                                           "inner_lr_factor over the run (-1: inner_lr_factor throughout)",
+                                     bounds="(0, 100]", note=", or -1 (off)", also=(-1,))
 
     def __post_init__(self):
         super().__post_init__()
-        require(math.isfinite(self.outer_lr) and self.outer_lr > 0, "method.outer_lr", self.outer_lr, "must be > 0")
-        require(0 <= self.outer_momentum < 1, "method.outer_momentum", self.outer_momentum, "must be in [0, 1)")
-        require(math.isfinite(self.inner_lr_factor) and self.inner_lr_factor > 0, "method.inner_lr_factor",
-                self.inner_lr_factor, "must be > 0")
-        end = self.inner_lr_factor_end
-        require(end == -1 or (math.isfinite(end) and 0 < end <= 100), "method.inner_lr_factor_end", end,
-                "must be -1 (off) or in (0, 100]")
         parse_tau_schedule(self.tau_schedule, self.tau)
 
 

@@ -15,17 +15,12 @@ from dataclasses import dataclass
 import torch
 
 from lowband.config import MethodConfig, opt
-from lowband.errors import require
 
 
 @dataclass(kw_only=True)
 class RoundsConfig(MethodConfig):
-    tau: int = opt(16, "local steps per communication round")
-    round_evals: int = opt(100, "report at most this many rounds (evenly spaced) in rounds.jsonl; 0: none")
-
-    def __post_init__(self):
-        require(self.tau >= 1, "method.tau", self.tau, "must be an integer >= 1")
-        require(self.round_evals >= 0, "method.round_evals", self.round_evals, "must be >= 0")
+    tau: int = opt(16, "local steps per communication round", bounds=">= 1")
+    round_evals: int = opt(100, "report at most this many rounds (evenly spaced) in rounds.jsonl; 0: none", bounds=">= 0")
 
 
 class RoundLog:

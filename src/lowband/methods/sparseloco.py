@@ -49,7 +49,6 @@ default stays the paper's outer lr 1; the suites name their setting.
 
 from __future__ import annotations
 
-import math
 from dataclasses import dataclass
 
 import torch
@@ -68,47 +67,40 @@ from lowband.registry import METHODS
 class SparseLoCoConfig(DiLoCoConfig):
     name: str = opt("sparseloco", "training method")
     tau: int = opt(15, "inner steps between outer steps (H in the paper)")
-    density: float = opt(1 / 64, "the share of each chunk's coordinates sent, in (0, 1] (the paper: 64 of 4,096)")
-    chunk: int = opt(4096, "coordinates per top-k chunk (positions take ceil(log2 chunk) bits)")
-    ef_decay: float = opt(0.95, "error-buffer decay in [0, 1]: e <- ef_decay·e + Δ before each top-k")
+    density: float = opt(1 / 64, "the share of each chunk's coordinates sent, in (0, 1] (the paper: 64 of 4,096)",
+                         bounds="(0, 1]")
+    chunk: int = opt(4096, "coordinates per top-k chunk (positions take ceil(log2 chunk) bits)", bounds=">= 1")
+    ef_decay: float = opt(0.95, "error-buffer decay in [0, 1]: e <- ef_decay·e + Δ before each top-k", bounds="[0, 1]")
     codec: str = opt("lut2", f"how the kept values travel: {VALUE_SPECS}")
     outer_lr: float = opt(1.0, "outer SGD learning rate on the averaged sparse pseudo-gradients")
     outer_momentum: float = opt(0.0, "outer momentum in [0, 1) (0: the error buffer is the momentum)")
     mean: str = opt("workers", "how the messages are averaged: 'workers' divides each coordinate's sum by "
                                "the K workers (the paper), 'senders' by the workers whose message holds it")
     ef_decay_end: float = opt(-1.0, "the decay at the run's last step, reached linearly from ef_decay, in [0, 1] "
-                                    "(-1: ef_decay throughout)")
+                                    "(-1: ef_decay throughout)",
+                              bounds="[0, 1]", note=", or -1 for ef_decay throughout", also=(-1,))
     flush: str = opt("", "at the end, send what the error buffers hold once through this dense codec "
                          f"({VALUE_SPECS}; its bytes counted); '': no flush")
     density_end: float = opt(-1.0, "the density at the run's last step, in (0, 1], reached linearly from density "
-                                   "from density_from of the run on (-1: density throughout)")
+                                   "from density_from of the run on (-1: density throughout)",
+                             bounds="(0, 1]", note=", or -1 for density throughout", also=(-1,))
     density_from: float = opt(0.0, "the share of the run's steps, in [0, 1), after which the density moves "
-                                   "towards density_end")
+                                   "towards density_end", bounds="[0, 1)")
     outer_lr_end: float = opt(-1.0, "the outer lr at the run's last step, > 0, reached linearly from outer_lr from "
-                                    "outer_lr_from of the run on (-1: outer_lr throughout)")
+                                    "outer_lr_from of the run on (-1: outer_lr throughout)",
+                              bounds="> 0", note=", or -1 for outer_lr throughout", also=(-1,))
     outer_lr_from: float = opt(0.0, "the share of the run's steps, in [0, 1), after which the outer lr moves "
-                                    "towards outer_lr_end")
+                                    "towards outer_lr_end", bounds="[0, 1)")
 
     def __post_init__(self):
         require(isinstance(self.codec, str) and not self.codec.strip().startswith("topk"), "method.codec",
                 self.codec, f"must be a value codec for the kept values: {VALUE_SPECS} (the top-k is method.density)")
         super().__post_init__()
         require(self.mean in ("workers", "senders"), "method.mean", self.mean, "must be 'workers' or 'senders'")
-        require(0 < self.density <= 1, "method.density", self.density, "must be in (0, 1]")
-        require(self.chunk >= 1, "method.chunk", self.chunk, "must be an integer >= 1")
-        require(0 <= self.ef_decay <= 1, "method.ef_decay", self.ef_decay, "must be in [0, 1]")
-        require(self.ef_decay_end == -1 or 0 <= self.ef_decay_end <= 1, "method.ef_decay_end", self.ef_decay_end,
-                "must be in [0, 1], or -1 for ef_decay throughout")
-        require(self.density_end == -1 or 0 < self.density_end <= 1, "method.density_end", self.density_end,
-                "must be in (0, 1], or -1 for density throughout")
-        require(0 <= self.density_from < 1, "method.density_from", self.density_from, "must be in [0, 1)")
         for field, share in (("method.density", self.density), ("method.density_end", self.density_end)):
             require(share == -1 or round(share * self.chunk) >= 1, field, share,
                     f"keeps round({share:g} x method.chunk={self.chunk}) = 0 of each chunk's values, so nothing would "
                     f"be sent; the smallest is 1/{self.chunk} = {1 / self.chunk:.3g}")
-        require(self.outer_lr_end == -1 or (math.isfinite(self.outer_lr_end) and self.outer_lr_end > 0),
-                "method.outer_lr_end", self.outer_lr_end, "must be > 0, or -1 for outer_lr throughout")
-        require(0 <= self.outer_lr_from < 1, "method.outer_lr_from", self.outer_lr_from, "must be in [0, 1)")
         require(isinstance(self.flush, str) and not self.flush.strip().startswith("topk"), "method.flush",
                 self.flush, f"must be '' (no flush) or a dense codec: {VALUE_SPECS}")
         if self.flush.strip():

@@ -27,13 +27,12 @@ from lowband.registry import METHODS
 @dataclass(kw_only=True)
 class TopKConfig(DPSGDConfig):
     name: str = opt("topk", "training method")
-    p: float = opt(0.1, "fraction of coordinates sent per step")
+    p: float = opt(0.1, "fraction of coordinates sent per step", bounds="(0, 1]")
     index: Literal["gaps", "bitmask"] = opt("gaps", "index encoding (TopK indices differ per node)")
     gamma: float | str = opt("auto", "consensus step size; auto: min(1, 5 p) (gamma 1 diverges at p = 0.01)")
 
     def __post_init__(self):
         super().__post_init__()
-        require(0 < self.p <= 1, "method.p", self.p, "must be in (0, 1]")
         ok = self.gamma == "auto" or (not isinstance(self.gamma, str) and 0 < self.gamma <= 1)
         require(ok, "method.gamma", self.gamma, "must be 'auto' or in (0, 1]")
 

@@ -23,6 +23,7 @@ import json
 import logging
 import os
 import time
+from collections.abc import Callable
 
 from torch import nn
 
@@ -38,6 +39,7 @@ from lowband.run.metrics import MetricsSink, read_metrics
 from lowband.run.rundir import RunDir, Stream
 from lowband.training.elastic.faults import Faults
 from lowband.training.elastic.lineage import last_record, lost_rounds, span
+from lowband.training.elastic.plan import DataPlan, Handout
 from lowband.training.elastic.records import checkpoint_state, epoch_record
 from lowband.training.trainer import Steps, Trainer
 
@@ -81,7 +83,9 @@ class JobFiles:
     last_round: tuple[Decision, bool] | None  # the last round this worker committed, and whether it stepped
     seen_checkpoint: str | None  # the newest checkpoint this worker has read (catch_up reads each once)
     e: ElasticConfig
-    faults: Faults
+    faults: Faults | None
+    fault: Callable[[int, str], None]  # a test's planned fault, if any (training/elastic/faults.py)
+    data: DataPlan | None
     trainer: Trainer
 
     def close_files(self) -> None:
@@ -102,7 +106,7 @@ class JobFiles:
             return  # written meanwhile by the next round's source (this one was stopped after committing)
         if before is not None and before[0].round < q.round and (last is None or last.get("round", -1) < before[0].round):
             self._round_line(stream, *before)  # its source died before writing it
-        self.faults.maybe(q.round, "round")  # a test's fault: the source dies between committing and writing
+        self.fault(q.round, "round")  # a test's fault: the source dies between committing and writing
         lost = lost_rounds(stream.path, q.version + 1, q.round)
         if lost:
             self.log.warning(f"worker {self.id}: round {q.round} goes on from θ_global version {q.version}: "
@@ -111,11 +115,12 @@ class JobFiles:
         self._round_line(stream, q, outer)
 
     def _round_line(self, stream: Stream, q: Decision, outer: bool) -> None:
+        h = Handout.of(q)
         stream.write({
             "round": q.round, "attempt": q.attempt, "outer_step": outer, "members": q.members,
             "contributors": q.contributors,
-            "receivers": q.receivers, "version": q.version + 1, "epoch": q.epoch + 1, "slices": q.slices,
-            "dropped": q.dropped, "elapsed_s": self.clock()})
+            "receivers": q.receivers, "version": q.version + 1, "epoch": h.epoch + 1, "slices": h.slices,
+            "dropped": h.dropped, "elapsed_s": self.clock()})
 
     def clock(self) -> float:
         """Seconds since the job started (the time it was down before a resume not counted), the same clock
@@ -123,13 +128,15 @@ class JobFiles:
         elastic.json. Workers on other machines read it by their own wall clocks."""
         return round(time.time() - self.started, 3)
 
-    def _writer(self, epoch: int) -> Decision | None:
+    def _ended(self, epoch: int) -> tuple[Decision, Handout] | None:
+        """The round this worker committed that ended epoch `epoch`, and its handout; None if it has none."""
+        ended = self.data.ended if self.data is not None else None
+        return ended if ended is not None and ended[1].epoch_end == epoch else None
+
+    def _writer(self, epoch: int) -> tuple[Decision, Handout] | None:
         """The round that ended epoch `epoch`, when this worker writes its record and checkpoint (it holds the
         coordinator's claim on the epoch); else None."""
-        outer = self.outer
-        if outer is None or outer.ended is None or outer.ended.epoch_end != epoch or self.writes != epoch:
-            return None
-        return outer.ended
+        return self._ended(epoch) if self.writes == epoch else None
 
     def _claim(self, epoch: int) -> bool:
         """Whether this worker writes epoch `epoch`'s record: the source of its last round claims it first;
@@ -154,7 +161,7 @@ class JobFiles:
                 holder = outer.ask(functools.partial(members.claim_record, epoch, take=holder is not None))
             if holder == self.id:
                 self.writes = epoch
-                self.faults.maybe(epoch, "record")  # a test's fault: the writer dies holding the claim
+                self.fault(epoch, "record")  # a test's fault: the writer dies holding the claim
                 return True
             time.sleep(0.1)
         return False
@@ -184,15 +191,15 @@ class JobFiles:
         in the method's final model (its last outer steps are a round of their own)."""
         if epoch == self.cfg.train.epochs:
             self.final = trainer.method.global_model(final=True)
-        ended = self.outer.ended if self.outer is not None else None
-        if ended is None or ended.epoch_end != epoch or not self._claim(epoch):
+        if self._ended(epoch) is None or not self._claim(epoch):
             return None  # another member of the round that ended it writes it (or this worker joined after)
-        q = self._writer(epoch)
-        assert q is not None
+        ended = self._writer(epoch)
+        assert ended is not None
+        q, h = ended
         glob = self.final if self.final is not None else trainer.method.global_model(final=False)
         scores = trainer.scores(glob) if evaluate and glob is not None else None
-        record = epoch_record(q, scores, trainer.metric, self._ledgers(), extra=trainer.method.end_epoch(epoch),
-                              samples=q.epoch_end * self.samples)
+        record = epoch_record(q, h, scores, trainer.metric, self._ledgers(), extra=trainer.method.end_epoch(epoch),
+                              samples=h.epoch_end * self.samples)
         return record, self.samples
 
     def written(self) -> list[EpochRecord]:
@@ -229,10 +236,10 @@ class JobFiles:
 
     def checkpoint(self, trainer: Trainer, epoch: int) -> None:
         """The job's state after epoch `epoch` (rank 0's checkpoint of it), written by the writer of its record."""
-        if self._writer(epoch) is None or self.outer is None:
+        if self._writer(epoch) is None or self.outer is None or self.data is None:
             return
         o, method = self.outer, self.state
-        state = checkpoint_state(o.version, o.next_round, o.epoch, method.shared_state(), method.handover(),
+        state = checkpoint_state(o.version, o.next_round, self.data.epoch, method.shared_state(), method.handover(),
                                  self._ledgers())
         checkpoint.save_state(state, checkpoint.rank_path(self.run_dir.path, 0, epoch))  # the job's: rank 0's
         checkpoint.prune(self.run_dir.path, 0)
@@ -290,5 +297,6 @@ class JobFiles:
     def _take(self, method: OuterState, state: dict, from_checkpoint: bool) -> None:
         """A checkpoint's state into the method (as a receiver takes a source's) and the quorum's place."""
         method.receive(state["shared"], state["extra"])
-        assert self.outer is not None
-        self.outer.resume_at(int(state["version"]), int(state["round"]), int(state["epoch"]), from_checkpoint)
+        assert self.outer is not None and self.data is not None
+        self.outer.resume_at(int(state["version"]), int(state["round"]), from_checkpoint)
+        self.data.resume_at(int(state["epoch"]))

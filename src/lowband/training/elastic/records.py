@@ -20,6 +20,7 @@ from lowband.comm.membership import Decision
 from lowband.data.metric import Metric
 from lowband.records import EpochRecord, Scores
 from lowband.run.reporter import set_scores
+from lowband.training.elastic.plan import Handout
 
 EARLIER = "earlier"  # the ledger entry holding a resumed job's bytes from before the resume
 #: the trainer's figures per rank, null in an elastic job's records
@@ -39,17 +40,18 @@ def bytes_by_tag(ledgers: dict) -> tuple[dict[str, dict[str, float]], int]:
     return by_tag, len([k for k in ledgers if k != EARLIER])
 
 
-def epoch_record(q: Decision, scores: Scores | None, metric: Metric, ledgers: dict, *, extra: dict,
+def epoch_record(q: Decision, h: Handout, scores: Scores | None, metric: Metric, ledgers: dict, *, extra: dict,
                  samples: int) -> EpochRecord:
-    """The job's figures of epoch q.epoch_end: `samples` trained in every epoch so far, `scores`
-    θ_global's (None for an epoch that was not evaluated), `extra` the method's own (its outer steps).
+    """The job's figures of epoch h.epoch_end (`q` the round that ended it, `h` its handout): `samples`
+    trained in every epoch so far, `scores` θ_global's (None for an epoch that was not evaluated), `extra`
+    the method's own (its outer steps).
     The trainer adds its own (steps, rate, seconds, corpus, target epoch) before writing it."""
     by_tag, workers = bytes_by_tag(ledgers)
     counted = [moved for t, moved in by_tag.items() if t not in BOOKKEEPING_TAGS]
     total, recv = sum(m["sent"] for m in counted), sum(m["recv"] for m in counted)
     per = max(workers, 1)
     record = EpochRecord(
-        epoch=q.epoch_end, samples=samples, train_loss=q.ended_loss,
+        epoch=h.epoch_end, samples=samples, train_loss=h.ended_loss,
         bytes_sent_per_worker=total / per, bytes_recv_per_worker=recv / per, bytes_inter_per_worker=total / per,
         bytes={tag: {k: n / per for k, n in moved.items()} for tag, moved in by_tag.items()},
         bytes_total=by_tag,

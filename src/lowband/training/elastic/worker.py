@@ -36,7 +36,7 @@ import torch
 from torch import nn
 
 from lowband.comm import Communicator
-from lowband.comm.elastic_quorum import ElasticQuorum, Epochs, Patience, fingerprint
+from lowband.comm.elastic_quorum import ElasticQuorum, Patience, fingerprint
 from lowband.comm.membership import Decision, Membership
 from lowband.comm.quorum import OuterState, Quorum
 from lowband.comm.rendezvous import check_bindable
@@ -48,6 +48,7 @@ from lowband.run.workers import leave_now
 from lowband.training.elastic.faults import Faults
 from lowband.training.elastic.files import JobFiles, read_job
 from lowband.training.elastic.order import EpochOrder
+from lowband.training.elastic.plan import DataPlan, Handout
 from lowband.training.trainer import Resumed, Trainer, WorkerData
 
 
@@ -91,6 +92,8 @@ class ElasticWorker(JobFiles):
         check_bindable(self.host, "elastic.host")  # before registering: a worker that cannot listen never holds a round
         self.sink: MetricsSink | None = None  # opened when this worker first writes an epoch's record
         self.outer: ElasticQuorum | None = None
+        self.data: DataPlan | None = None  # which samples each round hands this worker (`setup`)
+        self.faults: Faults | None = None  # set once the worker's id is known
         self.final: nn.Module | None = None  # the job's final model, once this worker took part in making it
         self.feed_s = 0.0  # seconds in meetings inside `feed`
         self.writes = 0  # the epoch whose record this worker claimed (JobFiles._claim)
@@ -103,17 +106,42 @@ class ElasticWorker(JobFiles):
         e, c = self.e, self.cfg
         self.trainer = trainer
         self.samples = c.train.workers * trainer.plan.steps * c.train.batch_size
+        self.data = DataPlan(self.samples, c.train.batch_size, c.train.epochs, lambda: (trainer.step, trainer.loss_total),
+                             lambda: self.state.steps_to_sync())
         patience = Patience(e.min_workers, e.max_workers, e.timeout_s, e.wait_s, e.max_failed_rounds)
-        self.outer = ElasticQuorum(self.members, patience, Epochs(self.samples, c.train.batch_size, c.train.epochs),
-                                   self.host, self.log, lambda: (trainer.step, trainer.loss_total), leave_now,
-                                   busy=lambda: trainer.method_eval_s)
+        self.outer = ElasticQuorum(self.members, patience, self.host, self.log, self, leave_now)
         self.id = self.outer.join({"host": socket.gethostname(), "pid": os.getpid()}, e.heartbeat_s, self.is_joiner)
         self.rank, self.comm = self.id, self.outer.alone()
         self.run_dir = RunDir(self.path)  # the job's files: whichever worker is the round's source writes them
-        self.log = setup_logging(self.path, self.id, elastic=True)
-        self.outer.log = self.log
+        self.log = self.outer.log = setup_logging(self.path, self.id, elastic=True)
         self.faults = Faults(self.id, self.members, self.path, self.log)
-        self.outer.fault, self.outer.committed, self.outer.behind = self.faults.maybe, self.write_round, self.catch_up
+
+    # ---- what the quorum asks (comm/elastic_quorum.py's Participant) ---------------------------------
+    def steps(self) -> int:
+        return self.trainer.step
+
+    def bring(self) -> dict:
+        assert self.data is not None
+        return self.data.bring()
+
+    def plan(self, q: Decision, brought: dict[int, dict]) -> dict:
+        assert self.data is not None
+        return self.data.decide(q, brought)
+
+    def committed(self, q: Decision, outer: bool) -> None:
+        assert self.data is not None
+        self.data.take(q)
+        self.write_round(q, outer)
+
+    def behind(self) -> None:
+        self.catch_up()
+
+    def fault(self, round_no: int, where: str) -> None:
+        if self.faults is not None:
+            self.faults.maybe(round_no, where)
+
+    def busy(self) -> float:
+        return self.trainer.method_eval_s
 
     def quorum(self, comm: Communicator) -> Quorum:
         """The job's quorum, whatever communicator the method names (it is this worker alone)."""
@@ -135,16 +163,16 @@ class ElasticWorker(JobFiles):
 
     def epochs(self, trainer: Trainer) -> Iterator[int]:
         """The epochs whose slices this worker is handed, as the rounds go, until the job has finished."""
-        while (q := self._q()) is not None and not q.finished:
-            yield q.epoch + 1
+        while (h := self._now()) is not None and not h.finished:
+            yield h.epoch + 1
 
     def feed(self, trainer: Trainer, epoch: int) -> Iterator[tuple[Batch, float]]:
         """This worker's slices of epoch `epoch`'s order: the batches of the slice the last round handed it,
         each at the place the trainer's rank would have in the epoch; after a slice where the method took
         no outer step, a meeting hands out the next; until a round ends the epoch (or the job)."""
-        while (q := self._q()) is not None and not q.finished and q.epoch + 1 == epoch:
+        while (h := self._now()) is not None and not h.finished and h.epoch + 1 == epoch:
             rounds = self._rounds()
-            yield from self._slice(q)
+            yield from self._slice(h, self._q())
             if self._rounds() == rounds:  # the slice ended between two outer steps
                 self._meeting(trainer)
 
@@ -160,6 +188,10 @@ class ElasticWorker(JobFiles):
     def _q(self) -> Decision | None:
         return self.outer.q if self.outer else None
 
+    def _now(self) -> Handout | None:
+        """The data of the round this worker last committed; None once the job has finished."""
+        return self.data.now if self.data is not None and self._q() is not None else None
+
     def _rounds(self) -> int:
         return self.outer.rounds if self.outer else 0
 
@@ -167,17 +199,18 @@ class ElasticWorker(JobFiles):
         """A round without an exchange: the next slices (and θ_global for a receiver)."""
         assert self.outer is not None
         before = self.outer.sync_s
-        self.outer.outer_step(None, self.state)
+        self.outer.meeting(self.state)
         self.feed_s += self.outer.sync_s - before
 
-    def _slice(self, q: Decision) -> Iterator[tuple[Batch, float]]:
-        start, end = q.slices[str(self.id)]
-        ids, bs = self.order.ids(q.epoch)[start:end], self.cfg.train.batch_size
+    def _slice(self, h: Handout, q: Decision | None) -> Iterator[tuple[Batch, float]]:
+        assert q is not None
+        start, end = h.slices[str(self.id)]
+        ids, bs = self.order.ids(h.epoch)[start:end], self.cfg.train.batch_size
         for i, first in enumerate(range(0, len(ids), bs)):
-            yield self.order.batch(ids[first:first + bs]), q.epoch + self.order.done(q.epoch, start + first)
+            yield self.order.batch(ids[first:first + bs]), h.epoch + self.order.done(h.epoch, start + first)
             if i == 0:  # after the slice's first step
-                self.faults.maybe(q.round + 1, "inner")
-        self.faults.maybe(q.round + 1, "inner")  # a worker whose slice was empty meets its fault here
+                self.fault(q.round + 1, "inner")
+        self.fault(q.round + 1, "inner")  # a worker whose slice was empty meets its fault here
 
     def finish(self, trainer: Trainer) -> None:
         """After the last round: the final model (a worker that trained no part of the last epoch takes part
@@ -194,7 +227,8 @@ class ElasticWorker(JobFiles):
             self._see_finished(q)
         mark = fingerprint(self.state)
         self.log.info(f"worker {self.id}: finished with θ_global {mark} (version {self.outer.version if self.outer else 0})")
-        self.faults.wait_for_joiner()
+        if self.faults is not None:
+            self.faults.wait_for_joiner()
 
     def close(self, trainer: Trainer | None = None) -> None:
         try:
