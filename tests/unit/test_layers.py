@@ -89,7 +89,8 @@ LAYERS: list[list[str]] = [
     ["lowband.errors"],
     # leaves everyone uses: the name tables and the plug-in importer, the network as configured (links and
     # sites, no torch), the atomic file writer, the typed records, the SI-unit formatter, the path checks
-    ["lowband.registry", "lowband.net", "lowband.atomic", "lowband.records", "lowband.units", "lowband.paths"],
+    ["lowband.registry", "lowband.net", "lowband.atomic", "lowband.records", "lowband.units", "lowband.paths",
+     "lowband.procs"],
     ["lowband.config"],
     ["lowband.comm", "lowband.data", "lowband.models"],  # the communicator; data sets; models
     # a run's files and processes, which methods and services use: run directory, checkpoints, worker
@@ -228,3 +229,30 @@ def test_no_module_takes_another_modules_private_name():
     known = {module_name(p) for p in paths}
     taken = {module_name(p): uses for p in paths if (uses := private_uses(p, known))}
     assert not taken, taken
+
+
+#: what starts a process; only lowband/procs.py may say it
+STARTERS = re.compile(r"\bsubprocess\.(Popen|run|call|check_call|check_output)\(|\bos\.(fork|forkpty|spawn\w*|exec\w*)\(|"
+                      r"\bfork_exec\b|\bmultiprocessing\b")
+
+
+def starters(path: str) -> list[str]:
+    with open(path, encoding="utf-8") as f:
+        return [f"{os.path.relpath(path, SRC)}:{n}" for n, line in enumerate(f, 1)
+                if STARTERS.search(line.split("#")[0])]
+
+
+def test_one_module_starts_processes():
+    """Every process lowband starts (workers, the warm server and its forks, teachers, Redis, joiners, `ip`)
+    starts through lowband/procs.py, where the rule that a child dies with its parent is written once."""
+    paths = [os.path.join(d, f) for d, _, files in os.walk(SRC) for f in files if f.endswith(".py")]
+    found = [hit for p in paths if not p.endswith(os.path.join("lowband", "procs.py")) for hit in starters(p)]
+    assert not found, found
+    assert starters(os.path.join(SRC, "procs.py"))  # the check sees a starter where there is one
+
+
+def test_the_starter_check_finds_a_popen(tmp_path):
+    planted = tmp_path / "m.py"
+    planted.write_text("import subprocess\nsubprocess.Popen(['true'])  # starts one\nos.fork()\n")
+    assert [hit.rsplit(":", 1)[1] for hit in starters(str(planted))] == ["2", "3"]
+

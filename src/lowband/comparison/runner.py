@@ -12,6 +12,7 @@ import sys
 from dataclasses import replace
 
 from lowband import config as C
+from lowband import procs
 from lowband.comparison import plan as P
 from lowband.comparison import table
 from lowband.comparison.calibrate import step_seconds
@@ -195,13 +196,11 @@ def run_prepare(command: str) -> int:
     """A suite's preparation (`lowband COMMAND`, e.g. its teacher's training): a process that dies with the
     comparison, so a comparison killed while it prepares leaves nothing training into its folder."""
     import shlex
-    import subprocess
 
-    from lowband.run.workers import die_with_parent
 
     print(f"\n=== prepare: lowband {command} ===\n(the suite's own settings: the comparison's --set and --epochs do "
           "not apply to it)", flush=True)
-    return subprocess.run([sys.executable, "-m", "lowband", *shlex.split(command)], preexec_fn=die_with_parent).returncode
+    return procs.run([sys.executable, "-m", "lowband", *shlex.split(command)], tied=True).returncode
 
 
 def summarize(label: str, cfg: C.Config, run_dir: str, code: int) -> SummaryRow:

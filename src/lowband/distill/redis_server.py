@@ -19,8 +19,8 @@ import time
 
 import redis
 
+from lowband import procs
 from lowband.errors import UsageError
-from lowband.run.workers import die_with_parent
 
 
 def redis_binary(which: str = "auto") -> str | None:
@@ -65,7 +65,7 @@ class EmbeddedRedis:
                 "--protected-mode", "yes", "--loglevel", "warning"] + (["--requirepass", self.password]
                                                                        if self.password else [])
         self._log = tempfile.TemporaryFile()  # noqa: SIM115 (open while Redis runs: not a pipe, nobody reads it)
-        self.proc = subprocess.Popen(args, stdout=self._log, stderr=self._log, preexec_fn=die_with_parent)
+        self.proc = procs.start(args, stdout=self._log, stderr=self._log)
         client = redis.Redis(port=self.port, password=self.password or None, socket_connect_timeout=0.5)
         deadline = time.monotonic() + timeout_s
         while True:

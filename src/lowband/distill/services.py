@@ -15,11 +15,11 @@ import subprocess
 import sys
 import time
 
+from lowband import procs
 from lowband.distill.coordinator import Coordinator, redact
 from lowband.distill.redis_server import EmbeddedRedis
 from lowband.errors import UsageError
 from lowband.run.launch import stop
-from lowband.run.workers import die_with_parent
 
 ENV = "LOWBAND_COORDINATOR"
 
@@ -68,7 +68,7 @@ class LocalTeachers:
 
     def __enter__(self) -> LocalTeachers:
         for _ in range(self.n):
-            self.procs.append(subprocess.Popen(self.cmd, env=self.env, preexec_fn=die_with_parent))
+            self.procs.append(procs.start(self.cmd, env=self.env))
         try:
             self._wait_registered()
         except BaseException:

@@ -30,9 +30,7 @@ training goes on), as θ_local <- mix·θ_global + (1 - mix)·θ_local. The glob
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
-from typing import Any
 
 import torch
 
@@ -40,8 +38,7 @@ from lowband.comm.quorum import Round
 from lowband.comm.value_codecs import SPEC_HELP, parse_codec
 from lowband.config import opt
 from lowband.errors import ConfigError, require
-from lowband.methods.base import Method
-from lowband.methods.outer import Fragment, OuterConfig, SyncPlan, ramp, split_fragments, with_anchors
+from lowband.methods.outer import Fragment, OuterConfig, OuterMethod, SyncPlan, ramp, split_fragments, with_anchors
 from lowband.methods.rounds import RoundLog
 from lowband.registry import METHODS
 
@@ -70,7 +67,7 @@ class DiLoCoConfig(OuterConfig):
 
 
 @METHODS.register("diloco")
-class DiLoCo(Method):
+class DiLoCo(OuterMethod):
     Config = DiLoCoConfig
     cfg: DiLoCoConfig
     around_the_step = True
@@ -136,9 +133,6 @@ class DiLoCo(Method):
     def lr_scale(self) -> float:
         """A replica's update averages its g ranks' batches, as Allreduce's averages K."""
         return float(self.cfg.group_size)
-
-    def next_sync(self, step: int) -> int:
-        return self.plan.next_sync(step)
 
     def after_step(self, step: int) -> None:
         self.steps += 1  # the outer clock: a receiver in an elastic job takes the source's
@@ -240,18 +234,15 @@ class DiLoCo(Method):
         return with_anchors(self.local_model(), self.fragments)
 
     # ---- the outer state a quorum handles (comm/quorum.py's OuterState) ----------------------------
-    def shared_state(self) -> dict:
-        return {"steps": self.steps, "outer_steps": self.outer_steps,
-                "fragments": [f.shared_state() for f in self.fragments]}
+    def _shared(self) -> dict:
+        return {"fragments": [f.shared_state() for f in self.fragments]}
 
     def handover(self) -> dict:
         return {"buffers": [b.detach().clone() for b in self.local_model().buffers() if b.is_floating_point()]}
 
-    @torch.no_grad()
-    def receive(self, shared: dict, extra: dict) -> None:
-        """A source's θ_global, outer state and clock; the local model starts from θ_global (and the source's
-        buffers); this worker's residuals start over."""
-        self.steps, self.outer_steps = int(shared["steps"]), int(shared["outer_steps"])
+    def _receive(self, shared: dict, extra: dict) -> None:
+        """θ_global and the outer optimizer of each fragment; the local model starts from θ_global (and the
+        source's buffers)."""
         for frag, state in zip(self.fragments, shared["fragments"], strict=True):
             frag.load_shared(state)
             frag.merge(1.0)
@@ -259,17 +250,6 @@ class DiLoCo(Method):
         buffers = [b for b in self.local_model().buffers() if b.is_floating_point()]
         for mine, theirs in zip(buffers, extra.get("buffers", []), strict=False):
             mine.copy_(theirs)
-
-    def snapshot(self) -> Any:
-        return self.state_dict(), copy.deepcopy(self.local_model().state_dict())
-
-    def restore(self, saved: Any) -> None:
-        state, model = saved
-        self.load_state_dict(state)
-        self.local_model().load_state_dict(model)
-
-    def steps_to_sync(self) -> int:
-        return self.plan.next_sync(self.steps) - self.steps
 
     def state_dict(self) -> dict:
         return {"steps": self.steps, "outer_steps": self.outer_steps,

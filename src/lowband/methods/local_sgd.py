@@ -16,17 +16,12 @@ world, or an elastic job's members.
 
 from __future__ import annotations
 
-import copy
 from dataclasses import dataclass
-from typing import Any
-
-import torch
 
 from lowband.comm.quorum import Round
 from lowband.comm.value_codecs import SPEC_HELP, parse_codec
 from lowband.config import opt
-from lowband.methods.base import Method
-from lowband.methods.outer import SCHEDULE_HELP, Fragment, SyncPlan, parse_tau_schedule, with_anchors
+from lowband.methods.outer import SCHEDULE_HELP, Fragment, OuterMethod, SyncPlan, parse_tau_schedule, with_anchors
 from lowband.methods.rounds import RoundLog, RoundsConfig
 from lowband.models.flat import state_tensors
 from lowband.registry import METHODS
@@ -46,7 +41,7 @@ class LocalSGDConfig(RoundsConfig):
 
 
 @METHODS.register("local_sgd")
-class LocalSGD(Method):
+class LocalSGD(OuterMethod):
     Config = LocalSGDConfig
     cfg: LocalSGDConfig
     averages_workers = True
@@ -70,9 +65,6 @@ class LocalSGD(Method):
         self.plan = SyncPlan(self.cfg.tau, 1, self.cfg.tau_schedule, self.ctx.total_steps)
         self.steps = self.outer_steps = 0  # the outer clock (inner steps since the run began) and averages
         return model
-
-    def next_sync(self, step: int) -> int:
-        return self.plan.next_sync(step)
 
     def lr_scale(self) -> float:
         """Linear scaling by the workers whose models the average takes: the launched ones, or in an elastic
@@ -121,30 +113,13 @@ class LocalSGD(Method):
         return with_anchors(self.local_model(), [self.average])
 
     # ---- the outer state a quorum handles (comm/quorum.py's OuterState) ----------------------------
-    def shared_state(self) -> dict:
-        return {"steps": self.steps, "outer_steps": self.outer_steps, "average": self.average.shared_state(),
-                "scale": self.scale or 0.0}
+    def _shared(self) -> dict:
+        return {"average": self.average.shared_state(), "scale": self.scale or 0.0}
 
-    def handover(self) -> dict:
-        return {}
-
-    @torch.no_grad()
-    def receive(self, shared: dict, extra: dict) -> None:
-        self.steps, self.outer_steps = int(shared["steps"]), int(shared["outer_steps"])
+    def _receive(self, shared: dict, extra: dict) -> None:
         self.average.load_shared(shared["average"])
         self.average.merge(1.0)
         self.scale = float(shared.get("scale", 0.0)) or None
-
-    def snapshot(self) -> Any:
-        return self.state_dict(), copy.deepcopy(self.model.state_dict())
-
-    def restore(self, saved: Any) -> None:
-        state, model = saved
-        self.load_state_dict(state)
-        self.model.load_state_dict(model)
-
-    def steps_to_sync(self) -> int:
-        return self.plan.next_sync(self.steps) - self.steps
 
     def state_dict(self) -> dict:
         return {"average": self.average.state_dict(), "outer_steps": self.outer_steps, "steps": self.steps,

@@ -27,6 +27,7 @@ from lowband.comm.reduce import compressed_mean
 from lowband.comm.value_codecs import Codec, ErrorFeedback
 from lowband.config import opt
 from lowband.errors import require
+from lowband.methods.base import Method
 from lowband.methods.rounds import RoundsConfig
 
 SCHEDULE_HELP = ("'' (tau fixed) or T@F/T@F/...: from fraction F of the run's steps on, tau = T (T and F "
@@ -257,3 +258,48 @@ class Fragment:
         self.apply_at = None if int(state["apply_at"]) < 0 else int(state["apply_at"])
         self.sent_at = int(state["sent_at"])
         self.codec.load_state_dict(state.get("codec", {}))
+
+
+class OuterMethod(Method):
+    """The outer-state protocol (comm/quorum.py's OuterState) that local SGD, DiLoCo and SparseLoCo share:
+    an outer clock (`steps`, inner steps since the run began, and `outer_steps`), when it syncs (`plan`, a
+    SyncPlan), and the state a quorum fingerprints, hands a receiver, snapshots and restores. A subclass
+    says what its shared state holds beside the clock (`_shared`) and how a receiver takes it (`_receive`);
+    its `state_dict` / `load_state_dict` are what `snapshot` / `restore` keep."""
+
+    plan: SyncPlan
+    steps: int = 0
+    outer_steps: int = 0
+
+    def next_sync(self, step: int) -> int:
+        return self.plan.next_sync(step)
+
+    def steps_to_sync(self) -> int:
+        return self.plan.next_sync(self.steps) - self.steps
+
+    def shared_state(self) -> dict:
+        return {"steps": self.steps, "outer_steps": self.outer_steps, **self._shared()}
+
+    def handover(self) -> dict:
+        return {}
+
+    @torch.no_grad()
+    def receive(self, shared: dict, extra: dict) -> None:
+        """A source's clock and outer state; the local model starts from θ_global, this worker's residuals over."""
+        self.steps, self.outer_steps = int(shared["steps"]), int(shared["outer_steps"])
+        self._receive(shared, extra)
+
+    def snapshot(self) -> tuple[dict, dict]:
+        return self.state_dict(), copy.deepcopy(self.local_model().state_dict())
+
+    def restore(self, saved: tuple[dict, dict]) -> None:
+        state, model = saved
+        self.load_state_dict(state)
+        self.local_model().load_state_dict(model)
+
+    def _shared(self) -> dict:
+        raise NotImplementedError
+
+    def _receive(self, shared: dict, extra: dict) -> None:
+        raise NotImplementedError
+

@@ -21,13 +21,13 @@ from __future__ import annotations
 import os
 import re
 import shutil
-import subprocess
 import threading
 import time
 import uuid
 from collections import defaultdict
 from dataclasses import dataclass
 
+from lowband import procs
 from lowband.errors import UsageError
 
 RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(bit|kbit|mbit|gbit)\s*$", re.I)
@@ -109,7 +109,7 @@ class LinkModel:
 
 # ---- real shaped links: network namespaces -------------------------------------------------------
 def _run(*cmd: str) -> None:
-    subprocess.run(cmd, check=True, capture_output=True, text=True)
+    procs.run(cmd, check=True, capture_output=True, text=True)
 
 
 def check_netns_possible(spec: LinkSpec, field: str = "--link") -> None:
@@ -217,7 +217,7 @@ class NetnsLinks:
     def close(self) -> None:
         for kind, name in reversed(self.created):
             cmd = ("ip", "netns", "del", name) if kind == "netns" else ("ip", "link", "del", name)
-            subprocess.run(cmd, capture_output=True)  # a veth is gone with its namespace: ignore errors
+            procs.run(cmd, capture_output=True)  # a veth is gone with its namespace: ignore errors
         self.created.clear()
 
     def __exit__(self, *exc) -> None:
@@ -225,5 +225,5 @@ class NetnsLinks:
 
 
 def leftover_namespaces() -> list[str]:
-    out = subprocess.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
+    out = procs.run(["ip", "netns", "list"], capture_output=True, text=True).stdout
     return [line.split()[0] for line in out.splitlines() if re.match(r"lb[0-9a-f]{6}r\d+", line)]

@@ -36,6 +36,7 @@ from typing import NoReturn
 
 from lowband.atomic import discard_pending, process_running
 from lowband.errors import INTERRUPTED, TERMINATED, Diverged, Unavailable, UsageError
+from lowband.procs import die_with_parent, fork, start
 
 CRASH_FILE = "crash.rank{rank}.txt"
 
@@ -47,10 +48,6 @@ PEER_FAILURES = (("timed out", "a collective with its peers timed out (a peer st
                  ("broken pipe", "lost its connection to a peer"))
 
 
-
-def die_with_parent() -> None:  # a preexec_fn: runs in the child between fork and exec
-    with contextlib.suppress(OSError):
-        ctypes.CDLL("libc.so.6", use_errno=True).prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
 
 
@@ -130,7 +127,7 @@ def fork_worker(entry: str, args: list[str], env: dict) -> ForkedWorker:
     """Fork a worker that runs worker_main([entry, *args]) in environment `env`, and exits with its code.
     Signals are as a new process would have them: SIGINT raises KeyboardInterrupt unless ignored."""
     _flush_everything()
-    pid = os.fork()
+    pid = fork()
     if pid:
         return ForkedWorker(pid)
     code = 1
@@ -196,7 +193,7 @@ def spawn(entry: str, args: list[str], world: int, rendezvous_dir: str, threads:
     procs: list[Worker] = []
     for r in range(world):
         env = {**worker_env(r, world, init_file, threads), **(net.env(r) if net else {})}
-        procs.append(subprocess.Popen((net.prefix(r) if net else []) + cmd, env=env, preexec_fn=die_with_parent))
+        procs.append(start((net.prefix(r) if net else []) + cmd, env=env))
     return procs
 
 

@@ -94,7 +94,6 @@ class FixedRanks:
         """Every rank's figures gathered over the scope, and the global model's scores when `evaluate`;
         the record (every rank builds it, the scope's first writes it) and the samples of the epoch."""
         method, last = trainer.method, epoch == self.cfg.train.epochs
-        extra = method.end_epoch(epoch)
         self.samples += done.taken * self.cfg.train.batch_size
         mine = RankFigures(loss=done.loss, samples=done.taken * self.cfg.train.batch_size, seen=self.samples)
         glob, glob_scores = None, None
@@ -109,7 +108,6 @@ class FixedRanks:
         ranks = self.reporter.gather(mine)
         self.best_local_rank = self.scope.global_ranks[self.reporter.best_local(ranks)]
         record = self.reporter.record(epoch, ranks, glob_scores)
-        record.extra = extra
         if evaluate:  # the stopping epoch of an early stop is always evaluated
             self.final_global = glob
         return record, sum(r.samples for r in ranks)
@@ -130,7 +128,6 @@ class FixedRanks:
 
     def finish(self, trainer: Trainer) -> None:
         """The scope's final model (the global one if the method has one, else this rank's); model_L too."""
-        trainer.method.end_training()
         glob, local = self.final_global, trainer.method.local_model()
         if self.scope.rank == 0:
             final = glob if glob is not None else local
@@ -139,10 +136,7 @@ class FixedRanks:
             checkpoint.save_model(local.state_dict(), self.run.local_model_path(), trainer.model_metadata())
 
     def close(self, trainer: Trainer) -> None:
-        try:
-            trainer.method.close()
-        finally:
-            self.reporter.close()
+        self.reporter.close()
 
     # ---- checkpoints -------------------------------------------------------------------------
     def checkpoint(self, trainer: Trainer, epoch: int) -> None:

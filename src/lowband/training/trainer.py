@@ -323,6 +323,7 @@ class Trainer:
             if self.team.should_stop(self):
                 self.log.info(f"stopping at epoch {epoch}: validation {self.metric.name} reached {self._target():.4f}")
                 break
+        self.method.end_training()
         self.team.finish(self)
 
     def _run_epoch(self, epoch: int) -> None:
@@ -361,7 +362,11 @@ class Trainer:
                          self.cfg.train.precision)
 
     def close(self) -> None:
-        self.team.close(self)
+        """The method's `close`, then the team's (its loggers, its place in a job)."""
+        try:
+            self.method.close()
+        finally:
+            self.team.close(self)
 
     # ---- evaluation and records ----------------------------------------------------------------
     def scores(self, model: torch.nn.Module) -> Scores:
@@ -385,11 +390,13 @@ class Trainer:
         """The team's record of the epoch (None: another worker writes it), completed and written; the
         checkpoint on the epochs train.checkpoint_every names."""
         eval_before = self.eval_s
+        extra = self.method.end_epoch(epoch)  # on every worker, whoever writes the record
         made = self.team.record(self, epoch, done, due(epoch, self.cfg.train.eval_every, self.cfg.train.epochs))
         times["eval_s"] = self.eval_s - eval_before
         self.elapsed += time.perf_counter() - t_start
         if made is not None:
             record, samples = made
+            record.extra = {**extra, **(record.extra or {})}
             record.steps, record.params = self.step, self.params
             self._add_rates(record, samples, times)
             set_corpus(record, self.plan.data.meta)

@@ -31,7 +31,8 @@ import socket
 import subprocess
 import sys
 
-from lowband.run.workers import can_fork, die_with_parent, leave_now
+from lowband import procs
+from lowband.run.workers import can_fork, leave_now
 
 PRELOAD = ["torch", "torch._dynamo", "lowband.training.session", "lowband.training.trainer", "lowband.catalog"]
 MESSAGE_BYTES = 1 << 20  # a command (its environment included) fits; a larger one is refused by the caller
@@ -45,10 +46,8 @@ class Client:
 
     def __init__(self):
         mine, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
-        self.server = subprocess.Popen([sys.executable, "-m", "lowband.training.warm", "serve",
-                                        str(theirs.fileno())],
-                                       pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL,
-                                       preexec_fn=die_with_parent)
+        self.server = procs.start([sys.executable, "-m", "lowband.training.warm", "serve", str(theirs.fileno())],
+                                  pass_fds=[theirs.fileno()], stdin=subprocess.DEVNULL)
         theirs.close()
         self.sock, self.codes, self.cpu, self.gone = mine, {}, {}, False
 
@@ -152,8 +151,7 @@ def start(entry: str, argv: list[str], env: dict | None = None) -> Command | sub
             return Command(_client, _client.start(entry, argv, env))
         except OSError as e:  # the server could not start or died: this command starts cold
             print(f"lowband: warning: {e}; starting cold", file=sys.stderr, flush=True)
-    return subprocess.Popen([sys.executable, "-m", "lowband.training.warm", "run", entry, *argv], env=env,
-                            preexec_fn=die_with_parent)
+    return procs.start([sys.executable, "-m", "lowband.training.warm", "run", entry, *argv], env=env)
 
 
 def run(entry: str, argv: list[str]) -> int:
@@ -175,7 +173,7 @@ def serve(sock: socket.socket) -> None:
                 return
             if not message:
                 return  # the caller closed its end
-            pid = os.fork()
+            pid = procs.fork()
             if pid == 0:
                 _child(sock, json.loads(message), fds)
             for fd in fds:
@@ -205,7 +203,7 @@ def _child(sock: socket.socket, command: dict, fds: list[int]) -> None:
     code = 1
     try:
         sock.close()
-        die_with_parent()
+        procs.die_with_parent()
         if not command["sigint_ignored"]:  # as a subprocess inherits it (nohup, a background shell)
             signal.signal(signal.SIGINT, signal.default_int_handler)
         for target, fd in enumerate(fds):

@@ -18,8 +18,8 @@ import signal
 import subprocess
 import sys
 
+from lowband import procs
 from lowband.comm.membership import Membership, wait_until
-from lowband.run.workers import die_with_parent
 
 
 def fault_plan(worker: int) -> tuple[int, str, str, float] | None:
@@ -54,13 +54,14 @@ class Faults:
         if plan[2] == "join":  # start `lowband join` and go on once the joiner is live: it comes mid-exchange
             self._join_now(plan[3] or 60.0)
             return
-        subprocess.Popen(["sh", "-c", f"sleep {plan[3]}; kill -CONT {os.getpid()}"], start_new_session=True)
+        procs.start(["sh", "-c", f"sleep {plan[3]}; kill -CONT {os.getpid()}"], tied=False,  # outlives the stop
+                    start_new_session=True)
         os.kill(os.getpid(), signal.SIGSTOP)
 
     def _join_now(self, timeout_s: float) -> None:
         before = self.members.live()
-        self.joiner = subprocess.Popen([sys.executable, "-m", "lowband", "join", self.run_dir],
-                                       preexec_fn=die_with_parent, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.joiner = procs.start([sys.executable, "-m", "lowband", "join", self.run_dir],
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         wait_until(lambda: True if self.members.live() - before else None, timeout_s, poll_s=0.1)
 
     def wait_for_joiner(self, timeout_s: float = 30.0) -> None:

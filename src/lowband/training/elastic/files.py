@@ -198,8 +198,7 @@ class JobFiles:
         q, h = ended
         glob = self.final if self.final is not None else trainer.method.global_model(final=False)
         scores = trainer.scores(glob) if evaluate and glob is not None else None
-        record = epoch_record(q, h, scores, trainer.metric, self._ledgers(), extra=trainer.method.end_epoch(epoch),
-                              samples=h.epoch_end * self.samples)
+        record = epoch_record(q, h, scores, trainer.metric, self._ledgers(), samples=h.epoch_end * self.samples)
         return record, self.samples
 
     def written(self) -> list[EpochRecord]:

@@ -40,11 +40,11 @@ def bytes_by_tag(ledgers: dict) -> tuple[dict[str, dict[str, float]], int]:
     return by_tag, len([k for k in ledgers if k != EARLIER])
 
 
-def epoch_record(q: Decision, h: Handout, scores: Scores | None, metric: Metric, ledgers: dict, *, extra: dict,
+def epoch_record(q: Decision, h: Handout, scores: Scores | None, metric: Metric, ledgers: dict, *,
                  samples: int) -> EpochRecord:
     """The job's figures of epoch h.epoch_end (`q` the round that ended it, `h` its handout): `samples`
-    trained in every epoch so far, `scores` θ_global's (None for an epoch that was not evaluated), `extra`
-    the method's own (its outer steps).
+    trained in every epoch so far, `scores` θ_global's (None for an epoch that was not evaluated). The
+    trainer adds the method's own figures (`end_epoch`: its outer steps) to the job's in `extra`.
     The trainer adds its own (steps, rate, seconds, corpus, target epoch) before writing it."""
     by_tag, workers = bytes_by_tag(ledgers)
     counted = [moved for t, moved in by_tag.items() if t not in BOOKKEEPING_TAGS]
@@ -55,7 +55,7 @@ def epoch_record(q: Decision, h: Handout, scores: Scores | None, metric: Metric,
         bytes_sent_per_worker=total / per, bytes_recv_per_worker=recv / per, bytes_inter_per_worker=total / per,
         bytes={tag: {k: n / per for k, n in moved.items()} for tag, moved in by_tag.items()},
         bytes_total=by_tag,
-        extra={**extra, "rounds": q.round + 1, "workers": len(q.members), "workers_seen": workers})
+        extra={"rounds": q.round + 1, "workers": len(q.members), "workers_seen": workers})
     if scores is not None:  # None: an epoch train.eval_every leaves unevaluated, as the trainer's
         set_scores(record, scores, metric)
     return record

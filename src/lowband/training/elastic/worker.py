@@ -60,10 +60,12 @@ def main(run_dir: str, resume: str = "0", joiner: str = "0") -> None:
     cfg = read_run_config(run_dir)
     torch.set_num_threads(cfg.train.threads)
     team = ElasticWorker(cfg, run_dir, read_job(run_dir), joiner == "1")
+    trainer = None
     try:
-        Trainer(cfg, team, run_dir).fit(resume == "1")  # a Diverged is recorded there; the launcher says it
+        trainer = Trainer(cfg, team, run_dir)
+        trainer.fit(resume == "1")  # a Diverged is recorded there; the launcher says it
     finally:
-        team.close()
+        trainer.close() if trainer is not None else team.close()
 
 
 def outer_state(method) -> OuterState:
