@@ -103,7 +103,7 @@ def test_options_override_the_named_size():
     ({"n_embd": 100, "n_head": 3}, "model.n_embd", "model.n_embd=100 is invalid: must be divisible by model.n_head=3"),
     ({"n_head": 5}, "model.n_embd", "model.n_embd=24 is invalid: must be divisible by model.n_head=5"),
     ({"context": 16}, "model.context", "must be >= the data's window of 32 tokens"),
-    ({"size": "huge"}, "model.size", "known sizes: nano, tiny, small, medium, large"),
+    ({"size": "huge"}, "model.size", "must be one of 'nano', 'tiny', 'small', 'medium', 'large'"),
     ({"dropout": 1.0}, "model.dropout", "must be in [0, 1)"),
 ])
 def test_bad_options_are_one_config_error(options, field, fragment):
