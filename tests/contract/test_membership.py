@@ -128,7 +128,7 @@ def test_a_worker_holding_a_checkpoint_never_goes_on_without_a_live_worker(url):
 
     quorum = ElasticQuorum(joiner, Patience(timeout_s=0.1), "127.0.0.1", logging.getLogger("t"), Bystander(),
                            quit=lambda code: None)  # type: ignore[arg-type, return-value]
-    quorum.id = quorum.meet.id = 1
+    quorum.meet.id = 1
 
     def decide(r: int, since: float, from_checkpoint: bool):
         return quorum.meet.decide(r, 0, since, Bystander().plan, from_checkpoint)

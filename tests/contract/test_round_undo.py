@@ -51,8 +51,7 @@ def two_members(url) -> tuple[ElasticQuorum, Membership]:
     mine, other = Membership(url, job, 30.0), Membership(url, job, 30.0)
     quorum = ElasticQuorum(mine, Patience(wait_s=5.0), "127.0.0.1", logging.getLogger("t"), Bystander(),
                            quit=lambda code: pytest.fail(f"quit({code})"))
-    quorum.id, _ = mine.register({}), other.register({})
-    quorum.meet.id = quorum.id
+    quorum.meet.id, _ = mine.register({}), other.register({})
     quorum._group = lambda q, name, workers, opened: Communicator()
     return quorum, other
 

@@ -122,7 +122,6 @@ class ElasticQuorum:
         self.members, self.patience, self.host, self.log, self.worker = members, patience, host, log, worker
         self.give_up, self.meet = GiveUp(members, patience, quit), Meet(members, patience, log)
         self.ledger = Ledger()  # this worker's bytes, counted by every round's group in turn
-        self.id = -1  # set by `join`
         self.joiner = False  # started by `lowband join`: False once a round of its own has committed
         self.version = 0  # rounds committed into θ_global
         self.q: Decision | None = None  # the round last committed (None once the job has finished)
@@ -132,13 +131,14 @@ class ElasticQuorum:
         self.sync_s = 0.0  # seconds in rounds (meet, exchange, commit), the worker's own work left out
 
     @property
-    def next_round(self) -> int:
-        return self.meet.next_round
+    def id(self) -> int:
+        """This worker's id in the job (-1 until `join`); `Meet` holds it, the one owner."""
+        return self.meet.id
 
     # ---- joining and leaving -----------------------------------------------------------------------
     def join(self, info: dict, heartbeat_s: float, joiner: bool) -> int:
         """Register with the job (a new worker id) and keep a heartbeat; the id."""
-        self.id = self.meet.id = self.ask(lambda: self.members.register(info))
+        self.meet.id = self.ask(lambda: self.members.register(info))
         self.members.start_heartbeat(heartbeat_s)
         self.meet.first_round, self.meet.launched = self.ask(self.members.launched)
         self.joiner = joiner

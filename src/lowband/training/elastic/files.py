@@ -238,7 +238,7 @@ class JobFiles:
         if self._writer(epoch) is None or self.outer is None or self.data is None:
             return
         o, method = self.outer, self.state
-        state = checkpoint_state(o.version, o.next_round, self.data.epoch, method.shared_state(), method.handover(),
+        state = checkpoint_state(o.version, o.meet.next_round, self.data.epoch, method.shared_state(), method.handover(),
                                  self._ledgers())
         checkpoint.save_state(state, checkpoint.rank_path(self.run_dir.path, 0, epoch))  # the job's: rank 0's
         checkpoint.prune(self.run_dir.path, 0)
