@@ -91,7 +91,7 @@ run() {
     for size in ${sizes//,/ }; do
         [ -d "benchmarks/results/ladder/$size" ] && kept+=("benchmarks/results/ladder/$size")
     done
-    tar czf "$out/ladder.tgz" "${kept[@]}" benchmarks/results/ladder.csv src/lowband/comparison/ladder.json
+    tar czf "$out/ladder.tgz" "${kept[@]}" benchmarks/results/ladder.csv benchmarks/results/ladder.json
     tail -n 30 "$out/report.md"
 }
 

@@ -55,7 +55,7 @@ Run:      python benchmarks/ladder.py --run [--sizes small,tiny,nano] [--out run
 Report:   python benchmarks/ladder.py --report [--publish] [--figure PNG]
           (every size with committed records, --sizes first). It writes ladder.csv, ladder.json and
           ladder.png into --out; --publish writes them where they are committed instead
-          (benchmarks/results/ladder.csv, the package's ladder.json that every report quotes,
+          (benchmarks/results/ladder.csv, and ladder.json beside it that every report quotes,
           benchmarks/figures/ladder.png). A run lowband refuses (exit 2) stops the queue at once.
 Plan:     python benchmarks/ladder.py --plan   (the runs still to do, in the order --run takes them)
 GPU:      python benchmarks/ladder.py --run --sizes medium,large --device cuda --parallel 4
@@ -796,15 +796,15 @@ def _place_labels(ax, labels: list[tuple[float, float, str, str]], gap_pt: float
 
 def measured(sizes: list[str]) -> list[str]:
     """`sizes`, then every other size with committed records (SIZES order): ladder.csv, the figure and the
-    package's summary always cover every run, whichever sizes a call runs (a GPU call runs medium alone)."""
+    summary every report quotes always cover every run, whichever sizes a call runs (a GPU call runs medium alone)."""
     more = [s for s in SIZES if s not in sizes and os.path.isdir(os.path.join(RESULTS, s))]
     PARAMS.update({s: params_of(s) for s in more})
     return sizes + more
 
 
 def publish_to(out: str, publish: bool) -> None:
-    """Where --report writes ladder.csv and ladder.json: the committed places (benchmarks/results/ and the
-    package's summary, which every report quotes) only with --publish; else beside the runs, in --out."""
+    """Where --report writes ladder.csv and ladder.json: the committed places (benchmarks/results/: the
+    summary every report quotes) only with --publish; else beside the runs, in --out."""
     global CSV, SUMMARY
     if not publish:
         CSV, SUMMARY = os.path.join(out, "ladder.csv"), os.path.join(out, "ladder.json")
@@ -825,12 +825,12 @@ def report(sizes: list[str], out: str, figure: str) -> None:
 
 
 #: what `lowband compare`'s report says of model size (lowband.comparison.scale reads it)
-SUMMARY = os.path.join(os.path.dirname(HERE), "src", "lowband", "comparison", "ladder.json")
+SUMMARY = os.path.join(HERE, "results", "ladder.json")  # a release carries it as package data (setup.py)
 
 
 def write_summary(found: dict[str, list[Verdict]], out: str) -> None:
-    """ladder.json in the package: per size, each family's gap to Allreduce and its bytes ratio, held out
-    where the held-out seeds have run (else in-sample, and said so)."""
+    """ladder.json (every report quotes it; a release carries it in the package): per size, each family's gap
+    to Allreduce and its bytes ratio, held out where the held-out seeds have run (else in-sample, and said so)."""
     sizes = []
     for size, vs in found.items():
         ref = next((v for v in vs if v.family == REFERENCE), None)
@@ -890,7 +890,7 @@ def main() -> None:
     p.add_argument("--out", default="runs/ladder", help="parent of the run directories")
     p.add_argument("--figure", default="", help="the figure's PNG (default: ladder.png in --out; with --publish "
                    "benchmarks/figures/ladder.png)")
-    p.add_argument("--publish", action="store_true", help="--report writes the committed ladder.csv, the package's "
+    p.add_argument("--publish", action="store_true", help="--report writes the committed ladder.csv and "
                    "ladder.json (every report quotes it) and benchmarks/figures/ladder.png; without it they go to --out")
     p.add_argument("--device", default="", help="cpu or cuda: every run there (train.device; default: "
                    "lowband's own choice)")

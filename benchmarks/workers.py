@@ -21,7 +21,7 @@ Run:     python benchmarks/workers.py --run [--cells tiny-k4-e1,small-k16-e1] [-
 Plan:    python benchmarks/workers.py --plan
 Report:  python benchmarks/workers.py --report [--publish] [--figure PNG]
          (the table; workers.csv, workers.json and workers.png into --out; --publish writes them where
-         they are committed instead: benchmarks/results/workers.csv, the package's workers.json, from
+         they are committed instead: benchmarks/results/workers.csv and workers.json, from
          which every language-model report quotes the measured cell nearest its size, workers and
          epochs, and benchmarks/figures/workers.png)
 Records: benchmarks/results/workers/CELL/RUN.jsonl (committed, a failed run's with a .failed file) and
@@ -50,7 +50,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results", "workers")
 CSV = os.path.join(HERE, "results", "workers.csv")
 #: what `lowband compare`'s report quotes of pools (lowband.comparison.scale reads it)
-SUMMARY = os.path.join(os.path.dirname(HERE), "src", "lowband", "comparison", "workers.json")
+SUMMARY = os.path.join(HERE, "results", "workers.json")  # a release carries it as package data (setup.py)
 CHOOSE_SEED, HELD_OUT = 0, (10, 11, 12)
 MAX_RATES = 4
 MAX_TRIES = 3  # a run that fails for another cause than divergence (a worker killed, a timeout) is tried again
@@ -420,7 +420,7 @@ def main() -> None:
     p.add_argument("--out", default="runs/workers", help="parent of the run directories (default runs/workers)")
     p.add_argument("--figure", default="", help="the figure's PNG (default: workers.png in --out; with --publish "
                    "benchmarks/figures/workers.png)")
-    p.add_argument("--publish", action="store_true", help="--report writes the committed workers.csv, the package's "
+    p.add_argument("--publish", action="store_true", help="--report writes the committed workers.csv and "
                    "workers.json (every report quotes it) and figure; without it they go to --out")
     args = p.parse_args()
     if not (args.run or args.plan or args.report):

@@ -10,6 +10,7 @@ import sys
 import threading
 
 from lowband import config as C
+from lowband import errors
 from lowband.cli_parser import SHORTCUTS, parser
 from lowband.errors import INTERRUPTED, TERMINATED, ConfigError, LowbandError, Terminated, UsageError, raise_terminated
 from lowband.paths import can_make_dir, writable_dir
@@ -328,7 +329,7 @@ def _main(argv: list[str] | None) -> int:
     args = p.parse_args(argv)
     if not args.command:
         p.print_help()
-        return 2
+        return errors.BAD_INPUT
     if getattr(args, "quiet", False):
         os.environ["LOWBAND_QUIET"] = "1"  # the workers inherit it
     try:
@@ -343,10 +344,7 @@ def _main(argv: list[str] | None) -> int:
         return code
     except BrokenPipeError:  # `lowband list | head -3`: the reader left; no traceback
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141  # as a shell reports a process ended by SIGPIPE
-    except UsageError as e:
-        print(f"lowband: error: {e}", file=sys.stderr)
-        return 2
-    except LowbandError as e:  # e.g. a torchrun worker's divergence (exit code 4)
+        return errors.BROKEN_PIPE
+    except LowbandError as e:  # bad input (exit 2), a torchrun worker's divergence (4), ...
         print(f"lowband: error: {e}", file=sys.stderr)
         return e.exit_code

@@ -6,20 +6,27 @@ Every error lowband raises on purpose is a `LowbandError`, so Python callers (lo
 can catch them all with one clause.
 """
 
+# lowband's exit codes, named once
+DONE = 0
+CRASHED = 1  # anything unforeseen: the traceback says why
+BAD_INPUT = 2  # nothing started
+UNAVAILABLE = 3  # a service the run needs stayed away
+DIVERGED = 4  # a non-finite loss
 INTERRUPTED = 130  # stopped by Ctrl-C (128 + SIGINT): what was done is kept, `--resume` continues
 TERMINATED = 143  # stopped by SIGTERM (128 + SIGTERM)
+BROKEN_PIPE = 141  # stdout's reader left (128 + SIGPIPE), as a shell reports it
 
 
 class LowbandError(Exception):
     """Base of lowband's own errors."""
 
-    exit_code = 1
+    exit_code = CRASHED
 
 
 class UsageError(LowbandError):
     """Bad input: the message names the field, the value and what is allowed."""
 
-    exit_code = 2
+    exit_code = BAD_INPUT
 
 
 class ConfigError(UsageError):
@@ -48,7 +55,7 @@ class Diverged(LowbandError):
     """Training produced a non-finite loss; exit code 4. The run keeps its records up to the last good
     epoch; the full trace goes to the run directory, the console gets this one line."""
 
-    exit_code = 4
+    exit_code = DIVERGED
 
     def __init__(self, epoch: int, step: int, rank: int, loss: float, lr: float, suspects: str = ""):
         """`suspects`: the method's own settings that could have done it, named after the rate (an outer step)."""
@@ -61,7 +68,7 @@ class Diverged(LowbandError):
 class Unavailable(LowbandError):
     """A service the run needs (teachers, a coordinator) stayed away past its timeout; exit code 3."""
 
-    exit_code = 3
+    exit_code = UNAVAILABLE
 
 
 class Terminated(KeyboardInterrupt):

@@ -231,7 +231,7 @@ def test_every_planted_bug_names_code_that_is_in_the_tree(tmp_path):
 
 def test_the_ladder_report_writes_into_out_and_leaves_the_committed_files_alone(tmp_path):
     """`--report --sizes nano --out DIR` once rewrote the package's ladder.json and ladder.csv with nano alone."""
-    committed = [os.path.join(ROOT, "src", "lowband", "comparison", "ladder.json"),
+    committed = [os.path.join(BENCH, "results", "ladder.json"),
                  os.path.join(BENCH, "results", "ladder.csv")]
     before = [Path(p).read_bytes() for p in committed]
     p = tool("ladder.py", "--report", "--sizes", "nano", "--out", str(tmp_path))

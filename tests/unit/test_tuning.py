@@ -165,11 +165,11 @@ def test_the_watch_reports_each_epoch_once_and_judges_only_while_the_trial_runs(
     lines = [{"epoch": e, "val_acc": v, "time": {"epoch_train_s": 1.0}} for e, v in ((1, 0.2), (2, 0.4), (3, 0.5))]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines[:1]))
     trial = Condemning()
-    watch = T.Watch(trial, ACCURACY, 3, str(tmp_path))
+    watch = T.Pruning(trial, ACCURACY, 3, str(tmp_path))
     watch.read()
     assert (watch.pruned, watch.epoch, watch.val, trial.reported) == (True, 1, 0.2, [(1, 0.2)])
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
-    ended = T.Watch(Condemning(), ACCURACY, 3, str(tmp_path))
+    ended = T.Pruning(Condemning(), ACCURACY, 3, str(tmp_path))
     ended.read(judge=False)  # a trial that ended by itself: its final figure, whatever the pruner thinks
     assert (ended.pruned, ended.epoch, ended.val) == (False, 3, 0.5)
     assert ended.trial.reported == [(1, 0.2), (2, 0.4), (3, 0.5)]
@@ -290,3 +290,24 @@ def test_tune_on_trains_every_trial_on_its_seed_and_the_published_runs_on_others
     assert "trained on seed 0; the results above are on seeds 10, 11, which informed no choice" in said[0]
     assert "trained on seed 10, which is also one of the results' seeds (10, 11)" in said[1] and "in-sample" in said[1]
     assert seeds_said([ComparisonDir(str(tmp_path / "none"))]) == []  # no plan, or no tuning: nothing said
+
+
+def test_the_supervisor_stops_a_trial_the_pruner_condemns_and_says_nothing_of_one_that_failed(tmp_path, capsys):
+    """Tuning watches a trial with launch.supervise and its own policy (Pruning): a condemned trial is
+    stopped (SIGTERM), a trial that fails by itself ends the watch with its code and no churn line."""
+    import json
+    import signal
+
+    from lowband import procs
+    from lowband.run import launch
+
+    record = {"epoch": 1, "val_acc": 0.2, "time": {"epoch_train_s": 1.0}}
+    (tmp_path / "metrics.jsonl").write_text(json.dumps(record) + "\n")
+    running = procs.start(["sleep", "60"])
+    watch = T.Pruning(Condemning(), ACCURACY, 3, str(tmp_path))
+    assert launch.supervise([running], watch=watch) == -signal.SIGTERM
+    assert watch.pruned and running.poll() == -signal.SIGTERM
+    failing = procs.start(["sh", "-c", "exit 4"])
+    calm = T.Pruning(Condemning(), ACCURACY, 3, str(tmp_path / "none"))
+    assert launch.supervise([failing], watch=calm) == 4 and not calm.pruned
+    assert capsys.readouterr().err == ""

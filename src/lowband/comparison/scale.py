@@ -1,10 +1,12 @@
 """What the scale ladder says about a language-model comparison's size (issue 54).
 
-`benchmarks/ladder.py --report --publish` writes ladder.json beside this module: per GPT size, each saver's gap
-to Allreduce (final validation bits per byte, at equal samples) and its bytes ratio, on held-out seeds
+`benchmarks/ladder.py --report --publish` writes benchmarks/results/ladder.json: per GPT size, each saver's
+gap to Allreduce (final validation bits per byte, at equal samples) and its bytes ratio, on held-out seeds
 where they have run. A report on a language model quotes it, so that a verdict measured at one size is
-read beside how the gaps move with size. `benchmarks/workers.py --report --publish` writes workers.json: the
-same gaps per cell of (size, workers, epochs); a report quotes the cell nearest its own.
+read beside how the gaps move with size. `benchmarks/workers.py --report --publish` writes workers.json
+beside it: the same gaps per cell of (size, workers, epochs); a report quotes the cell nearest its own.
+No benchmark writes into the package: an installed release carries the two files as package data (setup.py
+copies them into lowband/comparison/published/), and a checkout reads them where they are committed.
 """
 
 from __future__ import annotations
@@ -12,6 +14,7 @@ from __future__ import annotations
 import json
 import math
 from importlib import resources
+from pathlib import Path
 
 from lowband.comparison.summary import SummaryRow
 from lowband.comparison.table import metric_of
@@ -19,20 +22,28 @@ from lowband.data.metric import BITS_PER_BYTE
 
 
 def ladder() -> dict:
-    """The packaged ladder summary ({} when missing or unreadable)."""
-    return _packaged("ladder.json")
+    """The published ladder summary ({} when missing or unreadable)."""
+    return published("ladder.json")
 
 
 def pools() -> dict:
-    """The packaged worker-axis summary (benchmarks/workers.py --report --publish; {} when missing)."""
-    return _packaged("workers.json")
+    """The published worker-axis summary ({} when missing or unreadable)."""
+    return published("workers.json")
 
 
-def _packaged(name: str) -> dict:
-    try:
-        return json.loads(resources.files("lowband.comparison").joinpath(name).read_text())
-    except (OSError, ValueError):
-        return {}
+#: where a checkout keeps the published summaries (src/lowband/comparison/ -> the repository's root)
+CHECKOUT = Path(__file__).resolve().parents[3] / "benchmarks" / "results"
+
+
+def published(name: str) -> dict:
+    """A published summary: the release's copy (package data), else the checkout's committed file; {} if
+    neither is there or readable."""
+    for source in (resources.files("lowband.comparison").joinpath("published", name), CHECKOUT / name):
+        try:
+            return json.loads(source.read_text())
+        except (OSError, ValueError):
+            continue
+    return {}
 
 
 def scale_note(runs: list[SummaryRow], found: dict | None = None) -> list[str]:

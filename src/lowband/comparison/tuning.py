@@ -37,10 +37,7 @@ import json
 import math
 import os
 import resource
-import signal
-import subprocess
 import sys
-import time
 from dataclasses import dataclass
 
 from lowband.comparison import coverage
@@ -50,6 +47,7 @@ from lowband.comparison.space import Tune, show
 from lowband.comparison.summary import TuningRow, status_of
 from lowband.data.metric import Metric
 from lowband.errors import INTERRUPTED, ConfigError
+from lowband.run import launch
 from lowband.run.launch import STOPPED_QUIETLY
 from lowband.run.metrics import read_metrics
 from lowband.run.rundir import RunDir
@@ -324,28 +322,26 @@ def children_cpu() -> float:
 
 
 def _watched(proc, trial, metric: Metric, run: P.Run, run_dir: str) -> Outcome | None:
-    """Follow the started trial to its end, stopping it when the pruner says so."""
-    watch = Watch(trial, metric, run.config.train.epochs, run_dir)
+    """Follow the started trial to its end (launch.supervise, with the pruner's policy), stopping it when
+    the pruner says so."""
+    watch = Pruning(trial, metric, run.config.train.epochs, run_dir)
     try:
-        while proc.poll() is None and not watch.pruned:
-            time.sleep(POLL_S)
-            watch.read()
-        if watch.pruned:
-            print(f"trial {trial.number} pruned after epoch {watch.epoch} (validation {metric.name} {watch.val:.4f})",
-                  flush=True)
-            stop(proc)
-            judge = type(trial.study.pruner).__name__
-            RunDir(run_dir).record_pruned(f"pruned after epoch {watch.epoch}: validation {metric.name} "
-                                          f"{watch.val:.4f} was behind the other trials' ({judge})")
-            return Outcome("pruned", watch.val, watch.epoch)
-        watch.read(judge=False)  # the epochs written since the last look; the trial has ended
+        code = launch.supervise([proc], watch=watch)
     except KeyboardInterrupt:
-        stop(proc)
+        launch.stop([proc], STOP_GRACE_S)
         raise  # the trial stays `running` in the study; `lowband` says "interrupted" (or "stopped by SIGTERM")
-    return outcome_of(proc.returncode, watch)
+    if watch.pruned:
+        print(f"trial {trial.number} pruned after epoch {watch.epoch} (validation {metric.name} {watch.val:.4f})",
+              flush=True)
+        judge = type(trial.study.pruner).__name__
+        RunDir(run_dir).record_pruned(f"pruned after epoch {watch.epoch}: validation {metric.name} "
+                                      f"{watch.val:.4f} was behind the other trials' ({judge})")
+        return Outcome("pruned", watch.val, watch.epoch)
+    watch.read(judge=False)  # the epochs written since the last look; the trial has ended
+    return outcome_of(code, watch)
 
 
-def outcome_of(code: int, watch: Watch) -> Outcome | None:
+def outcome_of(code: int, watch: Pruning) -> Outcome | None:
     if code == INTERRUPTED:
         return None
     status = status_of(code)
@@ -354,24 +350,31 @@ def outcome_of(code: int, watch: Watch) -> Outcome | None:
     return Outcome(status, watch.val, watch.epoch)
 
 
-def stop(proc: subprocess.Popen | warm.Command) -> None:
-    """SIGTERM (the launcher stops its workers as on Ctrl-C), then SIGKILL if it lingers."""
-    if proc.poll() is None:
-        proc.send_signal(signal.SIGTERM)
-    try:
-        proc.wait(timeout=STOP_GRACE_S)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        proc.wait()
+class Pruning(launch.Watch):
+    """The supervisor's policy for one tuning trial: it reads the trial's metrics.jsonl as it grows, reports
+    each new epoch's validation figure to the trial and asks the pruner (never at the last epoch: there is
+    nothing left to save), stopping the trial when it condemns it. A trial's failure is its outcome, said in
+    the tuning table: no line here."""
 
-
-class Watch:
-    """Reads a trial's metrics.jsonl as it grows: reports each new epoch's validation figure to the trial and
-    asks the pruner (never at the last epoch: there is nothing left to save)."""
+    goes_on = ""
+    poll_s = POLL_S
 
     def __init__(self, trial, metric: Metric, epochs: int, run_dir: str):
+        super().__init__(keep_going=True)
         self.trial, self.metric, self.epochs, self.run_dir = trial, metric, epochs, run_dir
         self.epoch, self.val, self.pruned = 0, None, False
+
+    def churn(self, code: int, codes: list[int | None]) -> bool:
+        return True  # the trial's exit code is its outcome
+
+    def done(self, procs, codes: list[int | None]) -> int | None:
+        if codes[0] is not None:
+            return codes[0]
+        self.read()
+        if not self.pruned:
+            return None
+        launch.stop(procs, STOP_GRACE_S)  # SIGTERM: the launcher stops its workers as on Ctrl-C
+        return procs[0].poll()
 
     def read(self, judge: bool = True) -> None:
         """Report the epochs not yet seen; with `judge`, stop at the first one the pruner condemns."""

@@ -16,7 +16,7 @@ import sys
 import time
 from collections.abc import Collection, Sequence
 
-from lowband.errors import INTERRUPTED, Diverged, Terminated, UsageError, raise_terminated
+from lowband.errors import BAD_INPUT, DIVERGED, INTERRUPTED, UNAVAILABLE, Terminated, raise_terminated
 from lowband.run.workers import Worker, crash_path, remove_quietly, spawn
 
 GRACE_S = 5.0
@@ -48,7 +48,7 @@ def run(entry: str, args: list[str], world: int, rendezvous_dir: str, threads: i
 
 
 #: exit codes a restart cannot mend: done, bad input, diverged, interrupted
-FINAL = (0, UsageError.exit_code, Diverged.exit_code, INTERRUPTED)
+FINAL = (0, BAD_INPUT, DIVERGED, INTERRUPTED)
 
 
 def _restarting(entry, args, world, rendezvous_dir, threads, keep_going, net, max_restarts, restart_args) -> int:
@@ -93,9 +93,10 @@ class Watch:
     Fixed membership (`lowband train`): a failure stops every worker, or with `keep_going` the others
     carry on (a failure that every worker would meet, a usage error or a divergence, still stops them);
     the job is over when every worker has exited. An elastic job's watch (training/elastic/job.py) counts a
-    worker killed by a signal as churn and ends when the coordinator says the job finished."""
+    worker killed by a signal as churn and ends when the coordinator says the job finished; a tuning trial's
+    (comparison/tuning.py) reads its epochs as they come and stops it when the pruner says so."""
 
-    goes_on = "the others carry on without it"  # what the churn line ends with
+    goes_on = "the others carry on without it"  # what the churn line ends with ('': no line)
     poll_s = 0.05
 
     def __init__(self, keep_going: bool = False):
@@ -103,7 +104,7 @@ class Watch:
 
     def churn(self, code: int, codes: list[int | None]) -> bool:
         """Whether the job goes on after a worker exited with `code` (not 0), all codes being `codes`."""
-        return self.keep_going and any(c in (None, 0) for c in codes) and not {2, 4} & set(codes)
+        return self.keep_going and any(c in (None, 0) for c in codes) and not {BAD_INPUT, DIVERGED} & set(codes)
 
     def done(self, procs: list[Worker], codes: list[int | None]) -> int | None:
         """The job's exit code once it is over, else None (asked every poll, after the exits are handled)."""
@@ -130,8 +131,9 @@ def supervise(procs: list[Worker], poll_s: float | None = None, keep_going: bool
             if not watch.churn(code, codes):
                 return _stop_for(procs, poll_s, crash_dir, since, reported)
             reported.add(rank)
-            print(f"lowband: worker {rank} (pid {procs[rank].pid}) {_describe(code)}"
-                  f"{crash_note(crash_dir, rank, since)}; {watch.goes_on}", file=sys.stderr, flush=True)
+            if watch.goes_on:
+                print(f"lowband: worker {rank} (pid {procs[rank].pid}) {_describe(code)}"
+                      f"{crash_note(crash_dir, rank, since)}; {watch.goes_on}", file=sys.stderr, flush=True)
         code = watch.done(procs, codes)
         if code is not None:
             return code
@@ -146,7 +148,7 @@ def _stop_for(procs: list[Worker], poll_s: float, crash_dir: str | None, since: 
     rank, code = _cause(procs, poll_s, churned=churned)
     others = sum(p.poll() is None for p in procs)
     stop(procs)
-    if code not in (2, 3, 4):  # a usage error, a service gone, a divergence: the worker (or its starter) said it
+    if code not in (BAD_INPUT, UNAVAILABLE, DIVERGED):  # the worker (or its starter) said it
         print(f"lowband: worker {rank} (pid {procs[rank].pid}) {_describe(code or 0)}"
               f"{crash_note(crash_dir, rank, since)}; stopped the other {others} running worker(s)"
               f"{others_note(crash_dir, rank, len(procs), since)}", file=sys.stderr)
@@ -184,21 +186,21 @@ KILLED = -signal.SIGKILL  # a Popen return code
 
 
 def _cause(procs: list[Worker], poll_s: float, settle_s: float = 0.5, churned: Collection[int] = ()) -> tuple[int, int]:
-    """The failure that explains the others: a worker's usage error (2) or divergence (4) before a
+    """The failure that explains the others: a worker's usage error or divergence before a
     peer's crash, which often follows from it (a collective cut short by the leaver). The peers get
     `settle_s` to show their codes, since the crash may be seen before the cause. Without one, the
     failure seen first: a peer that aborts after a worker was killed is not the cause. Workers `churned`
     earlier (lost while the job went on) are not candidates."""
     first = _failures(procs, churned)
     deadline, failed = time.monotonic() + settle_s, first
-    while not any(c in (2, 4, KILLED) for _, c in failed) and time.monotonic() < deadline:
+    while not any(c in (BAD_INPUT, DIVERGED, KILLED) for _, c in failed) and time.monotonic() < deadline:
         time.sleep(poll_s)
         failed = _failures(procs, churned)
-    explained = [f for f in failed if f[1] in (2, 4)]
+    explained = [f for f in failed if f[1] in (BAD_INPUT, DIVERGED)]
     # a worker killed from outside (SIGKILL) explains its peers' crashes seen with it; a SIGABRT is how a
     # backend's crash ends, a consequence, not a cause
     killed = [f for f in failed if f[1] == KILLED]
-    return min(explained, key=lambda f: (f[1] != 2, f[0])) if explained else (killed or first)[0]
+    return min(explained, key=lambda f: (f[1] != BAD_INPUT, f[0])) if explained else (killed or first)[0]
 
 
 

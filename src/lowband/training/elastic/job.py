@@ -293,7 +293,7 @@ def join(run_dir: str, host: str | None = None) -> int:
         os.environ["LOWBAND_ELASTIC_HOST"] = host  # the worker inherits it
     procs = workers.spawn(ENTRY, [run_dir, "0", "1"], 1, run_dir, cfg.train.threads)
     try:
-        return launch.exit_code(procs[0].wait())
+        return launch.supervise(procs, crash_dir=run_dir)
     except KeyboardInterrupt:
         launch.stop(procs)
         return INTERRUPTED
