@@ -69,7 +69,8 @@ def run_coordinator(args) -> int:
         return _watch(coord, args.watch)
     with EmbeddedRedis(args.redis) as url:
         print(f"coordinator: embedded Redis at {url} (its password is in the URL; stops with this command; Ctrl-C to "
-              f"stop)\n  start teachers with:  LOWBAND_COORDINATOR='{url}' lowband teacher --checkpoint RUN_DIR",
+              f"stop)\n  start teachers with:  LOWBAND_COORDINATOR='{url}' lowband teacher --checkpoint RUN_DIR"
+              f"\n  or your own loop's elastic workers:  lowband.wrap(model, optimizer, SPEC, elastic='{url}', ...)",
               flush=True)
         return _watch(Coordinator(url), args.watch or 2.0)
 

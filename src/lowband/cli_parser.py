@@ -249,7 +249,8 @@ def _distill_parsers(sub) -> None:
                    help="close a connection whose hello or one frame takes longer than S seconds (default 30)")
     t.add_argument("--max-connections", type=int, default=64, metavar="N",
                    help="refuse connections past N open at once (default 64)")
-    c = sub.add_parser("coordinator", help="check a Redis coordinator and list its teachers, or run an embedded one",
+    c = sub.add_parser("coordinator", help="run an embedded Redis coordinator (EDL-Dist's teachers, an own "
+                                          "loop's elastic workers), or check one and list its teachers",
                        epilog=DISTILL_EXAMPLES, formatter_class=fmt)
     c.add_argument("--redis-url", metavar="URL", help="an existing Redis (default: start an embedded one here)")
     c.add_argument("--watch", type=float, default=0.0, metavar="S", help="refresh the listing every S seconds")

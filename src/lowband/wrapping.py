@@ -20,13 +20,15 @@ method's own options are the spec's (`NAME:KEY=VALUE:...`, as `lowband compare -
 SparseLoCo's decay and density ramps). The learning rate is the loop's own; the method's rule on it over the
 run (DiLoCo's inner_lr_factor) is `sync.lr_scheduler(optimizer)`, a torch scheduler to step with the
 optimizer. `sync.config` is the configuration the spec resolved to, every default filled in.
+`elastic=URL` runs the loop as a worker of an elastic job (wrapping_elastic.py): `while not sync.done:` then
+runs on the job's clock, and workers may leave and join.
 """
 
 from __future__ import annotations
 
 import tempfile
 import warnings
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from torch import nn
@@ -37,14 +39,18 @@ from lowband.errors import ConfigError, require
 from lowband.methods.base import Context, Method
 from lowband.run.rundir import RunDir
 
+if TYPE_CHECKING:
+    from lowband.comm.elastic_quorum import ElasticQuorum
+    from lowband.wrapping_elastic import OwnLoop
+
 
 class Sync:
     """One worker's method in a user's loop: `model` to train, `step()` after each optimizer step, the bytes
     it moved and the final model."""
 
     def __init__(self, method: Method, model: nn.Module, comm: Communicator, optimizer: torch.optim.Optimizer,
-                 owns_comm: bool = False, gradient_hook: bool = True):
-        self.method, self.model, self.comm = method, model, comm
+                 owns_comm: bool = False, gradient_hook: bool = True, total_steps: int = 1):
+        self.method, self.model, self.comm, self.total_steps = method, model, comm, total_steps
         self.config: C.Config = method.ctx.cfg  # what the spec resolved to, every default filled in
         self.owns_comm = owns_comm  # wrap joined torchrun's process group for it: close() leaves it
         self.steps = 0
@@ -54,6 +60,16 @@ class Sync:
 
     def __enter__(self) -> Sync:
         return self
+
+    @property
+    def rank(self) -> int:
+        """This worker's rank (an elastic job's: its id, ElasticSync) to choose its data by."""
+        return self.method.ctx.rank
+
+    @property
+    def done(self) -> bool:
+        """Whether the run has taken its total_steps (`while not sync.done:` runs the same loop elastic)."""
+        return self.steps >= self.total_steps
 
     def __exit__(self, *exc) -> None:
         self.close()
@@ -118,14 +134,21 @@ class Sync:
 
 def wrap(model: nn.Module, optimizer: torch.optim.Optimizer, spec: str = "allreduce", *,
          comm: Communicator | None = None, total_steps: int = 1, seed: int = 0, run_dir: str | None = None,
-         precision: str = "fp32", gradient_hook: bool = True) -> Sync:
+         precision: str = "fp32", gradient_hook: bool = True, elastic: str | None = None, job: str = "own-loop",
+         workers: int = 1, config: dict | None = None) -> Sync:
     """`model` and `optimizer` trained by the method `spec` ('NAME:KEY=VALUE:...') over `comm` (None: the
     process group torchrun's environment describes, or this process alone); see the module docstring.
     `gradient_hook=False`: no hook on the optimizer; the caller calls `sync.after_backward()` itself (a trainer
-    whose optimizer step runs the backward pass in a closure). Raises ConfigError naming the field for a
-    method or option it cannot run."""
-    name, cfg = method_config(spec, seed, precision)
+    whose optimizer step runs the backward pass in a closure). `elastic`: a coordinator's URL; this process is
+    then a worker of the elastic job `job`, of which `workers` are launched together (wrapping_elastic.py), with
+    `config`'s elastic table over the defaults (`{"elastic": {"dead_after_s": 2}}`; `lowband config` lists them).
+    Raises ConfigError naming the field for a method or option it cannot run."""
     require(isinstance(total_steps, int) and total_steps >= 1, "total_steps", total_steps, "must be an integer >= 1")
+    if elastic is not None:
+        return _elastic(model, optimizer, spec, elastic, job, workers, total_steps, seed, precision, run_dir,
+                        config or {})
+    require(not config, "config", config, "takes the elastic table, with elastic=URL only")
+    name, cfg = method_config(spec, seed, precision)
     device = check_optimizer(model, optimizer)
     owns = comm is None
     comm = comm if comm is not None else Communicator.from_env(device)
@@ -147,7 +170,49 @@ def wrap(model: nn.Module, optimizer: torch.optim.Optimizer, spec: str = "allred
     ctx = Context(cfg, comm, device, _logger(), run, total_steps, width=comm.world)
     method = method_cls(cfg.method, ctx)
     trained = method.setup(model)
-    return Sync(method, trained, comm, optimizer, owns_comm=owns, gradient_hook=gradient_hook)
+    return Sync(method, trained, comm, optimizer, owns_comm=owns, gradient_hook=gradient_hook, total_steps=total_steps)
+
+
+def _elastic(model, optimizer, spec: str, coordinator: str, job: str, workers: int, total_steps: int, seed: int,
+             precision: str, run_dir: str | None, config: dict) -> ElasticSync:
+    """wrap's elastic membership: this process joins job `job` on `coordinator` (wrapping_elastic.py)."""
+    from lowband import wrapping_elastic as E
+
+    E.check_elastic_args(coordinator, workers)
+    require(isinstance(config, dict) and set(config) <= {"elastic"} and isinstance(config.get("elastic", {}), dict),
+            "config", config, "must be a dict with one table, elastic (e.g. {'elastic': {'dead_after_s': 2}})")
+    name, cfg = method_config(spec, seed, precision, workers=workers, elastic=config.get("elastic", {}))
+    device = check_optimizer(model, optimizer)
+    method, trained, quorum, loop = E.join_job(model, name, cfg, device, coordinator, job, total_steps, run_dir)
+    return ElasticSync(method, trained, optimizer, quorum, loop, total_steps)
+
+
+class ElasticSync(Sync):
+    """A `Sync` whose outer steps go through an elastic job's quorum; `done` is the job's clock at its end."""
+
+    def __init__(self, method: Method, model: nn.Module, optimizer: torch.optim.Optimizer, quorum: ElasticQuorum,
+                 loop: OwnLoop, total_steps: int):
+        super().__init__(method, model, method.ctx.comm, optimizer, total_steps=total_steps)
+        self.quorum, self.loop = quorum, loop  # `rank`: this worker's id in the job (a joiner's is new)
+
+    @property
+    def done(self) -> bool:
+        """Whether the job's clock (the method's outer clock, which a joiner takes on) has reached total_steps."""
+        return self.method.steps >= self.total_steps  # type: ignore[attr-defined]  # an OuterMethod's clock
+
+    def step(self) -> None:
+        super().step()
+        self.loop.trained = self.steps
+
+    def close(self) -> None:
+        """Close the method and leave the job; the job is marked finished once its clock has ended (a later
+        process of the script is then told there is nothing to join)."""
+        if self._closed:
+            return
+        super().close()
+        if self.done:
+            self.quorum.members.finish()
+        self.quorum.leave()
 
 
 def check_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> torch.device:
@@ -172,9 +237,11 @@ def check_optimizer(model: nn.Module, optimizer: torch.optim.Optimizer) -> torch
     return params[0].device
 
 
-def method_config(spec: str, seed: int = 0, precision: str = "fp32") -> tuple[str, C.Config]:
+def method_config(spec: str, seed: int = 0, precision: str = "fp32", workers: int = 0,
+                  elastic: dict | None = None) -> tuple[str, C.Config]:
     """The method's name and a Config holding its options from `spec` (its rounds' evaluations off: they need
-    the run's data, which a user's loop keeps) and `seed` (a stochastic codec's, as train.seed seeds it)."""
+    the run's data, which a user's loop keeps) and `seed` (a stochastic codec's, as train.seed seeds it);
+    `workers` > 0: an elastic job's, of which that many are launched together, with `elastic`'s options."""
     from lowband.comparison.plan import parse_spec
     from lowband.training.runconfig import method_configs
 
@@ -193,8 +260,9 @@ def method_config(spec: str, seed: int = 0, precision: str = "fp32") -> tuple[st
         method.setdefault("round_evals", 0)
     require(isinstance(seed, int) and seed >= 0, "seed", seed, "must be an integer >= 0")
     require(precision in ("fp32", "bf16"), "precision", precision, "must be fp32 or bf16")
-    return name, C.from_dict({"method": method, "train": {"epochs": 1, "seed": seed, "precision": precision}},
-                             method_configs())
+    train = {"epochs": 1, "seed": seed, "precision": precision, **({"workers": workers} if workers else {})}
+    tables = {"elastic": {**(elastic or {}), "on": True}} if workers else {}
+    return name, C.from_dict({"method": method, "train": train, **tables}, method_configs())
 
 
 def _logger():

@@ -100,7 +100,7 @@ LAYERS: list[list[str]] = [
     ["lowband.methods", "lowband.catalog"],  # one file per method; the catalog imports them all
     ["lowband.training"],  # one run: the loop and its teams, elastic jobs, session (start, resume)
     ["lowband.comparison"],  # a comparison of runs
-    ["lowband.api", "lowband.wrapping", "lowband.cli", "lowband.cli_parser", "lowband.cli_distill",
+    ["lowband.api", "lowband.wrapping", "lowband.wrapping_elastic", "lowband.cli", "lowband.cli_parser", "lowband.cli_distill",
      "lowband.__main__"],  # what users call
     ["lowband.integrations"],  # the trainers people use, each through wrap (imports its own library)
 ]

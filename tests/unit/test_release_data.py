@@ -35,9 +35,10 @@ def test_a_wheel_carries_the_published_summaries_and_its_report_reads_them(tmp_p
     for name in PUBLISHED:
         carried = installed / "lowband" / "comparison" / "published" / name
         assert carried.read_bytes() == (ROOT / "benchmarks" / "results" / name).read_bytes()
-    quoted = subprocess.run([sys.executable, "-c", "import json; from lowband.comparison import scale; "
-                             "print(json.dumps([scale.__file__, scale.ladder(), scale.pools()]))"], cwd=tmp_path, capture_output=True,
-                            text=True, env={**os.environ, "PYTHONPATH": str(installed)}, timeout=120)
+    program = ("import json; from lowband.comparison import scale; "
+               "print(json.dumps([scale.__file__, scale.ladder(), scale.pools()]))")
+    quoted = subprocess.run([sys.executable, "-c", program], cwd=tmp_path, capture_output=True, text=True,
+                            env={**os.environ, "PYTHONPATH": str(installed)}, timeout=120)
     assert quoted.returncode == 0, quoted.stderr[-2000:]
     expected = [json.loads((ROOT / "benchmarks" / "results" / n).read_text()) for n in PUBLISHED]
     where, *found = json.loads(quoted.stdout)

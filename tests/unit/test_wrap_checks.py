@@ -121,3 +121,27 @@ def test_a_tune_seed_of_2_to_the_32_is_refused_naming_the_flag(tmp_path, capsys)
                  "--samples", "300", "--epochs", "1", "--out", str(tmp_path)])
     err = capsys.readouterr().err.strip()
     assert code == 2 and err.startswith("lowband: error: --tune-seed=4294967296 is invalid") and "\n" not in err
+
+
+@pytest.mark.parametrize("keywords, field", [
+    ({"elastic": "localhost:6379"}, "elastic"),  # not a URL
+    ({"elastic": "redis://127.0.0.1:1/0", "workers": 0}, "workers"),
+    ({"elastic": "redis://127.0.0.1:1/0", "workers": 10**6}, "workers"),
+    ({"elastic": "redis://127.0.0.1:1/0", "config": {"train": {"epochs": 2}}}, "config"),
+    ({"elastic": "redis://127.0.0.1:1/0", "config": {"elastic": {"dead_after_s": -1}}}, "elastic.dead_after_s"),
+    ({"config": {"elastic": {"dead_after_s": 2}}}, "config"),  # the elastic table without elastic=URL
+])
+def test_bad_elastic_input_to_wrap_is_one_config_error_naming_the_field(keywords, field):
+    model = nn.Linear(4, 1)
+    with pytest.raises(lowband.ConfigError) as err:
+        lowband.wrap(model, torch.optim.SGD(model.parameters(), lr=0.1), "diloco:tau=4", **keywords)
+    assert str(err.value).startswith(f"{field}=") and "\n" not in str(err.value), str(err.value)
+
+
+def test_an_elastic_wrap_refuses_a_method_that_cannot_run_elastic_and_an_absent_coordinator():
+    model = nn.Linear(4, 1)
+    opt = torch.optim.SGD(model.parameters(), lr=0.1)
+    with pytest.raises(lowband.ConfigError, match=r"^method.name='allreduce' is invalid"):
+        lowband.wrap(model, opt, "allreduce", elastic="redis://127.0.0.1:1/0")
+    with pytest.raises(lowband.UsageError, match=r"^elastic coordinator redis://127.0.0.1:1/0 is unreachable"):
+        lowband.wrap(model, opt, "diloco:tau=4", elastic="redis://127.0.0.1:1/0")
