@@ -22,6 +22,9 @@
 #   queue of a later lease starts from them.
 #
 # LADDER_FAMILIES=diloco-0.7 (comma-separated) takes only those families' runs, e.g. DiLoCo's rung at `small`.
+# LADDER_PRECISION (default auto) is ladder.py's --precision: a rung with no records yet (`large`) trains in
+#   bf16, as GPU users train; `medium`, whose choosing runs trained in fp32, stays fp32 to its end. Every kept
+#   record names its precision.
 #
 # A dry run on the CPU (nano, 30 s, nothing installed, run directories apart from the CPU queue's):
 #     LADDER_DEVICE=cpu LADDER_PYTHON=.venv/bin/python LADDER_RUNS=/tmp/ladder-dry OUT=/tmp/out \
@@ -65,10 +68,18 @@ families_ok() {  # LADDER_FAMILIES names only ladder.py's families (checked befo
     done
 }
 
+precision_ok() {  # LADDER_PRECISION is one of ladder.py's --precision choices (checked before installing)
+    case "${LADDER_PRECISION:-auto}" in
+        auto|fp32|bf16) ;;
+        *) echo "LADDER_PRECISION: '${LADDER_PRECISION}' must be auto, fp32 or bf16" >&2; exit 2 ;;
+    esac
+}
+
 run() {
     local sizes=$1 seconds=$2 out=${OUT:?OUT: the folder whose files come back}
     [[ $seconds =~ ^[0-9]+$ ]] && (( seconds >= 30 && seconds <= 580 )) || usage
     families_ok
+    precision_ok
     install
     local py=${LADDER_PYTHON:-python3} device=${LADDER_DEVICE:-cuda} parallel=${LADDER_PARALLEL:-6}
     local runs=${LADDER_RUNS:-runs/ladder}  # the run directories (a warm machine keeps them between calls)
@@ -76,7 +87,7 @@ run() {
     local only=()  # LADDER_FAMILIES=diloco-0.7,...: only those families' runs (ladder.py --families)
     [ -n "${LADDER_FAMILIES:-}" ] && only=(--families "$LADDER_FAMILIES")
     setsid "$py" benchmarks/ladder.py --run --sizes "$sizes" --device "$device" --parallel "$parallel" \
-        --out "$runs" --figure "$out/ladder.png" "${only[@]}" > "$out/ladder.log" 2>&1 &
+        --precision "${LADDER_PRECISION:-auto}" --out "$runs" --figure "$out/ladder.png" "${only[@]}" > "$out/ladder.log" 2>&1 &
     local pid=$! deadline=$((SECONDS + seconds))
     while kill -0 "$pid" 2>/dev/null && (( SECONDS < deadline )); do sleep 5; done
     if kill -0 "$pid" 2>/dev/null; then

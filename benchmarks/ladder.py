@@ -50,6 +50,11 @@ queue resume from there without the run directories; `benchmarks/results/ladder.
 the ladder uses, one row each. Each kept record names where it trained ("device": "cpu" or the GPU's name;
 records without it trained on the 2-core CPU): a pair can mix the two when a GPU lease ended mid-pair
 (the same seed, data and steps; the float rounding differs), and the report says so beside the pair.
+Each also names its train.precision ("precision"; records without it trained in fp32). A size's runs share
+one precision, so its choosing and judging runs compare like with like: --precision auto (the default)
+keeps the precision of a size's committed records, and a size with none trains in bf16 on a GPU (autocast:
+what a GPU user trains in) and in fp32 on the CPU (where this machine's bf16 is 7.7x slower,
+benchmarks/results/precision/); a --precision that differs from a size's records is refused.
 
 Run:      python benchmarks/ladder.py --run [--sizes small,tiny,nano] [--out runs/ladder]
 Report:   python benchmarks/ladder.py --report [--publish] [--figure PNG]
@@ -74,6 +79,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import glob
 import json
 import math
 import os
@@ -105,6 +111,7 @@ BASE = ["--dataset", "text", "--model", "gpt", "--set", "data.max_bytes=0", "--s
         "--batch-size", "16", "--set", "optim.name='adamw'", "--set", "optim.weight_decay=0.1",
         "--set", "optim.warmup_epochs=0.25", "--set", "optim.lr_scaling='none'"]
 DEVICE: list[str] = []  # --set options that put the runs on a device (--device)
+PRECISION: dict[str, str] = {}  # each size's train.precision (--precision; precision_for)
 STOPPING = threading.Event()  # set by SIGTERM: start no more runs
 LIVE: set[subprocess.Popen] = set()  # the runs training now
 REFUSED: list[str] = []  # why the queue stopped at a run lowband refused
@@ -338,7 +345,8 @@ def command(job: Job, run_dir: str) -> list[str]:
         return ["--resume", run_dir]
     return ["--method", name, *BASE, "--set", f"model.size='{job.size}'", "--workers", str(WORKERS),
             "--epochs", str(EPOCHS), "--set", f"optim.lr={job.lr}", "--seed", str(job.seed), "--run-dir", run_dir,
-            *DEVICE, *[a for o in opts for a in ("--set", "method." + o)],
+            *DEVICE, "--set", f"train.precision='{PRECISION.get(job.size, 'fp32')}'",
+            *[a for o in opts for a in ("--set", "method." + o)],
             *(["--set", "method.round_evals=0"] if name not in ("allreduce", "single") else [])]
 
 
@@ -383,11 +391,12 @@ def keep(job: Job, out: str, code: int, run_dir: str) -> None:
     last epoch for a reason that will not go away (divergence: exit 4) is marked failed."""
     recs = read_records(os.path.join(run_dir, "metrics.jsonl"))
     os.makedirs(os.path.join(RESULTS, job.size), exist_ok=True)
-    device = trained_on(run_dir) if recs else "cpu"
+    device, precision = trained_on(run_dir) if recs else ("cpu", "fp32")
     if recs:
         with open(kept_path(job), "w") as f:
             for r in recs:
-                f.write(json.dumps({**{k: v for k, v in r.items() if k != "bytes"}, "device": device}) + "\n")
+                f.write(json.dumps({**{k: v for k, v in r.items() if k != "bytes"}, "device": device,
+                                    "precision": precision}) + "\n")
     if code == 4 or (code == 0 and (not recs or recs[-1]["epoch"] < EPOCHS)):
         why = divergence(run_dir) or f"exit {code}"
         with open(kept_path(job)[:-len(".jsonl")] + ".failed", "w") as f:
@@ -403,18 +412,40 @@ def keep_finished(sizes: list[str], out: str) -> None:
             keep(job, out, 0, run_dir)
 
 
-def trained_on(run_dir: str) -> str:
-    """Where a run trained: "cpu" or the GPU's name. Its train.device, with "auto" resolved as the run
-    resolved it (a run directory lives on the machine that trained it). Records kept without this key
-    were trained on the 2-core CPU."""
+def trained_on(run_dir: str) -> tuple[str, str]:
+    """Where a run trained ("cpu" or the GPU's name: its train.device, with "auto" resolved as the run
+    resolved it, since a run directory lives on the machine that trained it) and in what train.precision.
+    Records kept without these keys were trained on the 2-core CPU, in fp32."""
     import tomllib
     import torch
 
     with open(os.path.join(run_dir, "config.toml"), "rb") as f:
-        device = tomllib.load(f).get("train", {}).get("device", "auto")
+        train = tomllib.load(f).get("train", {})
+    device, precision = train.get("device", "auto"), train.get("precision", "fp32")
     if device == "cpu" or not torch.cuda.is_available():
-        return "cpu"
-    return torch.cuda.get_device_name()
+        return "cpu", precision
+    return torch.cuda.get_device_name(), precision
+
+
+def committed_precision(size: str) -> str | None:
+    """The train.precision of a size's committed records (None: it has none); records without the key: fp32."""
+    for path in sorted(glob.glob(os.path.join(RESULTS, size, "*.jsonl"))):
+        recs = read_records(path)
+        if recs:
+            return recs[-1].get("precision", "fp32")
+    return None
+
+
+def precision_for(size: str, given: str, device: str) -> str:
+    """A size's precision for --precision `given` (module doc): its records' own, else bf16 on a GPU and fp32
+    on the CPU; ValueError when `given` differs from its records'."""
+    kept = committed_precision(size)
+    if given != "auto" and kept is not None and given != kept:
+        raise ValueError(f"--precision {given}: {size}'s committed records trained in {kept}, and a size's runs "
+                         f"share one precision (give --precision auto or {kept})")
+    if given != "auto":
+        return given
+    return kept or ("bf16" if device == "cuda" else "fp32")
 
 
 def divergence(run_dir: str) -> str | None:
@@ -504,7 +535,7 @@ def write_csv(sizes: list[str], out: str) -> int:
                      "val_bpb": f"{last['val_bpb']:.6f}" if finished else (why or "unfinished"),
                      "bytes_sent_per_worker": f"{last.get('bytes_sent_per_worker', 0):.0f}",
                      "records": os.path.relpath(committed(job, path), os.path.dirname(HERE)),
-                     "device": device_of(last)})
+                     "device": device_of(last), "precision": last.get("precision", "fp32")})
     with open(CSV, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=list(rows[0]) if rows else ["size"])
         writer.writeheader()
@@ -894,6 +925,9 @@ def main() -> None:
                    "ladder.json (every report quotes it) and benchmarks/figures/ladder.png; without it they go to --out")
     p.add_argument("--device", default="", help="cpu or cuda: every run there (train.device; default: "
                    "lowband's own choice)")
+    p.add_argument("--precision", default="auto", choices=("auto", "fp32", "bf16"),
+                   help="train.precision of the runs (default auto: a size's committed records' own, else bf16 "
+                        "on --device cuda and fp32 on the CPU); a size's runs share one")
     p.add_argument("--parallel", type=int, default=1, help="runs at once (1 on a 2-core CPU)")
     p.add_argument("--families", default="", help="comma-separated families whose runs --run and --plan take "
                    f"(default: all of {', '.join(f.name for f in FAMILIES)}); a family's held-out runs need "
@@ -915,6 +949,10 @@ def main() -> None:
         p.error(f"--parallel {args.parallel}: must be in 1..16")
     if args.device:
         DEVICE.extend(["--set", f"train.device='{args.device}'"])
+    try:
+        PRECISION.update({s: precision_for(s, args.precision, args.device) for s in sizes})
+    except ValueError as e:
+        p.error(str(e))
     signal.signal(signal.SIGTERM, stop_runs)
     publish_to(args.out, args.publish)
     figure = args.figure or (os.path.join(HERE, "figures", "ladder.png") if args.publish

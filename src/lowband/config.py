@@ -154,7 +154,9 @@ class TrainConfig:
     precision: Literal["fp32", "bf16"] = opt("fp32", "bf16: each step's forward pass under torch.autocast in "
                                                      "bfloat16 (CPU and CUDA); weights, gradients, optimizer and "
                                                      "outer state stay fp32, the loss is taken in fp32, and what "
-                                                     "travels is the codec's, as in fp32")
+                                                     "travels is the codec's, as in fp32. For GPUs: a CPU without "
+                                                     "native bfloat16 is slower in it (7.7x on the 2-core EPYC, "
+                                                     "BENCHMARKS.md)")
     timeout_s: float = opt(300.0, "process-group timeout: a collective waiting longer fails",
                            bounds=f"(0, {MAX_TIMEOUT_S:g}]", note=" seconds")
     threads: int = opt(1, "torch threads per worker process", bounds=">= 1")
