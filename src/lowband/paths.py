@@ -100,13 +100,6 @@ def writable_file(path: str, field: str) -> None:
     writable_dir(folder, field)
 
 
-def new_path(path: str, field: str) -> None:
-    """`path` does not exist yet and its folder is writable (a folder or file the tool will make whole)."""
-    if os.path.lexists(path):
-        raise UsageError(f"{field} {path} already exists; give a new path, or move it away")
-    writable_dir(os.path.dirname(os.path.abspath(path)), field)
-
-
 def open_lock(folder: str, name: str, field: str) -> int:
     """A descriptor of `folder`/`name` opened for reading and writing, created if missing: refused in one line
     when it is anything but a regular file (a link is never followed, a FIFO never waited on)."""

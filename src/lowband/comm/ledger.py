@@ -155,9 +155,6 @@ class Ledger:
         """Seconds counted over every tag but `leave_out`."""
         return sum(s.seconds for tag, s in self.stats.items() if tag not in leave_out)
 
-    def sent_by_tag(self) -> dict[str, float]:
-        return {tag: s.sent for tag, s in self.stats.items() if s.sent}
-
     def traffic_by_tag(self) -> dict[str, dict[str, float]]:
         """{tag: {"sent": bytes, "recv": bytes}} for every tag that moved any (what an elastic worker publishes)."""
         return {tag: {"sent": s.sent, "recv": s.recv} for tag, s in self.stats.items() if s.sent or s.recv}
