@@ -56,7 +56,7 @@ def main() -> None:
     p.add_argument("--job", default="elastic-loop", help="the job's name on the coordinator")
     p.add_argument("--workers", type=int, default=3, help="workers launched together (the first round waits for them)")
     p.add_argument("--steps", type=int, default=120, help="the job's length in inner steps")
-    p.add_argument("--method", default="diloco:tau=4:outer_lr=0.7", help="NAME:KEY=VALUE:... (an elastic method)")
+    p.add_argument("--method", default="diloco:tau=4:outer_lr=0.1", help="NAME:KEY=VALUE:... (an elastic method)")
     p.add_argument("--lr", type=float, default=0.02)
     p.add_argument("--batch", type=int, default=32)
     p.add_argument("--pause", type=float, default=0.0, help="seconds to sleep after each step (to watch churn)")

@@ -58,7 +58,7 @@ def coordinator():
 def test_elastic_workers_that_all_stay_train_as_the_same_loop_in_a_fixed_world(tmp_path, coordinator):
     fixed, elastic = tmp_path / "fixed", tmp_path / "elastic"
     fixed.mkdir(), elastic.mkdir()
-    args = ["--steps", "24", "--method", "diloco:tau=4:outer_lr=0.7"]
+    args = ["--steps", "24", "--method", "diloco:tau=4:outer_lr=0.1"]
     p = subprocess.run([sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", "2", "examples/elastic_loop.py",
                         "--out", str(fixed), *args], cwd=ROOT, capture_output=True, text=True, timeout=180)
     assert p.returncode == 0, p.stderr[-3000:]
@@ -75,7 +75,7 @@ def test_elastic_workers_that_all_stay_train_as_the_same_loop_in_a_fixed_world(t
 
 
 def test_an_own_loop_survives_a_worker_killed_mid_run_and_takes_in_a_joiner(tmp_path, coordinator):
-    args = ["--workers", "3", "--steps", "400", "--pause", "0.04", "--method", "diloco:tau=4:outer_lr=0.7"]
+    args = ["--workers", "3", "--steps", "400", "--pause", "0.04", "--method", "diloco:tau=4:outer_lr=0.1"]
     launched = [worker(coordinator, tmp_path, *args) for _ in range(3)]
     members = Membership(coordinator, "elastic-loop")
 

@@ -4,6 +4,7 @@ two families share is planned and listed once."""
 
 from __future__ import annotations
 
+import csv
 import json
 import os
 import sys
@@ -97,7 +98,8 @@ def test_sigterm_stops_every_run_it_started_and_starts_no_more(lad, tmp_path, mo
 
 
 def test_kept_records_say_where_they_trained(lad, tmp_path):
-    """A kept record names its device ("cpu" or the GPU), and ladder.csv lists it: a pair may mix the two."""
+    """A kept record names its device ("cpu" or the GPU) and its precision (fp32 when its config says none),
+    and ladder.csv lists both: a pair may mix devices, never precisions."""
     job = lad.next_job(["small"], str(tmp_path / "runs"))
     run_dir = tmp_path / "runs" / job.size / job.name
     run_dir.mkdir(parents=True)
@@ -109,10 +111,11 @@ def test_kept_records_say_where_they_trained(lad, tmp_path):
     with open(lad.kept_path(job)) as f:
         kept = [json.loads(line) for line in f]
     assert [r["device"] for r in kept] == ["cpu"] * lad.EPOCHS and all("bytes" not in r for r in kept)
+    assert [r["precision"] for r in kept] == ["fp32"] * lad.EPOCHS
     lad.write_csv(["small"], str(tmp_path / "runs"))
     with open(lad.CSV) as f:
-        header, row = f.read().splitlines()[:2]
-    assert header.split(",")[-1] == "device" and row.split(",")[-1] == "cpu"
+        row = next(csv.DictReader(f))
+    assert (row["device"], row["precision"]) == ("cpu", "fp32")
 
 
 def test_families_limits_the_queue_to_those_named(lad, tmp_path, monkeypatch):
