@@ -178,9 +178,7 @@ def _elastic(model, optimizer, spec: str, coordinator: str, job: str, workers: i
     """wrap's elastic membership: this process joins job `job` on `coordinator` (wrapping_elastic.py)."""
     from lowband import wrapping_elastic as E
 
-    E.check_elastic_args(coordinator, workers)
-    require(isinstance(config, dict) and set(config) <= {"elastic"} and isinstance(config.get("elastic", {}), dict),
-            "config", config, "must be a dict with one table, elastic (e.g. {'elastic': {'dead_after_s': 2}})")
+    E.check_elastic_args(coordinator, workers, config)
     name, cfg = method_config(spec, seed, precision, workers=workers, elastic=config.get("elastic", {}))
     device = check_optimizer(model, optimizer)
     method, trained, quorum, loop = E.join_job(model, name, cfg, device, coordinator, job, total_steps, run_dir)

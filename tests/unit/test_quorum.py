@@ -9,31 +9,6 @@ import pytest
 from lowband.comm.membership import Arrival, decide
 
 
-class Bystander:
-    """A Participant (comm/elastic_quorum.py) that trained nothing, brings nothing and hands out nothing."""
-
-    def steps(self) -> int:
-        return 0
-
-    def bring(self) -> dict:
-        return {}
-
-    def plan(self, q, brought) -> dict:
-        return {}
-
-    def committed(self, q, outer) -> None:
-        pass
-
-    def behind(self) -> None:
-        pass
-
-    def fault(self, round_no, where) -> None:
-        pass
-
-    def busy(self) -> float:
-        return 0.0
-
-
 def arrivals(**spec) -> dict[int, Arrival]:
     """{id: Arrival}; spec values are (version, fingerprint, trained)."""
     return {int(k[1:]): Arrival(v, fp, t) for k, (v, fp, t) in spec.items()}
