@@ -4,7 +4,9 @@
     python benchmarks/suite_time.py /tmp/durations.json [--files 25]
 
 The figures are test seconds (setup, call and teardown summed), not wall time: `make test` runs them on two
-workers, so its wall time is about half their sum plus collection and the slowest file's tail.
+workers, so its wall time is about half their sum plus collection and the slowest file's tail. Beside them,
+the CPU seconds the test's process and the processes it waited for used (files written from 68's second
+stop on): where a file's CPU is far below its test seconds, it mostly waits (heartbeats, timeouts, sleeps).
 """
 
 from __future__ import annotations
@@ -28,25 +30,39 @@ def main() -> None:
     args = p.parse_args()
     if not 1 <= args.files <= 1000:
         p.error(f"--files={args.files}: must be in [1, 1000]")
-    try:
-        with open(args.durations) as f:
-            durations: dict[str, float] = json.load(f)
-    except (OSError, ValueError) as e:
-        sys.exit(f"suite_time.py: {args.durations}: {e}")
+    wall, cpu = read(args.durations)
     by_layer, by_file, count = defaultdict(float), defaultdict(float), defaultdict(int)
-    for nodeid, seconds in durations.items():
+    cpu_layer, cpu_file = defaultdict(float), defaultdict(float)
+    for nodeid, seconds in wall.items():
         path = nodeid.split("::")[0]
         by_layer[layer_of(nodeid)] += seconds
         by_file[path] += seconds
+        cpu_layer[layer_of(nodeid)] += cpu.get(nodeid, 0.0)
+        cpu_file[path] += cpu.get(nodeid, 0.0)
         count[path] += 1
-    total = sum(durations.values())
-    print(f"{len(durations)} tests, {total:.0f} test seconds ({total / 60:.1f} min)\n")
-    print("| layer | test seconds | share |\n|---|---|---|")
+    total = sum(wall.values())
+    print(f"{len(wall)} tests, {total:.0f} test seconds ({total / 60:.1f} min)"
+          + (f", {sum(cpu.values()):.0f} CPU seconds" if cpu else "") + "\n")
+    extra = (" CPU seconds |", "---|") if cpu else ("", "")
+    print(f"| layer | test seconds | share |{extra[0]}\n|---|---|---|{extra[1]}")
     for layer, seconds in sorted(by_layer.items(), key=lambda kv: -kv[1]):
-        print(f"| {layer} | {seconds:.0f} | {100 * seconds / total:.1f}% |")
-    print(f"\n| the {args.files} slowest files | tests | test seconds | share |\n|---|---|---|---|")
+        print(f"| {layer} | {seconds:.0f} | {100 * seconds / total:.1f}% |" + (f" {cpu_layer[layer]:.0f} |" if cpu else ""))
+    print(f"\n| the {args.files} slowest files | tests | test seconds | share |{extra[0]}\n|---|---|---|---|{extra[1]}")
     for path, seconds in sorted(by_file.items(), key=lambda kv: -kv[1])[:args.files]:
-        print(f"| `{path}` | {count[path]} | {seconds:.0f} | {100 * seconds / total:.1f}% |")
+        print(f"| `{path}` | {count[path]} | {seconds:.0f} | {100 * seconds / total:.1f}% |"
+              + (f" {cpu_file[path]:.0f} |" if cpu else ""))
+
+
+def read(path: str) -> tuple[dict[str, float], dict[str, float]]:
+    """(wall seconds, CPU seconds) by test; a file from before CPU was recorded has no CPU seconds."""
+    try:
+        with open(path) as f:
+            found = json.load(f)
+    except (OSError, ValueError) as e:
+        sys.exit(f"suite_time.py: {path}: {e}")
+    if isinstance(found, dict) and "wall_s" in found:
+        return found["wall_s"], found.get("cpu_s", {})
+    return found, {}
 
 
 if __name__ == "__main__":

@@ -43,6 +43,29 @@ def unexpected_skips(nodeids: list[str], patterns: list[str]) -> list[str]:
 
 _skipped: list[tuple[str, str]] = []
 _durations: dict[str, float] = {}  # nodeid -> seconds (setup, call and teardown), for LOWBAND_DURATIONS
+_cpu: dict[str, float] = {}  # nodeid -> CPU seconds of the test's process and of the children it waited for
+_cpu_at_start: dict[str, float] = {}
+
+
+def _cpu_seconds() -> float:
+    import resource
+
+    own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_runtest_setup(item):
+    _cpu_at_start[item.nodeid] = _cpu_seconds()
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item, call):
+    """The teardown's report carries the CPU the test used (`cpu_s`): beside its wall time, how much it waited.
+    It travels in user_properties, so that xdist's workers hand it to the process that writes the file."""
+    outcome = yield
+    if call.when == "teardown" and item.nodeid in _cpu_at_start:
+        outcome.get_result().user_properties.append(("cpu_s", _cpu_seconds() - _cpu_at_start.pop(item.nodeid)))
 
 
 def pytest_runtest_logreport(report):
@@ -50,17 +73,20 @@ def pytest_runtest_logreport(report):
         reason = report.longrepr[2] if isinstance(report.longrepr, tuple) else str(report.longrepr)
         _skipped.append((report.nodeid, reason))
     _durations[report.nodeid] = _durations.get(report.nodeid, 0.0) + report.duration
+    if report.when == "teardown" and "cpu_s" in dict(report.user_properties):
+        _cpu[report.nodeid] = dict(report.user_properties)["cpu_s"]
 
 
 def write_durations(session) -> None:
-    """Every test's seconds into the JSON file LOWBAND_DURATIONS names (once, by the process that collects
-    the workers' reports): `python benchmarks/suite_time.py FILE` says where the suite's time goes."""
+    """Every test's wall seconds and CPU seconds into the JSON file LOWBAND_DURATIONS names (once, by the
+    process that collects the workers' reports): `python benchmarks/suite_time.py FILE` says where the
+    suite's time goes."""
     path = os.environ.get("LOWBAND_DURATIONS")
     if path and not hasattr(session.config, "workerinput"):
         import json
 
         with open(path, "w") as f:
-            json.dump(_durations, f, indent=0, sort_keys=True)
+            json.dump({"wall_s": _durations, "cpu_s": _cpu}, f, indent=0, sort_keys=True)
 
 
 def pytest_sessionfinish(session, exitstatus):
