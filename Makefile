@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml setup.py
 demo: $(STAMP)
 	$(BIN)/lowband compare --suite demo
 
-# the suite on both cores (pytest-xdist; a file's tests stay on one worker): ~13 min on the 2-core machine
+# the suite on both cores (pytest-xdist; a file's tests stay on one worker): ~10.5 min on the 2-core machine
 test: $(STAMP) lint
 	$(BIN)/python -m pytest tests -n 2 --dist loadfile --durations=15
 

@@ -150,12 +150,15 @@ def plant(tree: str, name: str, path: str, old: str, new: str, tests: list[str])
 def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--tree", default=os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-    p.add_argument("--only", default="", help="comma-separated plant numbers (1-based)")
+    p.add_argument("--only", default="", help=f"comma-separated plant numbers, 1 to {len(PLANTS)} (default: all)")
     p.add_argument("--allow-absent", action="store_true", help="a plant whose code is not in the tree does not fail "
                    "the script (a --tree at an older commit)")
     p.add_argument("--check", action="store_true", help="only check that every plant's code is in the tree (fast)")
     args = p.parse_args()
-    only = {int(i) for i in args.only.split(",") if i}
+    items = [i.strip() for i in args.only.split(",") if i.strip()]
+    if not all(i.isdigit() and 1 <= int(i) <= len(PLANTS) for i in items):
+        p.error(f"--only {args.only!r}: must be comma-separated plant numbers from 1 to {len(PLANTS)}")
+    only = {int(i) for i in items}
     commit = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=args.tree, capture_output=True, text=True,
                             check=False).stdout.strip()
     print(f"tree {args.tree} at {commit or 'unknown'}\n")

@@ -8,10 +8,12 @@ the run.
 
 from __future__ import annotations
 
+import contextlib
 import fnmatch
 import os
 import subprocess
 import sys
+import tempfile
 import time
 
 import pytest
@@ -45,13 +47,14 @@ _skipped: list[tuple[str, str]] = []
 _durations: dict[str, float] = {}  # nodeid -> seconds (setup, call and teardown), for LOWBAND_DURATIONS
 _cpu: dict[str, float] = {}  # nodeid -> CPU seconds of the test's process and of the children it waited for
 _cpu_at_start: dict[str, float] = {}
+_warm_cpu_s = 0.0  # the CPU of the commands cli() ran warm (children of the server, not of this process)
 
 
 def _cpu_seconds() -> float:
     import resource
 
     own, kids = resource.getrusage(resource.RUSAGE_SELF), resource.getrusage(resource.RUSAGE_CHILDREN)
-    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime
+    return own.ru_utime + own.ru_stime + kids.ru_utime + kids.ru_stime + _warm_cpu_s
 
 
 @pytest.hookimpl(tryfirst=True)
@@ -120,13 +123,136 @@ def _env(tmp_path_factory):
     with pytest.MonkeyPatch.context() as mp:
         mp.setenv("PYTHONPATH", ROOT + os.pathsep + os.environ.get("PYTHONPATH", ""))
         mp.setenv("LOWBAND_TEST_CACHE", str(tmp_path_factory.getbasetemp().parent / "lowband-cache"))
+        if os.environ.get("LOWBAND_TEST_COLD") != "1":
+            from lowband.training import warm
+
+            warm.prestart()  # cli()'s server, in the session's environment whatever a test later sets
         yield
 
 
-def cli(*args: str, timeout: float = 300, **kw) -> subprocess.CompletedProcess:
-    """Run `python -m lowband ARGS` as a real process; returns the finished process."""
-    return subprocess.run([sys.executable, "-m", "lowband", *args], capture_output=True, text=True,
-                          timeout=timeout, cwd=kw.pop("cwd", ROOT), **kw)
+CLI = "lowband.cli:main"
+
+
+def start_entry(entry: str, argv: list[str], env: dict | None = None, stdio: tuple[int, int, int] = (0, 1, 2),
+                cwd: str = ROOT):
+    """ENTRY(ARGV) ('module:function' returning an exit code; CLI is `python -m lowband`) in a process of its
+    own, forked from the warm-start server (lowband.training.warm, as a tuning trial is), which imported torch
+    and lowband once: a fresh interpreter spends about 3.5 s of CPU importing them, most of a small run's
+    cost. The process's exit code, output, files and signals are a fresh one's (tests/distributed/
+    test_warm.py). With LOWBAND_TEST_COLD=1 every such process starts cold, in a fresh interpreter."""
+    from lowband.training import warm
+
+    if os.environ.get("LOWBAND_TEST_COLD") != "1":
+        return warm.start(entry, argv, env, stdio, cwd)
+    cmd = [sys.executable, "-m", "lowband", *argv] if entry == CLI else [
+        sys.executable, "-m", "lowband.training.warm", "run", entry, *argv]
+    return subprocess.Popen(cmd, env=env, cwd=cwd, stdin=stdio[0], stdout=stdio[1], stderr=stdio[2])
+
+
+def cli(*args: str, timeout: float = 300, cwd: str = ROOT, env: dict | None = None) -> subprocess.CompletedProcess:
+    """`python -m lowband ARGS` in a process of its own (start_entry); returns the finished process, its output
+    captured."""
+    with open(os.devnull) as devnull, tempfile.TemporaryFile("w+") as out, tempfile.TemporaryFile("w+") as err:
+        command = start_entry(CLI, list(args), env, (devnull.fileno(), out.fileno(), err.fileno()), cwd)
+        try:
+            code = command.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            command.kill()
+            command.wait()
+            raise
+        finally:
+            count_cpu(command)
+        out.seek(0)
+        err.seek(0)
+        return subprocess.CompletedProcess(["lowband", *args], code, out.read(), err.read())
+
+
+class Output:
+    """What a started process has printed to one file so far: `read()` the whole of it, `readline()` the next
+    line (waiting for it while the process runs)."""
+
+    def __init__(self, suffix: str):
+        self.file = tempfile.NamedTemporaryFile("w", suffix=suffix, delete=False)  # noqa: SIM115 - closed on exit
+        self.reader = open(self.file.name)  # noqa: SIM115 - its own offset, for readline
+
+    def read(self) -> str:
+        with open(self.file.name) as f:
+            return f.read()
+
+    def readline(self, timeout: float = 60) -> str:
+        deadline, line = time.monotonic() + timeout, ""
+        while not line.endswith("\n") and time.monotonic() < deadline:
+            line += self.reader.readline()
+            if not line.endswith("\n"):
+                time.sleep(0.05)
+        return line
+
+    def close(self) -> None:
+        with contextlib.suppress(OSError):
+            self.file.close()
+            self.reader.close()
+            os.unlink(self.file.name)
+
+
+class Started:
+    """A `python -m lowband` process that start_cli started and the test watches: Popen's pid, poll, wait,
+    send_signal, terminate, kill and communicate, and `stdout` and `stderr` (Output: what it has printed so
+    far; one file, `stdout`, when they are merged)."""
+
+    def __init__(self, args: tuple[str, ...], cwd: str, env: dict | None, merged: bool):
+        self.stdout = Output(".out")
+        self.stderr = self.stdout if merged else Output(".err")
+        with open(os.devnull) as devnull:
+            stdio = (devnull.fileno(), self.stdout.file.fileno(), self.stderr.file.fileno())
+            self.proc = start_entry(CLI, list(args), env, stdio, cwd)
+        self.pid, self._counted = self.proc.pid, False
+
+    def poll(self) -> int | None:
+        return self._ended(self.proc.poll())
+
+    def wait(self, timeout: float | None = None) -> int:
+        return self._ended(self.proc.wait(timeout=timeout))
+
+    def communicate(self, timeout: float | None = None) -> tuple[str, str]:
+        """(stdout, stderr), once it has ended; ("", "") for stderr when the two were merged."""
+        self.wait(timeout)
+        return self.stdout.read(), "" if self.stderr is self.stdout else self.stderr.read()
+
+    @property
+    def returncode(self) -> int | None:
+        return self.proc.poll()
+
+    def send_signal(self, sig: int) -> None:
+        self.proc.send_signal(sig)
+
+    def terminate(self) -> None:
+        self.proc.terminate()
+
+    def kill(self) -> None:
+        self.proc.kill()
+
+    def _ended(self, code: int | None) -> int | None:
+        if code is not None and not self._counted:
+            self._counted = True
+            count_cpu(self.proc)
+        return code
+
+    def __del__(self):
+        self.stdout.close()
+        self.stderr.close()
+
+
+def start_cli(*args: str, cwd: str = ROOT, env: dict | None = None, merged: bool = True) -> Started:
+    """`python -m lowband ARGS` started, not waited for (start_entry, as cli() runs it); stdout and stderr in
+    one file unless not `merged`."""
+    return Started(args, cwd, env, merged)
+
+
+def count_cpu(command) -> None:
+    """A warm command is the server's child, not the test's: its CPU is added to the test's by hand (the
+    durations file's CPU seconds; a cold one's is counted as this process's child once waited for)."""
+    global _warm_cpu_s
+    _warm_cpu_s += getattr(command, "cpu_s", None) or 0.0
 
 
 def small(out, *extra: str) -> list[str]:

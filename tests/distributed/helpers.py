@@ -13,7 +13,6 @@ import logging
 import os
 import signal
 import subprocess
-import sys
 import time
 
 import torch
@@ -29,25 +28,28 @@ from lowband.models.flat import flat_state
 from lowband.training.trainer import train_step
 
 IN_SHAPE, CLASSES = (1, 40), 10
-LAUNCHER = """
-import json, sys
-from lowband.run import launch
-from lowband.net.links import LinkSpec
-a = json.loads(sys.argv[1])
-if a["kw"].get("netns"):
-    a["kw"]["netns"] = LinkSpec(**a["kw"]["netns"])
-sys.exit(launch.run(*a["args"], **a["kw"]))
-"""
+def launch_main(argv: list[str]) -> int:
+    """The launcher's entry point (a warm command's, lowband.training.warm): argv is one JSON spec."""
+    from lowband.net.links import LinkSpec
+    from lowband.run import launch
+
+    a = json.loads(argv[0])
+    if a["kw"].get("netns"):
+        a["kw"]["netns"] = LinkSpec(**a["kw"]["netns"])
+    return launch.run(*a["args"], **a["kw"])
 
 
 def run_workers(entry: str, args: list[str], world: int, out_dir: str, timeout_s: float = 120.0, **kw) -> int:
-    """`lowband.run.launch.run(entry, args, world, out_dir, **kw)` in a launcher process of its own, so that
-    a hang becomes a test failure after `timeout_s`: the launcher is then stopped with SIGTERM (it stops
-    its workers and removes any network namespaces), or killed (its workers die with it)."""
+    """`lowband.run.launch.run(entry, args, world, out_dir, **kw)` in a launcher process of its own (forked
+    from cli()'s warm-start server), so that a hang becomes a test failure after `timeout_s`: the launcher
+    is then stopped with SIGTERM (it stops its workers and removes any network namespaces), or killed
+    (its workers die with it)."""
+    from tests.conftest import count_cpu, start_entry
+
     if kw.get("netns") is not None:
         kw["netns"] = dataclasses.asdict(kw["netns"])
     spec = json.dumps({"args": [entry, args, world, str(out_dir)], "kw": kw})
-    launcher = subprocess.Popen([sys.executable, "-c", LAUNCHER, spec])
+    launcher = start_entry("tests.distributed.helpers:launch_main", [spec], cwd=os.getcwd())
     try:
         return launcher.wait(timeout=timeout_s)
     except subprocess.TimeoutExpired:
@@ -58,6 +60,8 @@ def run_workers(entry: str, args: list[str], world: int, out_dir: str, timeout_s
             launcher.kill()
             launcher.wait()
         raise AssertionError(f"{entry} on {world} workers did not finish within {timeout_s:g} s") from None
+    finally:
+        count_cpu(launcher)
 
 
 def fixed_batches(steps: int, global_batch: int) -> tuple[torch.Tensor, torch.Tensor]:

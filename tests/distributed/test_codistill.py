@@ -3,15 +3,13 @@
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
 from lowband.run.metrics import read_metrics
-from tests.conftest import ROOT, small
+from tests.conftest import cli, small
 from tests.distributed.helpers import run_workers
 
 STEPS, N = 7, 3
@@ -70,8 +68,7 @@ def test_in_group_allreduce_stays_inside_a_site_and_checkpoints_cross(tmp_path):
     run = str(tmp_path / "run")
     args = ["train", "--method", "codistill", "--workers", "4", "--sites", "2", "--epochs", "1", "--run-dir", run,
             *small(tmp_path), "--set", "method.group_size=2", "--set", "method.interval=5"]
-    done = subprocess.run([sys.executable, "-m", "lowband", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=180)
+    done = cli(*args, timeout=180)
     assert done.returncode == 0, done.stderr
     assert "sites (ranks): 0-1 | 2-3" in done.stderr + done.stdout + Path(run, "train.log").read_text()
     last = read_metrics(run)[-1]
@@ -85,8 +82,7 @@ def test_server_exchange_across_sites_counts_requests_and_answers_as_inter_site(
     args = ["train", "--method", "codistill", "--workers", "4", "--sites", "2", "--epochs", "1", "--run-dir", run,
             *small(tmp_path), "--set", "method.group_size=2", "--set", "method.interval=5",
             "--set", "method.exchange=server"]
-    done = subprocess.run([sys.executable, "-m", "lowband", *args], cwd=ROOT, capture_output=True, text=True,
-                          timeout=180)
+    done = cli(*args, timeout=180)
     assert done.returncode == 0, done.stderr
     last = {r: read_metrics(run, "metrics.jsonl" if r == 0 else f"metrics.rank{r}.jsonl")[-1] for r in range(4)}
     for r in range(4):  # each rank's own record: its requests and answers, and (ranks 0 and 2) its server's

@@ -6,15 +6,13 @@ from __future__ import annotations
 import csv
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 import tomllib
 
 from lowband.run.metrics import read_metrics
-from tests.conftest import ROOT, cli, small
+from tests.conftest import cli, small, start_cli
 
 pytestmark = pytest.mark.slow
 
@@ -63,8 +61,7 @@ def test_tuning_two_fields_prunes_losing_trials_and_keeps_the_best_finished_one(
 def test_a_comparison_killed_during_tuning_resumes_without_redoing_finished_trials(tmp_path):
     args = ["compare", "--methods", "allreduce", "--workers", "2", "--epochs", "1", "--tune", "optim.lr=0.02,0.05,0.1",
             "--tune-epochs", "4", "--tune-pruner", "none", "--out", str(tmp_path), "-q", *small(tmp_path)]
-    proc = subprocess.Popen([sys.executable, "-m", "lowband", *args], cwd=ROOT, stdout=subprocess.DEVNULL,
-                            stderr=subprocess.DEVNULL)
+    proc = start_cli(*args)
     second = None
     deadline = time.time() + 300
     while time.time() < deadline and proc.poll() is None:  # kill once the second trial finished an epoch

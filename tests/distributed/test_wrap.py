@@ -18,6 +18,7 @@ import torch
 from safetensors.torch import load_file
 
 import lowband
+from tests.conftest import cli
 from tests.distributed.helpers import run_workers
 
 pytestmark = pytest.mark.timeout(300)
@@ -26,8 +27,7 @@ SMALL = ["--workers", "2", "--epochs", "2", "--seed", "3", "--set", "data.num_sa
 
 
 def lowband_cli(*args, timeout=240) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lowband", *args], capture_output=True, text=True, timeout=timeout,
-                          cwd=ROOT, env={**os.environ, "LOWBAND_QUIET": "1"})
+    return cli(*args, timeout=timeout, env={**os.environ, "LOWBAND_QUIET": "1"})
 
 
 @pytest.mark.parametrize("spec", ["sparseloco:tau=4:chunk=256:outer_lr=3.0", "diloco:tau=4:fragments=2:outer_lr=0.7"])

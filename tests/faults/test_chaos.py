@@ -10,15 +10,13 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 import time
 
 import pytest
 
 import lowband
 from lowband.run import checkpoint
-from tests.conftest import processes_naming, workers_of
+from tests.conftest import processes_naming, start_cli, workers_of
 from tests.faults.test_elastic import assert_each_sample_at_most_once, rounds, wait_for_rounds
 
 pytestmark = [pytest.mark.timeout(240), pytest.mark.slow]
@@ -29,8 +27,7 @@ JOB = ["train", "--elastic", "--method", "diloco", "--workers", "3", "--epochs",
 
 def test_an_elastic_job_survives_faults_in_series_and_loses_nothing(tmp_path):
     run = tmp_path / "job"
-    job = subprocess.Popen([sys.executable, "-m", "lowband", *JOB, "--run-dir", str(run)], stdout=subprocess.PIPE,
-                           stderr=subprocess.STDOUT, text=True)
+    job = start_cli(*JOB, "--run-dir", str(run))
     joiner = None
     try:
         wait_for_rounds(run, job, 6)
@@ -41,17 +38,16 @@ def test_an_elastic_job_survives_faults_in_series_and_loses_nothing(tmp_path):
         time.sleep(3)
         os.kill(second, signal.SIGCONT)
         wait_for_rounds(run, job, len(rounds(run)) + 4)
-        joiner = subprocess.Popen([sys.executable, "-m", "lowband", "join", str(run)], stdout=subprocess.DEVNULL,
-                                  stderr=subprocess.PIPE, text=True)
+        joiner = start_cli("join", str(run))
         wait_for_rounds(run, job, len(rounds(run)) + 6)
         os.kill(second, signal.SIGKILL)  # the woken one, gone for good
         assert job.wait(timeout=180) == 0
-        assert joiner.wait(timeout=60) == 0, joiner.stderr.read()[-2000:]
+        assert joiner.wait(timeout=60) == 0, joiner.stdout.read()[-2000:]
     finally:
         for proc in (job, joiner):
             if proc is not None and proc.poll() is None:
                 proc.kill()
-    said = job.stdout.read() + (joiner.stderr.read() if joiner and joiner.stderr else "")
+    said = job.stdout.read() + (joiner.stdout.read() if joiner else "")
     with open(run / "metrics.jsonl") as f:
         assert [json.loads(line)["epoch"] for line in f] == list(range(1, 41))  # every epoch once, in order
     assert_each_sample_at_most_once(run)

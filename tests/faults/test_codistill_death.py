@@ -5,13 +5,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import sys
 
 from safetensors.torch import load_file
 
 from lowband.run import checkpoint
 from lowband.run.metrics import read_metrics
-from tests.conftest import ROOT, children, small
+from tests.conftest import children, cli, small, start_cli
 from tests.faults.test_processes import rank_of, wait_for
 
 
@@ -23,8 +22,7 @@ def kill_codistill_rank(tmp_path, rank: int, epochs: int, exchange: str = "store
             *small(tmp_path), "--samples", "2000", "--batch-size", "8", "--set", "method.interval=20",
             "--set", f"method.exchange={exchange}",
             *(["--set", "method.server_timeout_s=3"] if exchange == "server" else [])]  # a dead peer is noticed in 3 s
-    proc = subprocess.Popen([sys.executable, "-m", "lowband", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+    proc = start_cli(*args, merged=False)
     wait_for(lambda: checkpoint.epochs_saved(run, rank) or proc.poll() is not None, 120, f"rank {rank}'s first checkpoint")
     victim = next(pid for pid in children(proc.pid) if rank_of(pid) == rank)
     os.kill(victim, signal.SIGKILL)
@@ -60,9 +58,8 @@ def test_bad_peer_files_in_the_store_are_skipped_once_each_and_the_run_finishes(
     for model in (0, 1):
         CheckpointStore(str(store)).publish(model, last, other)
         (store / f"model{model}" / "step9999999999.safetensors").write_bytes(b"\x00garbage" * 100)
-    p = subprocess.run([sys.executable, "-m", "lowband", "train", "--method", "codistill", "--workers", "2",
-                        "--epochs", str(epochs), "--run-dir", run, *small(tmp_path), "--set", "method.interval=5",
-                        "--set", f"method.store={str(store)!r}"], cwd=ROOT, capture_output=True, text=True, timeout=200)
+    p = cli("train", "--method", "codistill", "--workers", "2", "--epochs", str(epochs), "--run-dir", run,
+            *small(tmp_path), "--set", "method.interval=5", "--set", f"method.store={str(store)!r}", timeout=200)
     assert p.returncode == 0 and "Traceback" not in p.stderr, p.stderr[-3000:]
     with open(os.path.join(run, "train.log")) as f:
         said = f.read() + p.stderr

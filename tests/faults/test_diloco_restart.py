@@ -6,16 +6,14 @@ from __future__ import annotations
 
 import os
 import signal
-import subprocess
-import sys
 
 import torch
 from safetensors.torch import load_file
 
 from lowband.run import checkpoint
 from lowband.run.metrics import read_metrics
-from tests.conftest import ROOT, alive, cli, small, workers_of
-from tests.faults.test_processes import default_sigint, rank_of, wait_for
+from tests.conftest import alive, cli, small, start_cli, workers_of
+from tests.faults.test_processes import rank_of, wait_for
 
 EPOCHS = 6
 
@@ -30,9 +28,7 @@ def test_killed_worker_restarts_from_the_checkpoint_and_ends_as_if_never_killed(
     straight = str(tmp_path / "straight")
     assert cli(*args(straight)).returncode == 0
     run = str(tmp_path / "killed")
-    proc = subprocess.Popen([sys.executable, "-m", "lowband", *args(run), "--set", "train.max_restarts=1"], cwd=ROOT,
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, start_new_session=True,
-                            preexec_fn=default_sigint)
+    proc = start_cli(*args(run), "--set", "train.max_restarts=1", merged=False)
     wait_for(lambda: all(checkpoint.epochs_saved(run, r) for r in range(2)) or proc.poll() is not None, 120,
              "every rank's first checkpoint")
     assert proc.poll() is None, "the run ended before a worker could be killed; make it longer"

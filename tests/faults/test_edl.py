@@ -9,8 +9,6 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -22,7 +20,7 @@ from lowband.run import checkpoint
 from lowband.run.metrics import read_metrics
 from lowband.training.runconfig import read_run_config
 from lowband.training.trainer import worker_data
-from tests.conftest import ROOT, alive, children, cli, small, workers_of
+from tests.conftest import Started, alive, children, cli, small, start_cli, workers_of
 from tests.faults.test_processes import rank_of, wait_for
 
 
@@ -47,9 +45,8 @@ def distill(tmp_path, teacher, *extra) -> list[str]:
             "--set", "method.log_samples=true", *extra]
 
 
-def popen(args) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "lowband", *args], cwd=ROOT, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True, start_new_session=True)
+def popen(args) -> Started:
+    return start_cli(*args, merged=False)
 
 
 def expected_ids(run: str, rank: int, epoch: int) -> list[int]:

@@ -15,7 +15,6 @@ import math
 import os
 import re
 import subprocess
-import sys
 import time
 from itertools import pairwise
 
@@ -24,6 +23,7 @@ import torch
 from safetensors.torch import load_file
 
 from lowband.distill.redis_server import EmbeddedRedis
+from tests.conftest import Started, cli, start_cli
 
 pytestmark = pytest.mark.timeout(240)
 SMALL = ["--set", "data.num_samples=600", "--batch-size", "16", "--set", "method.tau=4"]
@@ -32,13 +32,11 @@ FAST_FAILURE = ["--set", "elastic.dead_after_s=1.5", "--set", "elastic.heartbeat
 
 
 def lowband(*args, env=None, timeout=200) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "lowband", *args], capture_output=True, text=True, timeout=timeout,
-                          env={**os.environ, **(env or {})})
+    return cli(*args, timeout=timeout, env={**os.environ, **(env or {})})
 
 
-def start(*args, env=None) -> subprocess.Popen:
-    return subprocess.Popen([sys.executable, "-m", "lowband", *args], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                            text=True, env={**os.environ, **(env or {})})
+def start(*args, env=None) -> Started:
+    return start_cli(*args, env={**os.environ, **(env or {})})
 
 
 def rounds(run_dir) -> list[dict]:
@@ -46,7 +44,7 @@ def rounds(run_dir) -> list[dict]:
         return [json.loads(line) for line in f]
 
 
-def wait_for_rounds(run_dir, job: subprocess.Popen, count: int, timeout_s: float = 60) -> None:
+def wait_for_rounds(run_dir, job: Started, count: int, timeout_s: float = 60) -> None:
     """Until the running `job` has recorded `count` rounds (it must not end first)."""
     deadline = time.monotonic() + timeout_s
     while not os.path.exists(os.path.join(run_dir, "quorums.jsonl")) or len(rounds(run_dir)) < count:
@@ -54,7 +52,7 @@ def wait_for_rounds(run_dir, job: subprocess.Popen, count: int, timeout_s: float
         time.sleep(0.1)
 
 
-def start_job(run_dir, epochs: int, rounds_done: int) -> subprocess.Popen:
+def start_job(run_dir, epochs: int, rounds_done: int) -> Started:
     """A local SGD job of 2 workers, quick to notice a failure, once it has recorded `rounds_done` rounds."""
     job = start("train", "--elastic", "--method", "local_sgd", "--workers", "2", "--epochs", str(epochs), *SMALL,
                 *FAST_FAILURE, "--run-dir", str(run_dir))

@@ -19,13 +19,12 @@ from __future__ import annotations
 
 import json
 import os
-import subprocess
-import sys
 
 import pytest
 
 from lowband.comm import BOOKKEEPING_TAGS
 from lowband.training.elastic.records import RANK_KEYS
+from tests.conftest import cli
 
 pytestmark = pytest.mark.timeout(240)
 SIZES = ["--workers", "2", "--epochs", "2", "--seed", "3", "--set", "data.num_samples=500", "--batch-size", "9",
@@ -35,8 +34,7 @@ FIXED = ["--elastic", "--set", "elastic.min_workers=2", "--set", "elastic.max_wo
 
 
 def train(run_dir, *args) -> list[dict]:
-    out = subprocess.run([sys.executable, "-m", "lowband", "train", *SIZES, *args, "--run-dir", str(run_dir)],
-                         capture_output=True, text=True, timeout=200, env={**os.environ, "LOWBAND_QUIET": "1"})
+    out = cli("train", *SIZES, *args, "--run-dir", str(run_dir), timeout=200, env={**os.environ, "LOWBAND_QUIET": "1"})
     assert out.returncode == 0, out.stderr[-3000:]
     with open(os.path.join(run_dir, "metrics.jsonl")) as f:
         return [json.loads(line) for line in f]

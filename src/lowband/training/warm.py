@@ -51,14 +51,14 @@ class Client:
         theirs.close()
         self.sock, self.codes, self.cpu, self.gone = mine, {}, {}, False
 
-    def start(self, entry: str, argv: list[str], env: dict) -> int:
+    def start(self, entry: str, argv: list[str], env: dict, stdio: tuple[int, int, int], cwd: str) -> int:
         """Send one command; its pid once the server has forked it."""
-        message = json.dumps({"entry": entry, "argv": argv, "env": env, "cwd": os.getcwd(),
+        message = json.dumps({"entry": entry, "argv": argv, "env": env, "cwd": cwd,
                               "sigint_ignored": signal.getsignal(signal.SIGINT) is signal.SIG_IGN}).encode()
         if len(message) > MESSAGE_BYTES:
             raise OSError(f"a command of {len(message)} bytes is more than the server takes ({MESSAGE_BYTES})")
         try:
-            socket.send_fds(self.sock, [message], [0, 1, 2])
+            socket.send_fds(self.sock, [message], list(stdio))
         except OSError as e:
             raise OSError(self._stopped(e)) from None
         while True:
@@ -138,23 +138,40 @@ class Command:
         self.send_signal(signal.SIGKILL)
 
 
-def start(entry: str, argv: list[str], env: dict | None = None) -> Command | subprocess.Popen:
-    """Start ENTRY(ARGV) (ENTRY a 'module:function' returning an exit code) in a process of its own, with
-    environment `env` (default: this process's); warm where forking is safe."""
+def prestart() -> None:
+    """Start this process's server now, in this environment, so that the first command starts warm too (its
+    server then imports in the background while the caller goes on)."""
+    if can_fork():
+        _live_client()
+
+
+def _live_client() -> Client:
+    """This process's server, started anew when there is none or it has stopped."""
     global _client
-    env = dict(os.environ if env is None else env)
+    if _client is None or _client.gone or _client.server.poll() is not None:
+        if _client is not None:
+            _client.sock.close()
+        _client = Client()
+    return _client
+
+
+def start(entry: str, argv: list[str], env: dict | None = None, stdio: tuple[int, int, int] = (0, 1, 2),
+          cwd: str | None = None) -> Command | subprocess.Popen:
+    """Start ENTRY(ARGV) (ENTRY a 'module:function' returning an exit code) in a process of its own, with
+    environment `env` (default: this process's), the descriptors `stdio` as its stdin, stdout and stderr
+    (default: this process's) and the directory `cwd` (default: this one); warm where forking is safe."""
+    env, cwd = dict(os.environ if env is None else env), cwd or os.getcwd()
     sys.stdout.flush()
     sys.stderr.flush()
     if can_fork():
-        if _client is None or _client.gone or _client.server.poll() is not None:
-            if _client is not None:
-                _client.sock.close()
-            _client = Client()
+        client = _live_client()
         try:
-            return Command(_client, _client.start(entry, argv, env))
+            return Command(client, client.start(entry, argv, env, stdio, cwd))
         except OSError as e:  # the server could not start or died: this command starts cold
             print(f"lowband: warning: {e}; starting cold", file=sys.stderr, flush=True)
-    return procs.start([sys.executable, "-m", "lowband.training.warm", "run", entry, *argv], env=env)
+    own = [None if fd == n else fd for n, fd in enumerate(stdio)]  # None: inherited, as the default is
+    return procs.start([sys.executable, "-m", "lowband.training.warm", "run", entry, *argv], env=env, cwd=cwd,
+                       stdin=own[0], stdout=own[1], stderr=own[2])
 
 
 def run(entry: str, argv: list[str]) -> int:
