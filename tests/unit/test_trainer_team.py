@@ -15,7 +15,7 @@ from lowband.comm import Communicator
 from lowband.comm.quorum import FixedQuorum
 from lowband.records import EpochRecord
 from lowband.run.schedule import MethodSchedule
-from lowband.training.trainer import Steps, Trainer, task_loss
+from lowband.training.trainer import Made, Seat, Steps, Trainer, task_loss
 
 
 class Scripted:
@@ -34,20 +34,18 @@ class Scripted:
         self.first: list[float] = []
         self.val_acc: dict[int, float] = {}  # epoch -> the validation accuracy its record reports
 
-    def shard(self, plan):
-        return None
-
-    def setup(self, trainer):
+    def join(self, trainer):
         self.trainer = trainer
-
-    def quorum(self, comm):
-        return FixedQuorum(comm)
+        return Seat(self.rank, self.comm, self.device, self.log, FixedQuorum, None, lambda: 0.0)
 
     def start(self, trainer, resume):
         return None
 
     def epochs(self, trainer):
-        return iter(range(1, self.cfg.train.epochs + 1))
+        for epoch in range(1, self.cfg.train.epochs + 1):
+            yield epoch, self.feed(trainer, epoch)
+            if self.stop_after and trainer.epoch >= self.stop_after:
+                return
 
     def feed(self, trainer, epoch):
         d = trainer.plan.data
@@ -57,33 +55,21 @@ class Scripted:
             if i == 0:
                 self.first.append(trainer.loss_total - sum(s for _, s in self.sums))
 
-    def comm_seconds(self):
-        return 0.0
-
-    def feed_comm_seconds(self):
-        return 0.0
-
-    def written(self):
-        return []
-
     def record(self, trainer, epoch, done: Steps, evaluate):
         self.sums.append((self.first_loss(trainer), done.loss_sum))
         if epoch not in self.records:
             return None
-        return EpochRecord(epoch=epoch, train_loss=done.loss, val_acc=self.val_acc.get(epoch),
-                           extra={"taken": done.taken}), 7 * done.taken
+        return Made(EpochRecord(epoch=epoch, train_loss=done.loss, val_acc=self.val_acc.get(epoch),
+                                extra={"taken": done.taken}), 7 * done.taken)
 
     def first_loss(self, trainer) -> float:
         return self.first[len(self.sums)]
 
-    def write(self, record):
-        self.made.append(record)
-
-    def checkpoint(self, trainer, epoch):
-        self.checkpoints.append(epoch)
-
-    def should_stop(self, trainer):
-        return bool(self.stop_after) and trainer.epoch >= self.stop_after
+    def keep(self, trainer, epoch, record, checkpoint):
+        if record is not None:
+            self.made.append(record)
+        if checkpoint:
+            self.checkpoints.append(epoch)
 
     def finish(self, trainer):
         self.finished = True

@@ -11,12 +11,13 @@ rank has intact (run/checkpoint.py).
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Iterator
 
 import torch
 
 from lowband.comm import BOOKKEEPING_TAGS, Communicator
-from lowband.comm.quorum import FixedQuorum, Quorum
+from lowband.comm.quorum import FixedQuorum
 from lowband.config import Config, to_dict
 from lowband.data import Batch
 from lowband.net.sites import configured, describe
@@ -26,7 +27,7 @@ from lowband.run import checkpoint
 from lowband.run.metrics import setup_logging
 from lowband.run.reporter import EpochReporter, RankFigures, TrainingError, own_evaluators, tag_bytes
 from lowband.run.rundir import RunDir
-from lowband.training.trainer import Resumed, Steps, Trainer, WorkerData, rank_batches
+from lowband.training.trainer import Made, Resumed, Seat, Steps, Trainer, rank_batches
 
 
 class FixedRanks:
@@ -43,21 +44,14 @@ class FixedRanks:
         self.best_local_rank = 0
         self.samples = 0  # trained by this rank since the run began
 
-    def shard(self, plan: WorkerData) -> torch.Tensor:
-        return plan.shards[self.rank]
-
-    def setup(self, trainer: Trainer) -> None:
+    def join(self, trainer: Trainer) -> Seat:
+        """This rank's seat: its communicator, its shard of the data plan, every rank in every outer step."""
         cfg = self.cfg
         self.batches = rank_batches(cfg, trainer.plan, self.rank, self.device)
         self.reporter = EpochReporter(self.scope, self.run, self.log, cfg.train.epochs, cfg.train.loggers,
                                       to_dict(cfg), trainer.metric)
-
-    def quorum(self, comm: Communicator) -> Quorum:
-        """Every rank of `comm`, in every outer step: a world that never changes."""
-        return FixedQuorum(comm)
-
-    def written(self) -> list[EpochRecord]:
-        return []  # this run's records are all its scope's first rank's, which the trainer has seen
+        return Seat(self.rank, self.comm, self.device, self.log, FixedQuorum, trainer.plan.shards[self.rank],
+                    functools.partial(self.comm.ledger.seconds, leave_out=BOOKKEEPING_TAGS))
 
     # ---- the epochs --------------------------------------------------------------------------
     def start(self, trainer: Trainer, resume: bool) -> Resumed | None:
@@ -66,23 +60,24 @@ class FixedRanks:
             self.log.info(self._banner(trainer))
         return resumed
 
-    def epochs(self, trainer: Trainer) -> Iterator[int]:
-        return iter(range(trainer.epoch + 1, self.cfg.train.epochs + 1))  # after a resume: the epochs left
+    def epochs(self, trainer: Trainer) -> Iterator[tuple[int, Iterator[tuple[Batch, float]]]]:
+        """The epochs left (all of them, or those after a resume), each with this rank's minibatches; they
+        end early once the scope's first rank has reached the target (train.stop_at_target)."""
+        for epoch in range(trainer.epoch + 1, self.cfg.train.epochs + 1):
+            yield epoch, self._feed(trainer, epoch)
+            if self._stop(trainer):
+                self.log.info(f"stopping at epoch {epoch}: validation {trainer.metric.name} reached "
+                              f"{trainer.target():.4f}")
+                return
 
-    def feed(self, trainer: Trainer, epoch: int) -> Iterator[tuple[Batch, float]]:
+    def _feed(self, trainer: Trainer, epoch: int) -> Iterator[tuple[Batch, float]]:
         """This rank's minibatches of epoch `epoch` (as the method hands them), each at its place in the run."""
         steps = trainer.plan.steps
         batches = iter(trainer.method.batches(epoch, self.batches))
         for i in self.reporter.sink.steps(range(steps), epoch, steps):
             yield next(batches), epoch - 1 + i / steps
 
-    def comm_seconds(self) -> float:
-        return self.comm.ledger.seconds(leave_out=BOOKKEEPING_TAGS)
-
-    def feed_comm_seconds(self) -> float:
-        return 0.0  # the method's hooks synchronise, inside the steps
-
-    def should_stop(self, trainer: Trainer) -> bool:
+    def _stop(self, trainer: Trainer) -> bool:
         if not self.cfg.train.stop_at_target:
             return False
         flag = torch.tensor([1.0 if trainer.reached_target is not None else 0.0], device=self.device)
@@ -90,7 +85,7 @@ class FixedRanks:
         return bool(flag.item())
 
     # ---- the records -------------------------------------------------------------------------
-    def record(self, trainer: Trainer, epoch: int, done: Steps, evaluate: bool) -> tuple[EpochRecord, int]:
+    def record(self, trainer: Trainer, epoch: int, done: Steps, evaluate: bool) -> Made:
         """Every rank's figures gathered over the scope, and the global model's scores when `evaluate`;
         the record (every rank builds it, the scope's first writes it) and the samples of the epoch."""
         method, last = trainer.method, epoch == self.cfg.train.epochs
@@ -110,7 +105,7 @@ class FixedRanks:
         record = self.reporter.record(epoch, ranks, glob_scores)
         if evaluate:  # the stopping epoch of an early stop is always evaluated
             self.final_global = glob
-        return record, sum(r.samples for r in ranks)
+        return Made(record, sum(r.samples for r in ranks))
 
     def _evaluates_own(self, loss: float) -> bool:
         """Whether this rank evaluates its own model this epoch (train.eval_ranks, `own_evaluators`): every rank
@@ -123,8 +118,12 @@ class FixedRanks:
         losses = self.scope.all_gather(torch.tensor([loss], dtype=torch.float64, device=self.device), tag="metrics")
         return self.scope.rank in own_evaluators([float(x.item()) for x in losses], n)
 
-    def write(self, record: EpochRecord) -> None:
-        self.reporter.write(record)
+    def keep(self, trainer: Trainer, epoch: int, record: EpochRecord | None, checkpoint: bool) -> None:
+        """The record through the reporter (the scope's first rank writes it); this rank's checkpoint."""
+        if record is not None:
+            self.reporter.write(record)
+        if checkpoint:
+            self._checkpoint(trainer, epoch)
 
     def finish(self, trainer: Trainer) -> None:
         """The scope's final model (the global one if the method has one, else this rank's); model_L too."""
@@ -139,7 +138,7 @@ class FixedRanks:
         self.reporter.close()
 
     # ---- checkpoints -------------------------------------------------------------------------
-    def checkpoint(self, trainer: Trainer, epoch: int) -> None:
+    def _checkpoint(self, trainer: Trainer, epoch: int) -> None:
         t = trainer
         state = {
             "epoch": epoch, "step": t.step, "samples": self.samples, "elapsed": t.elapsed,

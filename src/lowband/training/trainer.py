@@ -8,7 +8,7 @@ metrics sink), on the epochs `due` names evaluated and checkpointed, and at the 
 
 The `Team` is who trains together: `FixedRanks` (training/ranks.py) for `lowband train`'s ranks, an
 elastic job's `ElasticWorker` (training/elastic/worker.py). It feeds the data and writes the records,
-checkpoints and final model; its `quorum` (comm/quorum.py) is who takes the method's outer steps, which
+checkpoints and final model; its worker's `Seat` names a `quorum` (comm/quorum.py): who takes the method's outer steps, which
 the method consults from its own hooks (torchft's Manager in our shape), so one method object trains
 either membership.
 """
@@ -21,7 +21,7 @@ import math
 import time
 import traceback
 from collections.abc import Callable, Iterable, Iterator
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from typing import Protocol
 
 import torch
@@ -44,7 +44,7 @@ from lowband.run.reporter import TrainingError, first_reached, set_corpus, targe
 from lowband.run.rundir import RunDir
 from lowband.run.schedule import MethodSchedule
 
-__all__ = ["Trainer", "Team", "Steps", "Resumed", "TrainingError",
+__all__ = ["Trainer", "Team", "Seat", "Made", "Steps", "Resumed", "TrainingError",
            "train_step", "checked_step", "worker_data", "rank_batches", "accuracy", "scores",
            "model_scores", "model_metadata", "task_loss", "due"]
 
@@ -183,71 +183,68 @@ def model_metadata(cfg: Config, data: TensorData) -> dict[str, str]:
             "num_classes": str(data.num_classes)}
 
 
-class Team(Protocol):
-    """Who trains together, as the trainer consults it: the data each worker trains, and who writes the
-    epoch's record, checkpoint and final model. It never steps the model nor sets the trainer's counters.
+@dataclass
+class Seat:
+    """Where a worker trains once it has joined its team: what the trainer and the method's context consult."""
 
-    `FixedRanks` (training/ranks.py) is `lowband train`'s: the same ranks every epoch, each its shard. An
-    elastic job's is `ElasticWorker` (training/elastic/worker.py): the slices of the epoch's order that each
-    round of its quorum hands out. Who takes part in the method's outer steps is the team's `quorum`
-    (comm/quorum.py), which the method consults (torchft's Manager in our shape); the method, its hooks
-    and its state are the trainer's, one object for every membership."""
-
-    rank: int  # this process's rank, or the elastic worker's id (after `setup`)
-    width: int  # the workers the data plan is cut for
+    rank: int  # this process's rank, or the elastic worker's id
     comm: Communicator  # the communicator the method's context names (an elastic worker: itself alone)
     device: torch.device
     log: logging.Logger
+    quorum: Callable[[Communicator], Quorum]  # who takes the method's outer steps over a communicator
+    shard: torch.Tensor | None  # this worker's shard of the data plan (None: its data come round by round)
+    sync_seconds: Callable[[], float]  # seconds spent synchronising since the run began
 
-    def setup(self, trainer: Trainer) -> None:
-        """Once the trainer has its data plan, before the method is built: the team's own parts (an elastic
-        worker registers with its job here, so `rank` and `comm` are known from then on)."""
 
-    def quorum(self, comm: Communicator) -> Quorum:
-        """Who takes the method's outer steps over `comm`: every rank of it, or the job's quorum."""
+@dataclass
+class Made:
+    """An epoch's record as the team made it, for the trainer to complete."""
 
-    def shard(self, plan: WorkerData) -> torch.Tensor | None:
-        """This worker's shard of the data plan, for the method's context (None: its data come round by round)."""
+    record: EpochRecord
+    samples: int  # trained in the epoch by every worker
+    earlier: list[EpochRecord] = field(default_factory=list)  # the run's records other workers wrote (elastic)
+
+
+class Team(Protocol):
+    """Who trains together, as the trainer consults it: what truly differs between memberships. The data
+    each worker trains, who writes the epoch's record, checkpoint and final model. It never steps the
+    model nor sets the trainer's counters.
+
+    `FixedRanks` (training/ranks.py) is `lowband train`'s: the same ranks every epoch, each its shard. An
+    elastic job's is `ElasticWorker` (training/elastic/worker.py): the slices of the epoch's order that each
+    round of its quorum hands out. Who takes part in the method's outer steps is the seat's `quorum`
+    (comm/quorum.py), which the method consults (torchft's Manager in our shape); the method, its hooks
+    and its state are the trainer's, one object for every membership."""
+
+    width: int  # the workers the data plan is cut for
+
+    def join(self, trainer: Trainer) -> Seat:
+        """Once the trainer has its data plan, before the model and method are built: this worker's seat (an
+        elastic worker registers with its job here)."""
 
     def start(self, trainer: Trainer, resume: bool) -> Resumed | None:
         """Before the first epoch: with `resume`, the state a checkpoint holds loaded into the model,
         optimizer and method, and the trainer's counters to take (None: from the start)."""
 
-    def epochs(self, trainer: Trainer) -> Iterator[int]:
-        """The epochs (1-based) this worker trains, in order."""
+    def epochs(self, trainer: Trainer) -> Iterator[tuple[int, Iterator[tuple[Batch, float]]]]:
+        """The epochs (1-based) this worker trains, in order, each with its minibatches and their places in
+        the run (epochs trained, a fraction). The trainer takes a step on each batch before it asks for the
+        next, and ends the epoch before it asks for the next epoch; the epochs end early where
+        train.stop_at_target says so, the same on every worker."""
 
-    def feed(self, trainer: Trainer, epoch: int) -> Iterator[tuple[Batch, float]]:
-        """Epoch `epoch`'s minibatches, each with its place in the run (epochs trained, a fraction); the
-        trainer takes a step on each before it asks for the next."""
+    def record(self, trainer: Trainer, epoch: int, done: Steps, evaluate: bool) -> Made | None:
+        """The epoch's figures as a record (None: another worker writes this epoch's record); the global
+        model evaluated when `evaluate`."""
 
-    def comm_seconds(self) -> float:
-        """Seconds spent synchronising since the run began."""
-
-    def feed_comm_seconds(self) -> float:
-        """The part of those spent inside `feed` (an elastic job's meetings between slices): counted as
-        communication, not as waiting for data."""
-
-    def record(self, trainer: Trainer, epoch: int, done: Steps, evaluate: bool) -> tuple[EpochRecord, int] | None:
-        """The epoch's figures as a record, with the samples every worker trained in it (None: another worker
-        writes this epoch's record); the global model evaluated when `evaluate`."""
-
-    def written(self) -> list[EpochRecord]:
-        """The run's records written so far by other workers (an elastic job's), for the target epoch."""
-
-    def write(self, record: EpochRecord) -> None:
-        """The completed record to metrics.jsonl, the experiment loggers and the console."""
-
-    def checkpoint(self, trainer: Trainer, epoch: int) -> None:
-        """The state a resume after epoch `epoch` starts from."""
-
-    def should_stop(self, trainer: Trainer) -> bool:
-        """Whether training stops early after this epoch (train.stop_at_target), the same on every worker."""
+    def keep(self, trainer: Trainer, epoch: int, record: EpochRecord | None, checkpoint: bool) -> None:
+        """What the epoch leaves: its completed record written (to metrics.jsonl, the experiment loggers
+        and the console) and, when `checkpoint`, the state a resume after it starts from."""
 
     def finish(self, trainer: Trainer) -> None:
         """After the last epoch: the final model."""
 
     def close(self, trainer: Trainer) -> None:
-        """Release what the team holds (loggers, the method's threads, its place in a job)."""
+        """Release what the team holds (loggers, its place in a job)."""
 
 
 @dataclass
@@ -283,23 +280,22 @@ class Trainer:
 
     def __init__(self, cfg: Config, team: Team, run_dir: str):
         self.cfg, self.team = cfg, team
-        self.device = team.device
         self.plan = worker_data(cfg, team.width)
-        method_cls = METHODS.get(cfg.method.name)
-        torch.manual_seed(cfg.train.seed if method_cls.same_init else cfg.train.seed + 7919 * team.rank)
-        data = self.plan.data
-        model = build_for_task(cfg.model, data.in_shape, data.num_classes, data.task).to(self.device)
-        self.optimizer = make_optimizer(cfg.optim, model.parameters())
-        self.params = sum(p.numel() for p in model.parameters())  # one copy's, before a method wraps it
         self.metric = metric_for(cfg.data.name)
         self.reached_target: int | None = None
         self.epoch, self.step, self.loss_total, self.elapsed, self.train_s = 0, 0, 0.0, 0.0, 0.0
         self.method_eval_s = 0.0  # evaluations a method asked for inside training hooks
         self.eval_s = 0.0  # evaluations at the epochs' ends (`scores`)
-        team.setup(self)  # an elastic worker registers with its job here: its rank and comm are known after
-        self.log, self.rank = team.log, team.rank
-        ctx = Context(cfg, team.comm, self.device, self.log, RunDir(run_dir, team.comm.rank), self.plan.steps,
-                      data, team.shard(self.plan), evaluate=self._evaluate, quorum=team.quorum, width=team.width)
+        self.seat = seat = team.join(self)  # an elastic worker registers with its job here
+        self.log, self.rank, self.device = seat.log, seat.rank, seat.device
+        method_cls = METHODS.get(cfg.method.name)
+        torch.manual_seed(cfg.train.seed if method_cls.same_init else cfg.train.seed + 7919 * seat.rank)
+        data = self.plan.data
+        model = build_for_task(cfg.model, data.in_shape, data.num_classes, data.task).to(self.device)
+        self.optimizer = make_optimizer(cfg.optim, model.parameters())
+        self.params = sum(p.numel() for p in model.parameters())  # one copy's, before a method wraps it
+        ctx = Context(cfg, seat.comm, self.device, self.log, RunDir(run_dir, seat.comm.rank), self.plan.steps,
+                      data, seat.shard, evaluate=self._evaluate, quorum=seat.quorum, width=team.width)
         self.method: Method = method_cls(cfg.method, ctx)  # one method object, whoever trains together
         self.model = self.method.setup(model)
         self.schedule = MethodSchedule(cfg, self.method)
@@ -318,32 +314,29 @@ class Trainer:
         if resumed is not None:
             self.epoch, self.step, self.elapsed = resumed.epoch, resumed.step, resumed.elapsed
             self.train_s, self.reached_target = resumed.train_s, resumed.reached_target
-        for epoch in self.team.epochs(self):
-            self._run_epoch(epoch)
-            if self.team.should_stop(self):
-                self.log.info(f"stopping at epoch {epoch}: validation {self.metric.name} reached {self._target():.4f}")
-                break
+        for epoch, feed in self.team.epochs(self):
+            self._run_epoch(epoch, feed)
         self.method.end_training()
         self.team.finish(self)
 
-    def _run_epoch(self, epoch: int) -> None:
-        t_start, eval_before = time.perf_counter(), self.method_eval_s
-        comm_before, feed_before = self.team.comm_seconds(), self.team.feed_comm_seconds()
-        done = self._steps(self.team.feed(self, epoch), epoch)
+    def _run_epoch(self, epoch: int, feed: Iterable[tuple[Batch, float]]) -> None:
+        t_start, eval_before, comm_before = time.perf_counter(), self.method_eval_s, self.seat.sync_seconds()
+        done = self._steps(feed, epoch)
         hook_eval_s = self.method_eval_s - eval_before
         train_s = time.perf_counter() - t_start - hook_eval_s
-        comm_s = self.team.comm_seconds() - comm_before
-        wait_s = max(done.wait_s - (self.team.feed_comm_seconds() - feed_before), 0.0)
+        comm_s = self.seat.sync_seconds() - comm_before
         self.epoch, self.train_s = epoch, self.train_s + train_s
         # wait_s: time the loop waited for its next minibatch (data loading, a starving EDL-Dist reader)
-        times = {"compute_s": max(train_s - comm_s - wait_s, 0.0), "comm_s": comm_s, "wait_s": wait_s,
+        times = {"compute_s": max(train_s - comm_s - done.wait_s, 0.0), "comm_s": comm_s, "wait_s": done.wait_s,
                  "hook_eval_s": hook_eval_s, "epoch_train_s": train_s}
         self._finish_epoch(epoch, done, times, t_start)
 
     def _steps(self, feed: Iterable[tuple[Batch, float]], epoch: int) -> Steps:
         """`checked_step` on each minibatch `feed` yields, at the rate of its place (epochs trained, a
         fraction: 1.5 is halfway through the second); `step` and `loss_total` count each step before the
-        method's `after_step` (an elastic worker's round, inside it, reports them)."""
+        method's `after_step` (an elastic worker's round, inside it, reports them). Waiting for a batch
+        leaves out the synchronising the feed did meanwhile (an elastic job's meetings between slices,
+        a modelled link's hold on EDL-Dist's soft labels), which is communication."""
         done, batches = Steps(), iter(feed)
 
         def count(loss: float) -> None:
@@ -351,14 +344,14 @@ class Trainer:
             done.taken, done.loss_sum = done.taken + 1, done.loss_sum + loss
 
         while True:
-            t0 = time.perf_counter()
+            t0, synced = time.perf_counter(), self.seat.sync_seconds()
             item = next(batches, None)
-            done.wait_s += time.perf_counter() - t0
+            done.wait_s += max(time.perf_counter() - t0 - (self.seat.sync_seconds() - synced), 0.0)
             if item is None:
                 return done
             batch, place = item
             self.schedule.apply(self.optimizer, place)
-            checked_step(self.model, self.method, self.optimizer, batch, self.step, epoch, self.team.rank, count,
+            checked_step(self.model, self.method, self.optimizer, batch, self.step, epoch, self.rank, count,
                          self.cfg.train.precision)
 
     def close(self) -> None:
@@ -387,24 +380,23 @@ class Trainer:
         return acc
 
     def _finish_epoch(self, epoch: int, done: Steps, times: dict, t_start: float) -> None:
-        """The team's record of the epoch (None: another worker writes it), completed and written; the
-        checkpoint on the epochs train.checkpoint_every names."""
+        """The team's record of the epoch (None: another worker writes it), completed here and kept by the
+        team with the checkpoint on the epochs train.checkpoint_every names."""
         eval_before = self.eval_s
         extra = self.method.end_epoch(epoch)  # on every worker, whoever writes the record
         made = self.team.record(self, epoch, done, due(epoch, self.cfg.train.eval_every, self.cfg.train.epochs))
         times["eval_s"] = self.eval_s - eval_before
         self.elapsed += time.perf_counter() - t_start
+        record = None
         if made is not None:
-            record, samples = made
+            record = made.record
             record.extra = {**extra, **(record.extra or {})}
             record.steps, record.params = self.step, self.params
-            self._add_rates(record, samples, times)
+            self._add_rates(record, made.samples, times)
             set_corpus(record, self.plan.data.meta)
-            self._check_target(epoch, record)
+            self._check_target(epoch, record, made.earlier)
             record.reached_target_epoch = self.reached_target
-            self.team.write(record)
-        if due(epoch, self.cfg.train.checkpoint_every, self.cfg.train.epochs):
-            self.team.checkpoint(self, epoch)
+        self.team.keep(self, epoch, record, due(epoch, self.cfg.train.checkpoint_every, self.cfg.train.epochs))
 
     def _add_rates(self, record: EpochRecord, samples: int, times: dict) -> None:
         """`samples`: trained this epoch by every worker."""
@@ -413,17 +405,18 @@ class Trainer:
         record.time = {**{k: round(v, 6) for k, v in times.items()}, "train_s": round(self.train_s, 6),
                        "elapsed_s": round(self.elapsed, 6)}
 
-    def _target(self) -> float:
+    def target(self) -> float:
         """train.target_accuracy, or train.target_bpb for a language model (0: none)."""
         return target_of(self.cfg.train, self.metric)
 
-    def _check_target(self, epoch: int, record: EpochRecord) -> None:
-        """The first epoch whose validation figure reaches the target in the workload's metric (never the test set)."""
-        found = first_reached([*self.team.written(), record], self.metric, self._target())
+    def _check_target(self, epoch: int, record: EpochRecord, earlier: list[EpochRecord]) -> None:
+        """The first epoch whose validation figure reaches the target in the workload's metric (never the test
+        set), among `earlier` (other workers' records) and this one."""
+        found = first_reached([*earlier, record], self.metric, self.target())
         if self.reached_target is None and found is not None:
             self.reached_target = found
             self.log.info(f"epoch {epoch}: validation {self.metric.name} {record.value(self.metric.val_key):.4f} "
-                          f"reached the target {self._target()}")
+                          f"reached the target {self.target()}")
 
     def model_metadata(self) -> dict[str, str]:
         return model_metadata(self.cfg, self.plan.data)

@@ -41,7 +41,7 @@ from lowband.training.elastic.faults import Faults
 from lowband.training.elastic.lineage import last_record, lost_rounds, span
 from lowband.training.elastic.plan import DataPlan, Handout
 from lowband.training.elastic.records import checkpoint_state, epoch_record
-from lowband.training.trainer import Steps, Trainer
+from lowband.training.trainer import Made, Steps, Trainer
 
 JOB_FILE = "elastic.json"
 
@@ -185,7 +185,7 @@ class JobFiles:
                              "the job; finishing it")
             self._finish_job(self.final)
 
-    def record(self, trainer: Trainer, epoch: int, done: Steps, evaluate: bool) -> tuple[EpochRecord, int] | None:
+    def record(self, trainer: Trainer, epoch: int, done: Steps, evaluate: bool) -> Made | None:
         """The job's record of epoch `epoch` (training/elastic/records.py), when this worker is the source of its
         last round; θ_global evaluated when `evaluate`. After the last epoch every member first takes part
         in the method's final model (its last outer steps are a round of their own)."""
@@ -199,12 +199,16 @@ class JobFiles:
         glob = self.final if self.final is not None else trainer.method.global_model(final=False)
         scores = trainer.scores(glob) if evaluate and glob is not None else None
         record = epoch_record(q, h, scores, trainer.metric, self._ledgers(), samples=h.epoch_end * self.samples)
-        return record, self.samples
+        return Made(record, self.samples, read_metrics(self.run_dir.path))
 
-    def written(self) -> list[EpochRecord]:
-        return read_metrics(self.run_dir.path)
+    def keep(self, trainer: Trainer, epoch: int, record: EpochRecord | None, checkpoint: bool) -> None:
+        """The record when this worker made it; the job's checkpoint when asked and this worker wrote it."""
+        if record is not None:
+            self._write(record)
+        if checkpoint:
+            self._checkpoint(epoch)
 
-    def write(self, record: EpochRecord) -> None:
+    def _write(self, record: EpochRecord) -> None:
         """The record, unless another worker took the claim over meanwhile (this one was stopped past
         `dead_after_s` while evaluating, and the other wrote it): then neither it nor the checkpoint."""
         assert self.outer is not None
@@ -233,7 +237,7 @@ class JobFiles:
         """Every worker's published bytes by tag (a resumed job's earlier part under EARLIER)."""
         return wait_until(self.members.ledgers, 30.0, poll_s=0.2) or {}
 
-    def checkpoint(self, trainer: Trainer, epoch: int) -> None:
+    def _checkpoint(self, epoch: int) -> None:
         """The job's state after epoch `epoch` (rank 0's checkpoint of it), written by the writer of its record."""
         if self._writer(epoch) is None or self.outer is None or self.data is None:
             return

@@ -49,7 +49,7 @@ from lowband.training.elastic.faults import Faults
 from lowband.training.elastic.files import JobFiles, read_job
 from lowband.training.elastic.order import EpochOrder
 from lowband.training.elastic.plan import DataPlan, Handout
-from lowband.training.trainer import Resumed, Trainer, WorkerData
+from lowband.training.trainer import Resumed, Seat, Trainer
 
 
 def main(run_dir: str, resume: str = "0", joiner: str = "0") -> None:
@@ -97,14 +97,14 @@ class ElasticWorker(JobFiles):
         self.data: DataPlan | None = None  # which samples each round hands this worker (`setup`)
         self.faults: Faults | None = None  # set once the worker's id is known
         self.final: nn.Module | None = None  # the job's final model, once this worker took part in making it
-        self.feed_s = 0.0  # seconds in meetings inside `feed`
         self.writes = 0  # the epoch whose record this worker claimed (JobFiles._claim)
         self.last_round: tuple[Decision, bool] | None = None  # JobFiles.write_round
         self.seen_checkpoint: str | None = None  # JobFiles.catch_up
 
     # ---- what the trainer asks -------------------------------------------------------------------
-    def setup(self, trainer: Trainer) -> None:
-        """Register with the job (once the data are loaded: a quorum waits for every live worker)."""
+    def join(self, trainer: Trainer) -> Seat:
+        """Register with the job (once the data are loaded: a quorum waits for every live worker): this
+        worker's seat is its id, itself alone as the method's communicator and the job's quorum."""
         e, c = self.e, self.cfg
         self.trainer = trainer
         self.samples = c.train.workers * trainer.plan.steps * c.train.batch_size
@@ -117,6 +117,7 @@ class ElasticWorker(JobFiles):
         self.run_dir = RunDir(self.path)  # the job's files: whichever worker is the round's source writes them
         self.log = self.outer.log = setup_logging(self.path, self.id, elastic=True)
         self.faults = Faults(self.id, self.members, self.path, self.log)
+        return Seat(self.id, self.comm, self.device, self.log, self.quorum, None, self.sync_seconds)
 
     # ---- what the quorum asks (comm/elastic_quorum.py's Participant) ---------------------------------
     def steps(self) -> int:
@@ -150,9 +151,6 @@ class ElasticWorker(JobFiles):
         assert self.outer is not None
         return self.outer
 
-    def shard(self, plan: WorkerData) -> None:
-        return None  # its data come round by round, as slices of the epoch's order
-
     def start(self, trainer: Trainer, resume: bool) -> Resumed | None:
         """From the job's checkpoint, if any (a joiner too: should every holder of θ_global be gone, the
         checkpoint stands in); then this worker's first round."""
@@ -160,15 +158,16 @@ class ElasticWorker(JobFiles):
         self.order = EpochOrder(self.cfg, trainer.plan, self.state.next_sync)
         self._resume(self.state, said=resume)
         self.log.info(f"worker {self.id} joined (pid {os.getpid()})")
-        self._meeting(trainer)
+        self._meeting()
         return None  # the trainer's counters are this process's own
 
-    def epochs(self, trainer: Trainer) -> Iterator[int]:
-        """The epochs whose slices this worker is handed, as the rounds go, until the job has finished."""
+    def epochs(self, trainer: Trainer) -> Iterator[tuple[int, Iterator[tuple[Batch, float]]]]:
+        """The epochs whose slices this worker is handed, as the rounds go, until the job has finished
+        (train.stop_at_target is refused with --elastic: training/elastic/job.py's check)."""
         while (h := self._now()) is not None and not h.finished:
-            yield h.epoch + 1
+            yield h.epoch + 1, self._feed(trainer, h.epoch + 1)
 
-    def feed(self, trainer: Trainer, epoch: int) -> Iterator[tuple[Batch, float]]:
+    def _feed(self, trainer: Trainer, epoch: int) -> Iterator[tuple[Batch, float]]:
         """This worker's slices of epoch `epoch`'s order: the batches of the slice the last round handed it,
         each at the place the trainer's rank would have in the epoch; after a slice where the method took
         no outer step, a meeting hands out the next; until a round ends the epoch (or the job)."""
@@ -176,16 +175,11 @@ class ElasticWorker(JobFiles):
             rounds = self._rounds()
             yield from self._slice(h, self._q())
             if self._rounds() == rounds:  # the slice ended between two outer steps
-                self._meeting(trainer)
+                self._meeting()
 
-    def comm_seconds(self) -> float:
+    def sync_seconds(self) -> float:
+        """Seconds in the job's rounds (meetings included), the worker's own work left out."""
         return self.outer.sync_s if self.outer else 0.0
-
-    def feed_comm_seconds(self) -> float:
-        return self.feed_s
-
-    def should_stop(self, trainer: Trainer) -> bool:
-        return False  # train.stop_at_target is refused with --elastic (training/elastic/job.py: check)
 
     def _q(self) -> Decision | None:
         return self.outer.q if self.outer else None
@@ -197,12 +191,10 @@ class ElasticWorker(JobFiles):
     def _rounds(self) -> int:
         return self.outer.rounds if self.outer else 0
 
-    def _meeting(self, trainer: Trainer) -> None:
+    def _meeting(self) -> None:
         """A round without an exchange: the next slices (and θ_global for a receiver)."""
         assert self.outer is not None
-        before = self.outer.sync_s
         self.outer.meeting(self.state)
-        self.feed_s += self.outer.sync_s - before
 
     def _slice(self, h: Handout, q: Decision | None) -> Iterator[tuple[Batch, float]]:
         assert q is not None
