@@ -76,23 +76,24 @@ class Bounds:
         return (lo < value or (lo_in and lo == value)) and (value < hi or (hi_in and hi == value))
 
     def says(self) -> str:
-        """'must be in [0, 1)', as an error message says it."""
-        return "must be " + self.range()
-
-    def range(self) -> str:
-        """'in [0, 1)', '>= 1', with the note."""
+        """'must be in [0, 1)', "must be 'auto' or >= 0", as an error message says it."""
         s = self.spec.strip()
-        return f"{s if s[0] in '<>' else 'in ' + s}{self.note}"
+        return f"must be {self._words()}{s if s[0] in '<>' else 'in ' + s}{self.note}"
 
     def allowed(self) -> str:
-        """'[0, 1)', '>= 1', with the note: as a help text says it."""
-        return self.spec.strip() + self.note
+        """'[0, 1)', "'auto' or >= 1", with the note: as a help text says it."""
+        return self._words() + self.spec.strip() + self.note
+
+    def _words(self) -> str:
+        """The words allowed besides the range ('auto'), each followed by ' or '."""
+        return "".join(f"{a!r} or " for a in self.also if isinstance(a, str))
 
 
-def opt(default, help: str, bounds: str = "", note: str = "", also: tuple = ()):
+def opt(default, help: str, bounds: str = "", note: str = "", also: tuple = (), name: str = ""):
     """A dataclass field with a default, a help text and, for a number, the values it allows (`Bounds`:
-    checked when its table is built, with one message naming the field, the value and the range)."""
-    meta = {"help": help, **({"bounds": Bounds(bounds, note, also)} if bounds else {})}
+    checked when its table is built, with one message naming the field, the value and the range); `name`:
+    what the user calls it where that is not SECTION.KEY (a command-line flag such as --tune-epochs)."""
+    meta = {"help": help, **({"bounds": Bounds(bounds, note, also)} if bounds else {}), **({"name": name} if name else {})}
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -124,11 +125,11 @@ def check_bounds(table, prefix: str) -> None:
     """Raise ConfigError for the first field of `table` (a dataclass) outside its declared bounds or choices."""
     choices, bounds = _choices(type(table)), bounds_of(type(table))  # type: ignore[arg-type]
     for f in fields(table):
-        value, rule = getattr(table, f.name), bounds.get(f.name)
+        value, rule, name = getattr(table, f.name), bounds.get(f.name), f.metadata.get("name") or f"{prefix}.{f.name}"
         if rule is not None and not rule.holds(value):
-            raise ConfigError(f"{prefix}.{f.name}", value, rule.says())
+            raise ConfigError(name, value, rule.says())
         if f.name in choices and value not in choices[f.name]:
-            raise ConfigError(f"{prefix}.{f.name}", value, "must be one of " + ", ".join(map(repr, choices[f.name])))
+            raise ConfigError(name, value, "must be one of " + ", ".join(map(repr, choices[f.name])))
 
 
 @dataclass(kw_only=True)
@@ -248,14 +249,13 @@ class OptimConfig:
     schedule: Literal["constant", "step", "cosine"] = opt("cosine", "learning-rate schedule over the epochs")
     milestones: list = opt([], "step schedule: epochs at which the rate is multiplied by gamma")
     gamma: float = opt(0.1, "step schedule: factor at each milestone", bounds="(0, 1]")
-    warmup_epochs: float | str = opt("auto", "linear warm-up length in epochs; auto: the method's default")
+    warmup_epochs: float | str = opt("auto", "linear warm-up length in epochs; auto: the method's default",
+                                     bounds=">= 0", also=("auto",))
     lr_scaling: Literal["linear", "none"] = opt(
         "linear", "linear: multiply lr by the method's data-parallel width (K for allreduce; Goyal et al.)")
 
     def __post_init__(self):
         check_bounds(self, "optim")
-        ok = self.warmup_epochs == "auto" or (not isinstance(self.warmup_epochs, str) and self.warmup_epochs >= 0)
-        require(ok, "optim.warmup_epochs", self.warmup_epochs, "must be 'auto' or a number >= 0")
         ms = self.milestones
         require(all(isinstance(m, (int, float)) and m > 0 for m in ms) and ms == sorted(ms),
                 "optim.milestones", ms, "must be increasing positive epoch numbers")

@@ -54,9 +54,9 @@ def test_bad_tune_specs(bad, message):
     ("--tune-epochs", {"epochs": 0}, "must be in [1, 10000]"), ("--tune-epochs", {"epochs": 1_000_000_000}, "10000"),
     ("--tune-trials", {"trials": 0}, "must be in [1, 1000]"),
     ("--tune-trials", {"trials": 1_000_000_000}, "must be in [1, 1000]"),
-    ("--tune-sampler", {"sampler": "bayes"}, "one of auto, axis, grid"), ("--tune-pruner", {"pruner": "hyper"}, "median"),
-    ("--tune-seed", {"seed": -1}, "[0, 2**32)"), ("--tune-seed", {"seed": 99999999999999999999999}, "[0, 2**32)"),
-    ("--tune-on", {"train_seed": -1}, "[0, 2**32)"), ("--tune-on", {"train_seed": 2**32}, "[0, 2**32)"),
+    ("--tune-sampler", {"sampler": "bayes"}, "one of 'auto', 'axis', 'grid'"), ("--tune-pruner", {"pruner": "hyper"}, "median"),
+    ("--tune-seed", {"seed": -1}, "[0, 4294967296)"), ("--tune-seed", {"seed": 99999999999999999999999}, "[0, 4294967296)"),
+    ("--tune-on", {"train_seed": -1}, "[0, 4294967296)"), ("--tune-on", {"train_seed": 2**32}, "[0, 4294967296)"),
     ("--tune", {"texts": ["optim.lr=0.1", "optim.lr=0.2"]}, "at most once")])
 def test_bad_tune_options(option, kwargs, message):
     texts = kwargs.pop("texts", ["optim.lr=0.1,0.2"])

@@ -19,12 +19,16 @@ Nothing here imports Optuna: parsing is checked before any folder exists.
 from __future__ import annotations
 
 import math
+import typing
 from dataclasses import asdict, dataclass, replace
+from typing import Literal
 
+from lowband.config import check_bounds, opt
 from lowband.errors import require
 
-SAMPLERS = ("auto", "axis", "grid", "tpe", "random")
-PRUNERS = ("median", "halving", "none")
+Sampler = Literal["auto", "axis", "grid", "tpe", "random"]
+Pruner = Literal["median", "halving", "none"]
+SAMPLERS, PRUNERS = typing.get_args(Sampler), typing.get_args(Pruner)
 DEFAULT_TRIALS = 12  # per method, when the sampler is not a grid (a grid defaults to all its combinations)
 MAX_POINTS = 1000  # values of one log:LO:HI:N axis, and trials per method: each trial is a whole training run
 MAX_TUNE_EPOCHS = 10_000  # epochs of one trial
@@ -78,12 +82,21 @@ class Tune:
     training seed of every trial (None: the comparison's first seed)."""
 
     params: tuple[Param, ...]
-    epochs: int | None = None
-    trials: int | None = None
-    sampler: str = "auto"
-    seed: int = 0
-    pruner: str = "median"
-    train_seed: int | None = None
+    epochs: int | None = opt(None, "epochs of each trial", bounds=f"[1, {MAX_TUNE_EPOCHS}]", also=(None,),
+                             note=" (epochs of each trial, each a training run)", name="--tune-epochs")
+    trials: int | None = opt(None, "trials per method", bounds=f"[1, {MAX_POINTS}]", also=(None,),
+                             note=" (trials per method, each a training run)", name="--tune-trials")
+    sampler: Sampler = opt("auto", "the sampler of each method's search", name="--tune-sampler")
+    seed: int = opt(0, "the samplers' seed", bounds=f"[0, {2**32})", note=" (the samplers' seed)", name="--tune-seed")
+    pruner: Pruner = opt("median", "stops trials that fall behind", name="--tune-pruner")
+    train_seed: int | None = opt(None, "the training seed of every trial", bounds=f"[0, {2**32})", also=(None,),
+                                 note=" (the training seed of every trial)", name="--tune-on")
+
+    def __post_init__(self):
+        check_bounds(self, "tune")
+        require(self.sampler not in ("grid", "axis") or all(p.is_list for p in self.params), "--tune-sampler",
+                self.sampler, f"{'a grid' if self.sampler == 'grid' else 'the axis search'} needs every --tune "
+                "field as a list (V1,V2,... or log:LO:HI:N)")
 
     @property
     def fields(self) -> list[str]:
@@ -140,19 +153,7 @@ def parse_tune(texts: list[str] | str, epochs: int | None = None, trials: int | 
     params = tuple(parse_param(text) for text in texts)
     fields = [p.field for p in params]
     require(len(set(fields)) == len(fields), "--tune", " ".join(texts), "each field at most once")
-    require(epochs is None or 1 <= epochs <= MAX_TUNE_EPOCHS, "--tune-epochs", epochs,
-            f"must be in [1, {MAX_TUNE_EPOCHS}] (epochs of each trial, each a training run)")
-    require(trials is None or 1 <= trials <= MAX_POINTS, "--tune-trials", trials,
-            f"must be in [1, {MAX_POINTS}] (trials per method, each a training run)")
-    require(sampler in SAMPLERS, "--tune-sampler", sampler, "one of " + ", ".join(SAMPLERS))
-    require(sampler not in ("grid", "axis") or all(p.is_list for p in params), "--tune-sampler", sampler,
-            f"{'a grid' if sampler == 'grid' else 'the axis search'} needs every --tune field as a list "
-            "(V1,V2,... or log:LO:HI:N)")
-    require(pruner in PRUNERS, "--tune-pruner", pruner, "one of " + ", ".join(PRUNERS))
-    require(0 <= seed < 2**32, "--tune-seed", seed, "must be in [0, 2**32) (the samplers' seed)")
-    require(train_seed is None or 0 <= train_seed < 2**32, "--tune-on", train_seed,
-            "must be in [0, 2**32) (the training seed of every trial)")
-    return Tune(params, epochs, trials, sampler, seed, pruner, train_seed)
+    return Tune(params, epochs, trials, sampler, seed, pruner, train_seed)  # type: ignore[arg-type]
 
 
 def parse_param(text: str) -> Param:

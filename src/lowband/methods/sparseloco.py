@@ -50,6 +50,7 @@ default stays the paper's outer lr 1; the suites name their setting.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Literal
 
 import torch
 
@@ -74,8 +75,9 @@ class SparseLoCoConfig(DiLoCoConfig):
     codec: str = opt("lut2", f"how the kept values travel: {VALUE_SPECS}")
     outer_lr: float = opt(1.0, "outer SGD learning rate on the averaged sparse pseudo-gradients")
     outer_momentum: float = opt(0.0, "outer momentum in [0, 1) (0: the error buffer is the momentum)")
-    mean: str = opt("workers", "how the messages are averaged: 'workers' divides each coordinate's sum by "
-                               "the K workers (the paper), 'senders' by the workers whose message holds it")
+    mean: Literal["workers", "senders"] = opt(
+        "workers", "how the messages are averaged: 'workers' divides each coordinate's sum by the K workers (the "
+                   "paper), 'senders' by the workers whose message holds it")
     ef_decay_end: float = opt(-1.0, "the decay at the run's last step, reached linearly from ef_decay, in [0, 1] "
                                     "(-1: ef_decay throughout)",
                               bounds="[0, 1]", note=", or -1 for ef_decay throughout", also=(-1,))
@@ -96,7 +98,6 @@ class SparseLoCoConfig(DiLoCoConfig):
         require(isinstance(self.codec, str) and not self.codec.strip().startswith("topk"), "method.codec",
                 self.codec, f"must be a value codec for the kept values: {VALUE_SPECS} (the top-k is method.density)")
         super().__post_init__()
-        require(self.mean in ("workers", "senders"), "method.mean", self.mean, "must be 'workers' or 'senders'")
         for field, share in (("method.density", self.density), ("method.density_end", self.density_end)):
             require(share == -1 or round(share * self.chunk) >= 1, field, share,
                     f"keeps round({share:g} x method.chunk={self.chunk}) = 0 of each chunk's values, so nothing would "

@@ -18,7 +18,6 @@ from dataclasses import dataclass
 from typing import Literal
 
 from lowband.config import opt
-from lowband.errors import require
 from lowband.methods.gossip import DPSGDConfig, Gossip
 from lowband.methods.sparsifiers import Sparsifier, TopK
 from lowband.registry import METHODS
@@ -29,12 +28,8 @@ class TopKConfig(DPSGDConfig):
     name: str = opt("topk", "training method")
     p: float = opt(0.1, "fraction of coordinates sent per step", bounds="(0, 1]")
     index: Literal["gaps", "bitmask"] = opt("gaps", "index encoding (TopK indices differ per node)")
-    gamma: float | str = opt("auto", "consensus step size; auto: min(1, 5 p) (gamma 1 diverges at p = 0.01)")
-
-    def __post_init__(self):
-        super().__post_init__()
-        ok = self.gamma == "auto" or (not isinstance(self.gamma, str) and 0 < self.gamma <= 1)
-        require(ok, "method.gamma", self.gamma, "must be 'auto' or in (0, 1]")
+    gamma: float | str = opt("auto", "consensus step size; auto: min(1, 5 p) (gamma 1 diverges at p = 0.01)",
+                             bounds="(0, 1]", also=("auto",))
 
     @property
     def step_size(self) -> float:
