@@ -13,6 +13,7 @@ import ctypes
 import os
 import signal
 import subprocess
+import time
 from collections.abc import Sequence
 
 
@@ -36,3 +37,33 @@ def run(cmd: Sequence[str], *, tied: bool = False, **keywords) -> subprocess.Com
 def fork() -> int:
     """os.fork(): the child's pid in the parent, 0 in the child (which must end with os._exit)."""
     return os.fork()
+
+
+class Child:
+    """A child known by its pid, with the part of subprocess.Popen's interface that lowband's watchers use
+    (`poll`, `wait`, `send_signal`, `terminate`, `kill`): a forked worker (run/workers.py) and a command a
+    warm server started (training/warm.py) say only how they learn their exit code (`poll`)."""
+
+    pid: int
+
+    def poll(self) -> int | None:
+        raise NotImplementedError
+
+    def wait(self, timeout: float | None = None) -> int:
+        deadline = None if timeout is None else time.monotonic() + timeout
+        while (code := self.poll()) is None:
+            if deadline is not None and time.monotonic() > deadline:
+                raise subprocess.TimeoutExpired(f"pid {self.pid}", timeout or 0)
+            time.sleep(0.005)
+        return code
+
+    def send_signal(self, sig: int) -> None:
+        if self.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(self.pid, sig)
+
+    def terminate(self) -> None:
+        self.send_signal(signal.SIGTERM)
+
+    def kill(self) -> None:
+        self.send_signal(signal.SIGKILL)

@@ -30,13 +30,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 import uuid
 from typing import NoReturn
 
 from lowband.atomic import discard_pending, process_running
 from lowband.errors import INTERRUPTED, TERMINATED, Diverged, Unavailable, UsageError
-from lowband.procs import die_with_parent, fork, start
+from lowband.procs import Child, die_with_parent, fork, start
 
 CRASH_FILE = "crash.rank{rank}.txt"
 
@@ -72,8 +71,8 @@ def can_fork(net=None) -> bool:
 
 
 
-class ForkedWorker:
-    """A worker forked from the launcher, with the part of subprocess.Popen's interface supervise uses."""
+class ForkedWorker(Child):
+    """A worker forked from the launcher: its exit code from waitpid."""
 
     def __init__(self, pid: int):
         self.pid = pid
@@ -86,26 +85,6 @@ class ForkedWorker:
                 if pid:
                     self.returncode = os.waitstatus_to_exitcode(status)
         return self.returncode
-
-    def wait(self, timeout: float | None = None) -> int:
-        deadline = None if timeout is None else time.monotonic() + timeout
-        while self.poll() is None:
-            if deadline is not None and time.monotonic() > deadline:
-                raise subprocess.TimeoutExpired(f"worker {self.pid}", timeout or 0)
-            time.sleep(0.005)
-        return self.returncode  # type: ignore[return-value]
-
-    def send_signal(self, sig: int) -> None:
-        if self.poll() is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, sig)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
-
 
 
 Worker = subprocess.Popen | ForkedWorker

@@ -21,7 +21,6 @@ cannot use; LOWBAND_START=exec), a command starts cold: `python -m lowband.train
 
 from __future__ import annotations
 
-import contextlib
 import importlib
 import json
 import os
@@ -99,8 +98,8 @@ class Client:
         return reply
 
 
-class Command:
-    """A command started warm, with the part of subprocess.Popen's interface its callers use."""
+class Command(procs.Child):
+    """A command started warm: its exit code from the server's messages."""
 
     def __init__(self, client: Client, pid: int):
         self.client, self.pid = client, pid
@@ -116,26 +115,6 @@ class Command:
     def cpu_s(self) -> float | None:
         """The CPU seconds (user + system) the command and its workers took, once it has ended."""
         return self.client.cpu.get(self.pid)
-
-    def wait(self, timeout: float | None = None) -> int:
-        waited = 0.0
-        while (code := self.returncode) is None:
-            if timeout is not None and waited >= timeout:
-                raise subprocess.TimeoutExpired(f"lowband (pid {self.pid})", timeout)
-            select.select([self.client.sock], [], [], 0.05)
-            waited += 0.05
-        return code
-
-    def send_signal(self, sig: int) -> None:
-        if self.returncode is None:
-            with contextlib.suppress(ProcessLookupError):
-                os.kill(self.pid, sig)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
 
 
 def prestart() -> None:
