@@ -86,7 +86,7 @@ PLANTS = [
      ["tests/unit/test_tuning.py"]),
     # issue 65, item 6: what users would notice and the suite on 4ce807b did not
     ("samples a second count one rank's samples", "src/lowband/training/ranks.py",
-     "        return record, sum(r.samples for r in ranks)\n", "        return record, mine.samples\n",
+     "        return Made(record, sum(r.samples for r in ranks))\n", "        return Made(record, mine.samples)\n",
      ["tests/distributed/test_train_cli.py::test_allreduce_run_writes_records_bytes_and_equal_checkpoints"]),
     ("a prediction reply is counted after it was sent", "src/lowband/distill/teacher.py",
      "                self.answered(got[0], got[1], len(reply))  # counted before the asker can hold it\n"
@@ -114,7 +114,7 @@ PLANTS = [
      "        if self.feedback is not None:\n            self.feedback.residual = None\n", "",
      ["tests/unit/test_receive.py"]),
     ("--tune-seed accepts 2**32", "src/lowband/comparison/space.py",
-     'require(0 <= seed < 2**32, "--tune-seed"', 'require(0 <= seed <= 2**32, "--tune-seed"',
+     'bounds=f"[0, {2**32})", note=" (the samplers\' seed)"', 'bounds=f"[0, {2**32}]", note=" (the samplers\' seed)"',
      ["tests/unit/test_wrap_checks.py", "tests/unit/test_plan.py"]),
     ("an elastic round's outer step ignores the workers it lost", "src/lowband/methods/diloco.py",
      "            return max(rnd.contributors, self.ctx.cfg.train.workers)\n",

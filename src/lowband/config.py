@@ -75,10 +75,10 @@ class Bounds:
         lo, hi, lo_in, hi_in = self._interval()
         return (lo < value or (lo_in and lo == value)) and (value < hi or (hi_in and hi == value))
 
-    def says(self) -> str:
-        """'must be in [0, 1)', "must be 'auto' or >= 0", as an error message says it."""
+    def says(self, integer: bool = False) -> str:
+        """'must be in [0, 1)', "must be 'auto' or >= 0", 'must be an integer >= 1', as an error message says it."""
         s = self.spec.strip()
-        return f"must be {self._words()}{s if s[0] in '<>' else 'in ' + s}{self.note}"
+        return f"must be {self._words()}{'an integer ' if integer else ''}{s if s[0] in '<>' else 'in ' + s}{self.note}"
 
     def allowed(self) -> str:
         """'[0, 1)', "'auto' or >= 1", with the note: as a help text says it."""
@@ -110,6 +110,17 @@ def _choices(cls: type) -> dict[str, tuple]:
 
 
 @functools.cache
+def _integers(cls: type) -> frozenset[str]:
+    """The fields of dataclass `cls` typed int or int | None."""
+    try:
+        hints = typing.get_type_hints(cls)
+    except NameError:
+        return frozenset()
+    return frozenset(name for name, tp in hints.items() if tp is int or (
+        typing.get_origin(tp) in (typing.Union, types.UnionType) and set(typing.get_args(tp)) == {int, type(None)}))
+
+
+@functools.cache
 def bounds_of(cls: type) -> dict[str, Bounds]:
     """Each bounded field of dataclass `cls`, with its bounds: a field a subclass declares again (a new
     default) keeps the bounds its base declared unless it declares its own."""
@@ -122,12 +133,16 @@ def bounds_of(cls: type) -> dict[str, Bounds]:
 
 
 def check_bounds(table, prefix: str) -> None:
-    """Raise ConfigError for the first field of `table` (a dataclass) outside its declared bounds or choices."""
-    choices, bounds = _choices(type(table)), bounds_of(type(table))  # type: ignore[arg-type]
+    """Raise ConfigError for the first field of `table` (a dataclass) outside its declared type (an integer
+    field), bounds or choices."""
+    choices, bounds, ints = _choices(type(table)), bounds_of(type(table)), _integers(type(table))  # type: ignore[arg-type]
     for f in fields(table):
         value, rule, name = getattr(table, f.name), bounds.get(f.name), f.metadata.get("name") or f"{prefix}.{f.name}"
-        if rule is not None and not rule.holds(value):
-            raise ConfigError(name, value, rule.says())
+        whole = f.name not in ints or value is None or (isinstance(value, int) and not isinstance(value, bool))
+        if rule is not None and not (whole and rule.holds(value)):
+            raise ConfigError(name, value, rule.says(integer=not whole))
+        if not whole:
+            raise ConfigError(name, value, "must be an integer")
         if f.name in choices and value not in choices[f.name]:
             raise ConfigError(name, value, "must be one of " + ", ".join(map(repr, choices[f.name])))
 

@@ -28,13 +28,15 @@ from __future__ import annotations
 
 import tempfile
 import warnings
-from typing import TYPE_CHECKING, Any
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 from torch import nn
 
 from lowband import config as C
 from lowband.comm import BOOKKEEPING_TAGS, Communicator
+from lowband.config import check_bounds, opt
 from lowband.errors import ConfigError, require
 from lowband.methods.base import Context, Method
 from lowband.run.rundir import RunDir
@@ -132,6 +134,19 @@ class Sync:
             self.comm.close(clean=True)
 
 
+@dataclass(frozen=True)
+class WrapArgs:
+    """wrap's own sizes and choices, each declaring what it allows (checked when built, before anything starts)."""
+
+    total_steps: int = opt(1, "the optimizer steps the caller's loop takes", bounds=">= 1", name="total_steps")
+    seed: int = opt(0, "the method's seed", bounds=f"0..{C.MAX_SEED}", name="seed")
+    precision: Literal["fp32", "bf16"] = opt("fp32", "the caller's precision", name="precision")
+    workers: int = opt(1, "an elastic job's workers launched together", bounds="1..1024", name="workers")
+
+    def __post_init__(self):
+        check_bounds(self, "wrap")
+
+
 def wrap(model: nn.Module, optimizer: torch.optim.Optimizer, spec: str = "allreduce", *,
          comm: Communicator | None = None, total_steps: int = 1, seed: int = 0, run_dir: str | None = None,
          precision: str = "fp32", gradient_hook: bool = True, elastic: str | None = None, job: str = "own-loop",
@@ -143,7 +158,7 @@ def wrap(model: nn.Module, optimizer: torch.optim.Optimizer, spec: str = "allred
     then a worker of the elastic job `job`, of which `workers` are launched together (wrapping_elastic.py), with
     `config`'s elastic table over the defaults (`{"elastic": {"dead_after_s": 2}}`; `lowband config` lists them).
     Raises ConfigError naming the field for a method or option it cannot run."""
-    require(isinstance(total_steps, int) and total_steps >= 1, "total_steps", total_steps, "must be an integer >= 1")
+    WrapArgs(total_steps, seed, precision, workers)  # type: ignore[arg-type]
     if elastic is not None:
         return _elastic(model, optimizer, spec, elastic, job, workers, total_steps, seed, precision, run_dir,
                         config or {})
@@ -178,7 +193,7 @@ def _elastic(model, optimizer, spec: str, coordinator: str, job: str, workers: i
     """wrap's elastic membership: this process joins job `job` on `coordinator` (wrapping_elastic.py)."""
     from lowband import wrapping_elastic as E
 
-    E.check_elastic_args(coordinator, workers, config)
+    E.check_elastic_args(coordinator, config)
     name, cfg = method_config(spec, seed, precision, workers=workers, elastic=config.get("elastic", {}))
     device = check_optimizer(model, optimizer)
     method, trained, quorum, loop = E.join_job(model, name, cfg, device, coordinator, job, total_steps, run_dir)
@@ -256,8 +271,6 @@ def method_config(spec: str, seed: int = 0, precision: str = "fp32", workers: in
     method: dict[str, Any] = {"name": name, **options}
     if "round_evals" in C.from_dict({"method": {"name": name}}, method_configs()).method.__dataclass_fields__:
         method.setdefault("round_evals", 0)
-    require(isinstance(seed, int) and seed >= 0, "seed", seed, "must be an integer >= 0")
-    require(precision in ("fp32", "bf16"), "precision", precision, "must be fp32 or bf16")
     train = {"epochs": 1, "seed": seed, "precision": precision, **({"workers": workers} if workers else {})}
     tables = {"elastic": {**(elastic or {}), "on": True}} if workers else {}
     return name, C.from_dict({"method": method, "train": train, **tables}, method_configs())

@@ -131,13 +131,11 @@ def _started(model: nn.Module, name: str, cfg: Config, quorum: ElasticQuorum, to
     return method, trained
 
 
-def check_elastic_args(elastic: str, workers: int, config: dict) -> None:
-    """wrap's elastic arguments: a coordinator URL, the workers launched together (1..1024) and a config
-    holding the elastic table alone (its values are checked where the table is built)."""
+def check_elastic_args(elastic: str, config: dict) -> None:
+    """wrap's elastic arguments: a coordinator URL and a config holding the elastic table alone (its values are
+    checked where the table is built; the workers launched together, by wrapping.WrapArgs)."""
     if not isinstance(elastic, str) or not elastic.startswith(("redis://", "rediss://", "unix://")):
         raise ConfigError("elastic", elastic, "must be the coordinator's redis://, rediss:// or unix:// URL "
                                               "(`lowband coordinator` starts one and prints it)")
-    require(isinstance(workers, int) and 1 <= workers <= 1024, "workers", workers,
-            "must be the number of workers launched together, 1..1024")
     require(isinstance(config, dict) and set(config) <= {"elastic"} and isinstance(config.get("elastic", {}), dict),
             "config", config, "must be a dict with one table, elastic (e.g. {'elastic': {'dead_after_s': 2}})")
