@@ -10,16 +10,18 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import re
 import types
 import typing
+from collections.abc import Callable
 from dataclasses import dataclass, fields
 from typing import Any, Literal
 
 import tomli_w
 import tomllib
 
-from lowband.errors import ConfigError, UsageError, require
-from lowband.net.links import parse_link
+from lowband.errors import ConfigError, require
+from lowband.net.links import LINK_WORDS, parse_link
 from lowband.net.sites import site_map
 
 MAX_SEED = 2**32 - 1  # numpy's seeds
@@ -89,11 +91,37 @@ class Bounds:
         return "".join(f"{a!r} or " for a in self.also if isinstance(a, str))
 
 
-def opt(default, help: str, bounds: str = "", note: str = "", also: tuple = (), name: str = ""):
-    """A dataclass field with a default, a help text and, for a number, the values it allows (`Bounds`:
-    checked when its table is built, with one message naming the field, the value and the range); `name`:
-    what the user calls it where that is not SECTION.KEY (a command-line flag such as --tune-epochs)."""
-    meta = {"help": help, **({"bounds": Bounds(bounds, note, also)} if bounds else {}), **({"name": name} if name else {})}
+@dataclass(frozen=True)
+class Form:
+    """The text a string field allows: `pattern`, a regular expression the whole value matches, or `parse`, a
+    grammar of its own that raises ConfigError naming the field (a codec spec). `words` say what is allowed
+    ("empty or a redis:// URL"), `note` why, as an error message ("must be WORDS NOTE") and a help text say it."""
+
+    words: str
+    pattern: str = ""
+    parse: Callable[[str, str], object] | None = None
+    note: str = ""
+
+    def check(self, value, field: str) -> None:
+        if self.parse is not None:
+            self.parse(value, field)
+        elif not (isinstance(value, str) and re.fullmatch(self.pattern, value)):
+            raise ConfigError(field, value, f"must be {self.allowed()}")
+
+    def allowed(self) -> str:
+        return self.words + self.note
+
+
+def opt(default, help: str, bounds: str = "", note: str = "", also: tuple = (), name: str = "",
+        form: Form | None = None, only: tuple[str, object, str] | None = None):
+    """A dataclass field with a default, a help text and what it allows, checked when its table is built
+    with one message naming the field, the value and what is allowed: for a number its `Bounds`, for text
+    its `form` (a list: each item's). `name`: what the user calls it where that is not SECTION.KEY (a
+    command-line flag such as --tune-epochs); `note` is said after the range, or after a Literal's choices.
+    `only=(FIELD, VALUE, WHY)`: any value but the default needs the table's FIELD to be VALUE."""
+    rule = Bounds(bounds, note, also) if bounds else form
+    meta = {"help": help, **({"bounds": rule} if rule else {}), **({"name": name} if name else {}),
+            **({"note": note} if note and not bounds else {}), **({"only": only} if only else {})}
     if isinstance(default, (list, dict)):
         return dataclasses.field(default_factory=lambda: type(default)(default), metadata=meta)
     return dataclasses.field(default=default, metadata=meta)
@@ -111,20 +139,20 @@ def _choices(cls: type) -> dict[str, tuple]:
 
 @functools.cache
 def _integers(cls: type) -> frozenset[str]:
-    """The fields of dataclass `cls` typed int or int | None."""
+    """The fields of dataclass `cls` typed int, int | None or list[int]."""
     try:
         hints = typing.get_type_hints(cls)
     except NameError:
         return frozenset()
-    return frozenset(name for name, tp in hints.items() if tp is int or (
+    return frozenset(name for name, tp in hints.items() if tp in (int, list[int]) or (
         typing.get_origin(tp) in (typing.Union, types.UnionType) and set(typing.get_args(tp)) == {int, type(None)}))
 
 
 @functools.cache
-def bounds_of(cls: type) -> dict[str, Bounds]:
+def bounds_of(cls: type) -> dict[str, Bounds | Form]:
     """Each bounded field of dataclass `cls`, with its bounds: a field a subclass declares again (a new
     default) keeps the bounds its base declared unless it declares its own."""
-    found: dict[str, Bounds] = {}
+    found: dict[str, Bounds | Form] = {}
     for base in reversed(cls.__mro__):
         for name, f in getattr(base, "__dataclass_fields__", {}).items():
             if "bounds" in f.metadata:
@@ -134,17 +162,31 @@ def bounds_of(cls: type) -> dict[str, Bounds]:
 
 def check_bounds(table, prefix: str) -> None:
     """Raise ConfigError for the first field of `table` (a dataclass) outside its declared type (an integer
-    field), bounds or choices."""
-    choices, bounds, ints = _choices(type(table)), bounds_of(type(table)), _integers(type(table))  # type: ignore[arg-type]
+    field), bounds, form or choices; a list's rule holds for each of its items."""
+    choices, rules, ints = _choices(type(table)), bounds_of(type(table)), _integers(type(table))  # type: ignore[arg-type]
     for f in fields(table):
-        value, rule, name = getattr(table, f.name), bounds.get(f.name), f.metadata.get("name") or f"{prefix}.{f.name}"
-        whole = f.name not in ints or value is None or (isinstance(value, int) and not isinstance(value, bool))
-        if rule is not None and not (whole and rule.holds(value)):
-            raise ConfigError(name, value, rule.says(integer=not whole))
-        if not whole:
-            raise ConfigError(name, value, "must be an integer")
+        value, name = getattr(table, f.name), f.metadata.get("name") or f"{prefix}.{f.name}"
+        for item in value if isinstance(value, list) else [value]:
+            _check(item, name, rules.get(f.name), f.name in ints)
         if f.name in choices and value not in choices[f.name]:
-            raise ConfigError(name, value, "must be one of " + ", ".join(map(repr, choices[f.name])))
+            raise ConfigError(name, value, "must be one of " + ", ".join(map(repr, choices[f.name])) +
+                              f.metadata.get("note", ""))
+    for f in fields(table):  # then the rules between fields, each field's own value known good
+        other, wanted, why = f.metadata.get("only", ("", None, ""))
+        if other and getattr(table, f.name) != f.default and getattr(table, other) != wanted:
+            raise ConfigError(f"{prefix}.{f.name}", getattr(table, f.name), f"applies with {prefix}.{other}="
+                                                                           f"{wanted!r} only, not {getattr(table, other)!r}{why}")
+
+
+def _check(value, name: str, rule: Bounds | Form | None, integer: bool) -> None:
+    """One value against its field's rule, and whole when the field takes integers."""
+    whole = not integer or value is None or (isinstance(value, int) and not isinstance(value, bool))
+    if isinstance(rule, Form):
+        rule.check(value, name)
+    elif rule is not None and not (whole and rule.holds(value)):
+        raise ConfigError(name, value, rule.says(integer=not whole))
+    if not whole:
+        raise ConfigError(name, value, "must be an integer")
 
 
 @dataclass(kw_only=True)
@@ -180,16 +222,14 @@ class TrainConfig:
     target_bpb: float = opt(0.0, "language models: report the first epoch whose validation bits per byte is within "
                                  "1% of this (0: none)", bounds=">= 0", note=" (0: none)")
     stop_at_target: bool = opt(False, "stop training at the first epoch that reaches target_accuracy (target_bpb)")
-    loggers: list = opt([], "experiment loggers mirroring every epoch's figures: tensorboard, wandb "
-                            "(offline unless WANDB_MODE is set) or package.module:factory")
+    loggers: list[str] = opt([], "experiment loggers mirroring every epoch's figures (wandb: offline unless "
+                                 "WANDB_MODE is set)",
+                             form=Form("tensorboard, wandb or package.module:factory", r"tensorboard|wandb|\S+:\S+"))
 
     def __post_init__(self):
         check_bounds(self, "train")
         require(not self.stop_at_target or self.target_accuracy > 0 or self.target_bpb > 0, "train.stop_at_target",
                 self.stop_at_target, "needs train.target_accuracy > 0, train.target_bpb > 0 or --target-from RUN_DIR")
-        for name in self.loggers:
-            require(isinstance(name, str) and (name in ("tensorboard", "wandb") or ":" in name), "train.loggers",
-                    name, "unknown logger; known: tensorboard, wandb (or package.module:factory)")
 
 
 @dataclass(kw_only=True)
@@ -262,7 +302,8 @@ class OptimConfig:
     nesterov: bool = opt(False, "sgd: Nesterov momentum")
     weight_decay: float = opt(5e-4, "L2 weight decay", bounds="[0, 1]")
     schedule: Literal["constant", "step", "cosine"] = opt("cosine", "learning-rate schedule over the epochs")
-    milestones: list = opt([], "step schedule: epochs at which the rate is multiplied by gamma")
+    milestones: list[float] = opt([], "step schedule: epochs at which the rate is multiplied by gamma, in "
+                                      "increasing order", bounds="> 0")
     gamma: float = opt(0.1, "step schedule: factor at each milestone", bounds="(0, 1]")
     warmup_epochs: float | str = opt("auto", "linear warm-up length in epochs; auto: the method's default",
                                      bounds=">= 0", also=("auto",))
@@ -271,30 +312,27 @@ class OptimConfig:
 
     def __post_init__(self):
         check_bounds(self, "optim")
-        ms = self.milestones
-        require(all(isinstance(m, (int, float)) and m > 0 for m in ms) and ms == sorted(ms),
-                "optim.milestones", ms, "must be increasing positive epoch numbers")
+        require(self.milestones == sorted(self.milestones), "optim.milestones", self.milestones,
+                "must be increasing epoch numbers")
+
+
+LINK = Form(LINK_WORDS, parse=parse_link)
 
 
 @dataclass(kw_only=True)
 class LinkConfig:
-    rate: str = opt("unlimited", "RATE[,LATENCY] of the link between sites (every worker its own site unless "
-                                 "sites or site_of say otherwise), e.g. 10mbit,20ms (units bit/kbit/mbit/gbit)")
+    rate: str = opt("unlimited", "the link between sites (every worker its own site unless sites or site_of say "
+                                 "otherwise)",
+                    form=LINK)
     mode: Literal["model", "netns"] = opt("model", "model: delays in the communicator; netns: real tc-shaped links (root)")
     sites: int = opt(0, "S: the workers form S equal sites of consecutive ranks (0: every worker its own site)",
                      bounds=">= 0", note=" (0: every worker its own site)")
-    site_of: list = opt([], "each rank's site, for uneven sites, e.g. [0, 0, 0, 1] (overrides sites)")
-    intra: str = opt("unlimited", "RATE[,LATENCY] of the link inside a site (netns: RATE only)")
+    site_of: list[int] = opt([], "each rank's site, for uneven sites, e.g. [0, 0, 0, 1] (overrides sites)",
+                             bounds=">= 0", note=" (each rank's site)")
+    intra: str = opt("unlimited", "the link inside a site (netns: RATE only)", form=LINK)
 
     def __post_init__(self):
         check_bounds(self, "link")
-        for name in ("rate", "intra"):
-            try:
-                parse_link(getattr(self, name))
-            except UsageError as e:
-                raise ConfigError(f"link.{name}", getattr(self, name), str(e).split(" does not parse: ")[-1]) from None
-        require(all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in self.site_of),
-                "link.site_of", self.site_of, "must list integers >= 0, one site per rank")
 
     def site_map(self, world: int) -> list[int]:
         """Each rank's site (lowband.net.sites); raises ConfigError for a map that does not fit `world`."""
@@ -333,7 +371,8 @@ class ElasticConfig:
     min_workers: int = opt(1, "the fewest workers a round runs with; below it the job waits and says so", bounds=">= 1")
     max_workers: int = opt(0, "the most workers a round takes (0: no limit); more wait for a free place")
     coordinator: str = opt("", "Redis URL keeping membership (redis://HOST:PORT/DB); empty: an embedded one on "
-                               "127.0.0.1, started by `lowband train`")
+                               "127.0.0.1, started by `lowband train`",
+                           form=Form("empty or a redis://, rediss:// or unix:// URL", r"|(redis|rediss|unix)://.*"))
     host: str = opt("127.0.0.1", "address this machine's workers listen on for their quorum's process group")
     heartbeat_s: float = opt(1.0, "seconds between a worker's heartbeats", bounds="> 0", note=" seconds")
     dead_after_s: float = opt(5.0, "a worker silent this long is out of the job (it rejoins when it speaks again)",
@@ -358,8 +397,6 @@ class ElasticConfig:
                 self.max_workers, f"must be 0 (no limit) or >= elastic.min_workers={self.min_workers}")
         require(self.dead_after_s > self.heartbeat_s, "elastic.dead_after_s", self.dead_after_s,
                 f"must be longer than elastic.heartbeat_s={self.heartbeat_s:g}")
-        require(self.coordinator == "" or self.coordinator.startswith(("redis://", "rediss://", "unix://")),
-                "elastic.coordinator", self.coordinator, "must be empty or a redis://, rediss:// or unix:// URL")
 
 
 @dataclass(kw_only=True)
@@ -376,11 +413,11 @@ class Config:
         """A target in the workload's own metric: accuracy for a classifier, bits per byte for text; one
         context is enough (`follow_context`)."""
         self.follow_context()
-        text = self.data.is_text
-        require(not (text and self.train.target_accuracy), "train.target_accuracy", self.train.target_accuracy,
-                f"{self.data.name} trains a language model, judged in bits per byte: set train.target_bpb instead")
-        require(not (not text and self.train.target_bpb), "train.target_bpb", self.train.target_bpb,
-                f"{self.data.name} is classified, judged by accuracy: set train.target_accuracy instead")
+        wrong, right = ("target_accuracy", "target_bpb") if self.data.is_text else ("target_bpb", "target_accuracy")
+        judged = "trains a language model, judged in bits per byte" if self.data.is_text else \
+            "is classified, judged by accuracy"
+        require(not getattr(self.train, wrong), f"train.{wrong}", getattr(self.train, wrong),
+                f"{self.data.name} {judged}: set train.{right} instead")
 
 
     def follow_context(self) -> None:
@@ -418,9 +455,6 @@ def _type_name(tp) -> str:
 
 def _coerce(tp, value, field_name: str):
     origin = typing.get_origin(tp)
-    if origin is Literal:
-        require(value in typing.get_args(tp), field_name, value, "must be " + _type_name(tp))
-        return value
     if origin in (typing.Union, types.UnionType):
         for arg in typing.get_args(tp):
             try:
@@ -428,10 +462,13 @@ def _coerce(tp, value, field_name: str):
             except ConfigError:
                 pass
         raise ConfigError(field_name, value, "must be " + _type_name(tp))
-    if tp is float and isinstance(value, (int, float)) and not isinstance(value, bool):
-        require(math.isfinite(value), field_name, value, "must be a finite number")
+    if origin is list:  # list[X]: each item an X
+        return [_coerce(typing.get_args(tp)[0], item, field_name) for item in _coerce(list, value, field_name)]
+    number = isinstance(value, (int, float)) and not isinstance(value, bool)
+    if tp is float and number and math.isfinite(value):
         return float(value)
-    ok = isinstance(value, tp) and not (tp is int and isinstance(value, bool))
+    ok = value in typing.get_args(tp) if origin is Literal else isinstance(value, tp) and (
+        tp is not float and not (tp is int and isinstance(value, bool)))
     require(ok, field_name, value, "must be " + _type_name(tp))
     return value
 
@@ -524,8 +561,8 @@ def from_dict(raw: dict, method_configs: dict[str, type]) -> Config:
         raise ConfigError(key, raw[key], "unknown table; known: method, " + ", ".join(SECTIONS))
     method_raw = dict(raw.pop("method", {}))
     name = method_raw.get("name", MethodConfig.name)
-    require(isinstance(name, str), "method.name", name, "must be a string naming a method")
-    require(name in method_configs, "method.name", name, "known methods: " + ", ".join(sorted(method_configs)))
+    require(isinstance(name, str) and name in method_configs, "method.name", name,
+            "known methods: " + ", ".join(sorted(method_configs)))
     sections = {key: build(cls, raw.get(key, {}), key) for key, cls in SECTIONS.items()}
     return Config(method=build(method_configs[name], method_raw, "method"), **sections)
 

@@ -36,7 +36,7 @@ from torch import nn
 
 from lowband import config as C
 from lowband.comm import BOOKKEEPING_TAGS, Communicator
-from lowband.config import check_bounds, opt
+from lowband.config import Form, check_bounds, opt
 from lowband.errors import ConfigError, require
 from lowband.methods.base import Context, Method
 from lowband.run.rundir import RunDir
@@ -142,6 +142,8 @@ class WrapArgs:
     seed: int = opt(0, "the method's seed", bounds=f"0..{C.MAX_SEED}", name="seed")
     precision: Literal["fp32", "bf16"] = opt("fp32", "the caller's precision", name="precision")
     workers: int = opt(1, "an elastic job's workers launched together", bounds="1..1024", name="workers")
+    job: str = opt("own-loop", "an elastic job's name", form=Form("1-64 letters, digits, '-' or '_'", r"[\w-]{1,64}"),
+                   name="job")
 
     def __post_init__(self):
         check_bounds(self, "wrap")
@@ -158,7 +160,7 @@ def wrap(model: nn.Module, optimizer: torch.optim.Optimizer, spec: str = "allred
     then a worker of the elastic job `job`, of which `workers` are launched together (wrapping_elastic.py), with
     `config`'s elastic table over the defaults (`{"elastic": {"dead_after_s": 2}}`; `lowband config` lists them).
     Raises ConfigError naming the field for a method or option it cannot run."""
-    WrapArgs(total_steps, seed, precision, workers)  # type: ignore[arg-type]
+    WrapArgs(total_steps, seed, precision, workers, job)  # type: ignore[arg-type]
     if elastic is not None:
         return _elastic(model, optimizer, spec, elastic, job, workers, total_steps, seed, precision, run_dir,
                         config or {})

@@ -85,8 +85,6 @@ def join_job(model: nn.Module, name: str, cfg: Config, device: torch.device, coo
     method_cls.check_elastic(cfg.method)
     require(device.type == "cpu", "model", f"on {device}", "an elastic wrap trains on the CPU (its quorums are gloo "
                                                            "groups)")
-    require(isinstance(job, str) and 0 < len(job) <= 64 and job.replace("-", "").replace("_", "").isalnum(), "job",
-            job, "must be 1-64 letters, digits, '-' or '_'")
     e = cfg.elastic
     members = Membership(coordinator, job, e.dead_after_s)
     members.ping()  # one line (UsageError) when the coordinator cannot be reached

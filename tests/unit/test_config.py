@@ -34,6 +34,18 @@ def test_defaults_build_and_round_trip_through_toml():
     ({"method": {"name": "single", "warmup_epochs": 1}}, "method.warmup_epochs", "known keys: name"),
     ({"optim": {"milestones": [20, 10]}}, "optim.milestones", "increasing"),
     ({"optim": {"warmup_epochs": "soon"}}, "optim.warmup_epochs", "'auto'"),
+    # declared forms: a pattern, a grammar of its own, a list's items, a field that applies with another's value
+    ({"train": {"loggers": ["tensorbord"]}}, "train.loggers", "'tensorbord' is invalid: must be tensorboard, wandb"),
+    ({"elastic": {"coordinator": "http://h:1"}}, "elastic.coordinator", "redis://, rediss:// or unix://"),
+    ({"link": {"rate": "fast"}}, "link.rate", "RATE[,LATENCY] such as 10mbit,20ms"),
+    ({"link": {"site_of": [0, -1]}}, "link.site_of", "=-1 is invalid: must be >= 0"),
+    ({"link": {"site_of": [0, 1.5]}}, "link.site_of", "=1.5 is invalid: must be an integer"),
+    ({"optim": {"milestones": [0, 10]}}, "optim.milestones", "=0.0 is invalid: must be > 0"),
+    ({"method": {"name": "sparseloco", "codec": "topk:0.1"}}, "method.codec", "(the top-k is method.density)"),
+    ({"method": {"name": "sparseloco", "flush": "topk:0.1"}}, "method.flush", "'' (no flush) or a dense codec"),
+    ({"method": {"name": "diloco", "codec": "topk:2"}}, "method.codec", "topk:F needs 0 < F <= 1"),
+    ({"method": {"name": "codistill", "answer_topk": 5}}, "method.answer_topk",
+     "applies with method.exchange='server' only, not 'store'"),
 ])
 def test_invalid_values_name_field_value_and_what_is_allowed(raw, field, fragment):
     with pytest.raises(ConfigError) as e:

@@ -24,6 +24,7 @@ Same idea as hivemind's compression/ and torchft's quantization.py; our own code
 from __future__ import annotations
 
 import math
+import re
 
 import numpy as np
 import torch
@@ -242,38 +243,35 @@ class TopKCodec(Codec):
 
 VALUE_SPECS = "fp32, fp16, bf16, int8, int4, int2 (optionally :stochastic or :nearest), lut1, lut2, lut4"
 SPEC_HELP = f"{VALUE_SPECS}, or topk:F with 0 < F <= 1, optionally +VALUE (e.g. topk:0.02+int2)"
+VALUE_PATTERN = r"fp32|fp16|bf16|lut[124]|int[248](?::(?:nearest|stochastic))?"  # a dense codec, as VALUE_SPECS says
+DENSE = rf"\s*(?:{VALUE_PATTERN})\s*"  # a field that takes a dense codec only
+SPEC = re.compile(rf"\s*(?:topk:(?P<fraction>[^+]*)(?:\+(?P<then>{VALUE_PATTERN}))?|(?P<value>{VALUE_PATTERN}))\s*")
 
 
-def _value_codec(part: str, spec: str, field: str, seed: int) -> Codec:
-    name, _, rounding = part.partition(":")
-    if name == "fp32" and not rounding:
-        return Codec()
-    if name in ("fp16", "bf16") and not rounding:
+def _value_codec(spec: str, seed: int) -> Codec:
+    """The dense codec `spec` (it matches VALUE_PATTERN) names."""
+    name, _, rounding = spec.partition(":")
+    if name in ("fp16", "bf16"):
         return Half(torch.float16 if name == "fp16" else torch.bfloat16)
-    if name in ("lut1", "lut2", "lut4") and not rounding:
+    if name.startswith("lut"):
         return Binned(int(name[3:]))
-    require(name in ("int8", "int4", "int2") and rounding in ("", "nearest", "stochastic"), field, spec,
-            f"must be {SPEC_HELP}")
-    return Quantized(int(name[3:]), rounding == "stochastic", seed)
+    return Quantized(int(name[3:]), rounding == "stochastic", seed) if name.startswith("int") else Codec()
 
 
 def parse_codec(spec: str, field: str = "method.codec", seed: int = 0) -> Codec:
-    """The codec a spec names; a malformed spec raises ConfigError naming `field`."""
-    require(isinstance(spec, str) and spec.strip() != "", field, spec, f"must be {SPEC_HELP}")
-    parts = spec.strip().split("+")
-    require(len(parts) <= 2, field, spec, f"must be {SPEC_HELP}")
-    if not parts[0].startswith("topk"):
-        require(len(parts) == 1, field, spec, "only topk:F may be followed by +VALUE")
-        return _value_codec(parts[0], spec, field, seed)
-    name, _, fraction = parts[0].partition(":")
+    """The codec a spec names (SPEC_HELP); a malformed spec raises ConfigError naming `field`."""
+    m = SPEC.fullmatch(spec) if isinstance(spec, str) else None
+    require(m is not None, field, spec, f"must be {SPEC_HELP}")
+    assert m is not None
+    if m["value"]:
+        return _value_codec(m["value"], seed)
     try:
-        f = float(fraction)
+        f = float(m["fraction"])
     except ValueError:
-        f = float("nan")
-    require(name == "topk" and 0 < f <= 1, field, spec, f"topk needs a fraction in (0, 1]; {SPEC_HELP}")
-    require(round(f * TOPK_CHUNK) >= 1, field, spec, f"keeps round({f:g} x {TOPK_CHUNK}) = 0 values of each "
-                                                      f"chunk; the smallest fraction is 1/{TOPK_CHUNK} = {1 / TOPK_CHUNK:.3g}")
-    return TopKCodec(f, _value_codec(parts[1], spec, field, seed) if len(parts) == 2 else None)
+        f = math.nan
+    require(0 < f <= 1 and round(f * TOPK_CHUNK) >= 1, field, spec, f"topk:F needs 0 < F <= 1 keeping round(F x "
+            f"{TOPK_CHUNK}) >= 1 values of each chunk (F >= 1/{TOPK_CHUNK} = {1 / TOPK_CHUNK:.3g}); {SPEC_HELP}")
+    return TopKCodec(f, _value_codec(m["then"], seed) if m["then"] else None)
 
 
 class ErrorFeedback:

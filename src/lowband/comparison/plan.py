@@ -73,12 +73,11 @@ def parse_spec(spec: str, field: str = "--methods") -> tuple[str, dict]:
 
 
 def parse_seeds(text: str) -> list[int]:
-    """'0,1,2' -> [0, 1, 2]: distinct integers >= 0."""
-    allowed = "a comma-separated list of distinct integers >= 0, e.g. 0,1,2"
+    """'0,1,2' -> [0, 1, 2]: distinct seeds."""
+    allowed = f"a comma-separated list of distinct integers in 0..{C.MAX_SEED}, e.g. 0,1,2"
     items = [item.strip() for item in text.split(",")]
-    require(all(item.isascii() and item.isdigit() for item in items), "--seeds", text, allowed)
-    seeds = [int(item) for item in items]
-    require(len(set(seeds)) == len(seeds), "--seeds", text, allowed)
+    seeds = [int(item) if item.isascii() and item.isdigit() else -1 for item in items]
+    require(min(seeds) >= 0 and max(seeds) <= C.MAX_SEED and len(set(seeds)) == len(seeds), "--seeds", text, allowed)
     return seeds
 
 

@@ -19,6 +19,7 @@ Nothing here imports Optuna: parsing is checked before any folder exists.
 from __future__ import annotations
 
 import math
+import re
 import typing
 from dataclasses import asdict, dataclass, replace
 from typing import Literal
@@ -156,31 +157,27 @@ def parse_tune(texts: list[str] | str, epochs: int | None = None, trials: int | 
     return Tune(params, epochs, trials, sampler, seed, pruner, train_seed)  # type: ignore[arg-type]
 
 
+PARAM = re.compile(r"\s*(?P<field>[^=.\s]+\.[^=.\s]+)\s*=\s*(?:(?P<log>log:)?(?P<lo>[^:,]+):(?P<hi>[^:,]+)"
+                   r"(?::(?P<n>[^:,]*))?|(?P<values>[^:]+))\s*")  # TUNE_SYNTAX
+
+
 def parse_param(text: str) -> Param:
     """'optim.lr=0.05,0.1', 'optim.lr=log:0.01:0.1:3', 'method.outer_lr=0.3:1.0', 'optim.lr=log:1e-3:1e-2'."""
-    field, sep, spec = (part.strip() for part in text.partition("="))
-    require(bool(sep) and bool(spec) and len(field.split(".")) == 2 and all(field.split(".")), "--tune", text,
-            TUNE_SYNTAX)
-    parts = spec.split(":")
-    if parts[0] == "log" and len(parts) == 4:
-        return Param(field, tuple(dict.fromkeys(log_values(text, parts[1:]))))
-    if parts[0] == "log":
-        require(len(parts) == 3, "--tune", text, TUNE_SYNTAX)
-        low, high = bounds(text, parts[1], parts[2])
-        require(low > 0, "--tune", text, f"a log range needs 0 < LO; {show(low)} is not above 0")
-        return Param(field, low=low, high=high, log=True)
-    if len(parts) == 2:
-        low, high = bounds(text, parts[0], parts[1])
-        return Param(field, low=low, high=high)
-    require(len(parts) == 1, "--tune", text, TUNE_SYNTAX)
-    return Param(field, tuple(dict.fromkeys(number(text, v) for v in spec.split(","))))
-
-
-def bounds(text: str, lo: str, hi: str) -> tuple[float, float]:
-    """A range's two ends as numbers, LO below HI."""
-    low, high = number(text, lo), number(text, hi)
-    require(low < high, "--tune", text, f"a range LO:HI needs LO < HI; {show(low)} is not below {show(high)}")
-    return low, high
+    m = PARAM.fullmatch(text)
+    require(m is not None and (bool(m["log"]) or m["n"] is None), "--tune", text, TUNE_SYNTAX)
+    assert m is not None
+    if m["values"] is not None:
+        return Param(m["field"], tuple(dict.fromkeys(number(text, v) for v in m["values"].split(","))))
+    low, high, log = number(text, m["lo"]), number(text, m["hi"]), bool(m["log"])
+    why = f"{show(low)} is not above 0" if log and low <= 0 else f"{show(low)} is not below {show(high)}"
+    require(low < high and (low > 0 or not log), "--tune", text,
+            f"a {'log range needs 0 < LO < HI' if log else 'range LO:HI needs LO < HI'}; {why}")
+    if m["n"] is None:
+        return Param(m["field"], low=low, high=high, log=log)
+    n = m["n"].strip()
+    require(n.isascii() and n.isdigit() and 2 <= int(n) <= MAX_POINTS, "--tune", text,
+            f"log:LO:HI:N needs an integer N in [2, {MAX_POINTS}] (each value is a training run)")
+    return Param(m["field"], tuple(dict.fromkeys(log_values(low, high, int(n)))))
 
 
 def number(text: str, item: str) -> float:
@@ -192,12 +189,6 @@ def number(text: str, item: str) -> float:
     return value
 
 
-def log_values(text: str, parts: list[str]) -> list[float]:
-    """[LO, HI, N] -> N values from LO to HI evenly spaced on a log scale (4 significant digits)."""
-    lo, hi = number(text, parts[0]), number(text, parts[1])
-    n_text = parts[2].strip()
-    require(n_text.isascii() and n_text.isdigit() and 2 <= int(n_text) <= MAX_POINTS, "--tune", text,
-            f"log:LO:HI:N needs an integer N in [2, {MAX_POINTS}] (each value is a training run)")
-    require(0 < lo < hi, "--tune", text, "log:LO:HI:N needs 0 < LO < HI")
-    n = int(parts[2])
+def log_values(lo: float, hi: float, n: int) -> list[float]:
+    """N values from LO to HI evenly spaced on a log scale (4 significant digits)."""
     return [float(f"{lo * (hi / lo) ** (i / (n - 1)):.4g}") for i in range(n)]

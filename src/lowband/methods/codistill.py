@@ -29,7 +29,7 @@ from lowband.comm.store import CheckpointStore
 from lowband.config import MethodConfig, opt
 from lowband.distill.losses import codistill_loss
 from lowband.distill.peer_answers import PeerAnswers
-from lowband.errors import ConfigError, require
+from lowband.errors import ConfigError
 from lowband.methods.base import Method
 from lowband.registry import METHODS
 
@@ -45,7 +45,8 @@ class CodistillConfig(MethodConfig):
     alpha: float = opt(1.0, "weight of the distillation term", bounds=">= 0")
     burn_in: int = opt(0, "B: steps of plain training before distillation starts", bounds=">= 0")
     data: Literal["same", "partitioned"] = opt("same", "same: every model sees all data; partitioned: disjoint shards")
-    store: str = opt("", "checkpoint store: a directory or fsspec URL (default RUN_DIR/exchange)")
+    store: str = opt("", "checkpoint store: a directory or fsspec URL (default RUN_DIR/exchange)",
+                     only=("exchange", "store", " (the prediction servers use no store: leave it empty)"))
     temperature: float = opt(1.0, "distillation temperature T", bounds="> 0")
     wait_s: float = opt(0.0, "lockstep: wait this long for peers' checkpoints (or answers) of the same "
                                     "step (0: take the newest)", bounds=">= 0")
@@ -58,7 +59,8 @@ class CodistillConfig(MethodConfig):
                                                         "model and every rank asks the peers' servers for their "
                                                         "outputs on each batch")
     answer_topk: int = opt(0, "exchange=server, codistill: the server sends each row's k largest logits only "
-                              "(0, or k >= the classes or vocabulary: all; the rest read as probability 0)", bounds=">= 0")
+                              "(0, or k >= the classes or vocabulary: all; the rest read as probability 0)", bounds=">= 0",
+                         only=("exchange", "server", " (the store sends whole checkpoints)"))
     server_host: str = opt("127.0.0.1", "exchange=server: the interface the prediction servers bind (0.0.0.0 for "
                                         "workers on several machines)")
     server_timeout_s: float = opt(30.0, "exchange=server: a peer that does not answer within this many seconds is "
@@ -66,13 +68,6 @@ class CodistillConfig(MethodConfig):
                                   bounds=f">= {MIN_ANSWER_S:g}",
                                   note=" s: no answer comes back sooner, so every peer's term would be dropped and "
                                        "distillation would be off")
-
-    def __post_init__(self):
-        super().__post_init__()
-        require(self.answer_topk == 0 or self.exchange == "server", "method.answer_topk", self.answer_topk,
-                "applies to exchange=server only (the store sends whole checkpoints)")
-        require(not self.store or self.exchange == "store", "method.store", self.store,
-                "is the store's location; exchange=server uses no store (leave it empty)")
 
 
 class TappedModel(torch.nn.Module):

@@ -36,7 +36,7 @@ import torch
 
 from lowband.comm.quorum import Round
 from lowband.comm.value_codecs import SPEC_HELP, parse_codec
-from lowband.config import opt
+from lowband.config import Form, opt
 from lowband.errors import ConfigError, require
 from lowband.methods.outer import Fragment, OuterConfig, OuterMethod, SyncPlan, ramp, split_fragments, with_anchors
 from lowband.methods.rounds import RoundLog
@@ -50,7 +50,7 @@ class DiLoCoConfig(OuterConfig):
     fragments: int = opt(1, "Streaming DiLoCo: parameter fragments synchronised in rotation (1: all at once)")
     overlap: int = opt(0, "steps between sending a fragment and merging its result; < tau / fragments")
     mix: float = opt(1.0, "merge weight of θ_global: θ_local <- mix·θ_global + (1 - mix)·θ_local, in (0, 1]", bounds="(0, 1]")
-    codec: str = opt("fp32", f"how pseudo-gradients travel: {SPEC_HELP}")
+    codec: str = opt("fp32", "how pseudo-gradients travel", form=Form(SPEC_HELP, parse=parse_codec))
     error_feedback: bool = opt(True, "keep what a lossy codec dropped and send it with the next sync")
     group_size: int = opt(1, "ranks per replica, allreducing gradients every step; outer steps average the replicas",
                           bounds=">= 1")
@@ -61,7 +61,6 @@ class DiLoCoConfig(OuterConfig):
                 f"must be in [1, method.tau={self.tau}]")
         require(self.overlap >= 0 and (self.overlap == 0 or self.overlap < self.tau / self.fragments),
                 "method.overlap", self.overlap, f"must be >= 0 and < tau / fragments = {self.tau / self.fragments:g}")
-        parse_codec(self.codec, "method.codec")
         require(not self.tau_schedule or self.fragments == 1, "method.tau_schedule", self.tau_schedule,
                 f"needs method.fragments=1 (streaming fragments keep a fixed tau); fragments={self.fragments}")
 

@@ -22,11 +22,10 @@ from typing import Literal
 import torch
 
 from lowband.comm.averaging import gather_models
-from lowband.comm.value_codecs import parse_codec
-from lowband.config import opt
+from lowband.comm.value_codecs import DENSE, VALUE_SPECS, parse_codec
+from lowband.config import Form, opt
 from lowband.distill.ensemble import Ensemble
 from lowband.distill.losses import diversity_penalty, ensemble_weights, soft_cross_entropy
-from lowband.errors import require
 from lowband.methods.base import Method
 from lowband.methods.rounds import RoundLog, RoundsConfig
 from lowband.registry import METHODS
@@ -41,13 +40,8 @@ class ECDNNConfig(RoundsConfig):
     beta: float = opt(0.4, "weight of the distillation term during compression", bounds=">= 0")
     p: float = opt(0.1, "compression length as a fraction of all steps (p * tau steps per round)", bounds="(0, 1]")
     mu: float = opt(0.7, "fraction of the local data relabelled by the ensemble each round", bounds="(0, 1]")
-    codec: str = opt("fp32", "how the models travel at each gather: fp32, fp16, bf16, int8, int4 or int2 "
-                             "(whole models: no top-k)")
-
-    def __post_init__(self):
-        super().__post_init__()
-        require(not parse_codec(self.codec, "method.codec").sparse, "method.codec", self.codec,
-                "ec_dnn gathers whole models: fp32, fp16, bf16, int8, int4 or int2")
+    codec: str = opt("fp32", "how the models travel at each gather (whole models: no top-k)",
+                     form=Form(f"a dense codec: {VALUE_SPECS}", DENSE, note=" (ec_dnn gathers whole models)"))
 
 
 @METHODS.register("ec_dnn")

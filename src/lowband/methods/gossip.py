@@ -29,9 +29,8 @@ import torch
 from lowband.comm.averaging import averaged_copy
 from lowband.comm.communicator import Pending
 from lowband.comm.topology import mixing_matrix, neighbours
-from lowband.comm.value_codecs import VALUE_SPECS, parse_codec
-from lowband.config import MethodConfig, opt
-from lowband.errors import require
+from lowband.comm.value_codecs import DENSE, VALUE_SPECS, parse_codec
+from lowband.config import Form, MethodConfig, opt
 from lowband.methods.base import Method
 from lowband.methods.sparsifiers import (
     Dense,
@@ -54,12 +53,8 @@ class DPSGDConfig(MethodConfig):
     name: str = opt("dpsgd", "training method")
     topology: Literal["ring", "torus", "complete"] = opt("ring", "who mixes with whom")
     sync_every: int = opt(1, "mix every this many steps (the synchronisation delay s)", bounds=">= 1")
-    codec: str = opt("fp32", f"how the mixed values travel: {VALUE_SPECS} (int codecs: best with topk)")
-
-    def __post_init__(self):
-        super().__post_init__()
-        require(not parse_codec(self.codec, "method.codec").sparse, "method.codec", self.codec,
-                f"must be a value codec ({VALUE_SPECS}); the sparsifier chooses the coordinates")
+    codec: str = opt("fp32", "how the mixed values travel (int codecs: best with topk)",
+                     form=Form(f"a dense codec: {VALUE_SPECS}", DENSE, note=" (the sparsifier chooses the coordinates)"))
 
     def sparsifier(self, seed: int) -> Sparsifier:
         """What a mixing step sends: every coordinate."""

@@ -20,7 +20,7 @@ from dataclasses import dataclass
 
 from lowband.comm.quorum import Round
 from lowband.comm.value_codecs import SPEC_HELP, parse_codec
-from lowband.config import opt
+from lowband.config import Form, opt
 from lowband.methods.outer import SCHEDULE_HELP, Fragment, OuterMethod, SyncPlan, parse_tau_schedule, with_anchors
 from lowband.methods.rounds import RoundLog, RoundsConfig
 from lowband.models.flat import state_tensors
@@ -30,13 +30,13 @@ from lowband.registry import METHODS
 @dataclass(kw_only=True)
 class LocalSGDConfig(RoundsConfig):
     name: str = opt("local_sgd", "training method")
-    codec: str = opt("fp32", f"how each worker's change since the last average travels: {SPEC_HELP}")
+    codec: str = opt("fp32", "how each worker's change since the last average travels",
+                     form=Form(SPEC_HELP, parse=parse_codec))
     error_feedback: bool = opt(True, "keep what a lossy codec dropped and send it with the next average")
     tau_schedule: str = opt("", f"a tau that grows during the run (Gu et al. 2024's QSR in fixed phases): {SCHEDULE_HELP}")
 
     def __post_init__(self):
         super().__post_init__()
-        parse_codec(self.codec, "method.codec")
         parse_tau_schedule(self.tau_schedule, self.tau)
 
 

@@ -16,6 +16,8 @@ averaging (local SGD): θ_global - mean(θ_global - θ_local) = mean(θ_local).
 from __future__ import annotations
 
 import copy
+import itertools
+import re
 from collections.abc import Sequence
 from dataclasses import dataclass
 
@@ -47,20 +49,12 @@ class TauSchedule:
 
 def parse_tau_schedule(spec: str, base: int, field: str = "method.tau_schedule") -> list[tuple[int, float]]:
     """[(tau, from_fraction), ...] from 'T@F/T@F'; anything else raises ConfigError naming `field`."""
-    if not spec.strip():
-        return []
-    phases = []
-    for part in spec.split("/"):
-        tau, at, frac = part.partition("@")
-        try:
-            phases.append((int(tau), float(frac)))
-        except ValueError:
-            require(False, field, spec, f"must be {SCHEDULE_HELP}")
-        require(at == "@", field, spec, f"must be {SCHEDULE_HELP}")
+    phase = r"\s*\d+\s*@\s*(?:\d+\.?\d*|\.\d+)(?:e-?\d+)?\s*"
+    shaped = isinstance(spec, str) and re.fullmatch(rf"\s*|{phase}(?:/{phase})*", spec)
+    phases = [(int(t), float(f)) for t, f in (p.split("@") for p in spec.split("/"))] if shaped and spec.strip() else []
     taus, fracs = [base] + [t for t, _ in phases], [0.0] + [f for _, f in phases]
-    increasing = all(a < b for a, b in zip(taus, taus[1:], strict=False)) and all(
-        a < b for a, b in zip(fracs, fracs[1:], strict=False))
-    require(increasing and fracs[-1] < 1, field, spec, f"must be {SCHEDULE_HELP}")
+    increasing = all(a < b for a, b in itertools.pairwise(taus)) and all(a < b for a, b in itertools.pairwise(fracs))
+    require(bool(shaped) and increasing and fracs[-1] < 1, field, spec, f"must be {SCHEDULE_HELP}")
     return phases
 
 

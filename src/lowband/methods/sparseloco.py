@@ -56,8 +56,8 @@ import torch
 
 from lowband.comm.quorum import Round
 from lowband.comm.reduce import compressed_mean
-from lowband.comm.value_codecs import VALUE_SPECS, Codec, TopKCodec, parse_codec
-from lowband.config import opt
+from lowband.comm.value_codecs import DENSE, VALUE_SPECS, Codec, TopKCodec, parse_codec
+from lowband.config import Form, opt
 from lowband.errors import ConfigError, require
 from lowband.methods.diloco import DiLoCo, DiLoCoConfig
 from lowband.methods.outer import Fragment, ramp
@@ -72,7 +72,8 @@ class SparseLoCoConfig(DiLoCoConfig):
                          bounds="(0, 1]")
     chunk: int = opt(4096, "coordinates per top-k chunk (positions take ceil(log2 chunk) bits)", bounds=">= 1")
     ef_decay: float = opt(0.95, "error-buffer decay in [0, 1]: e <- ef_decay·e + Δ before each top-k", bounds="[0, 1]")
-    codec: str = opt("lut2", f"how the kept values travel: {VALUE_SPECS}")
+    codec: str = opt("lut2", "how the kept values travel",
+                     form=Form(f"a dense codec: {VALUE_SPECS}", DENSE, note=" (the top-k is method.density)"))
     outer_lr: float = opt(1.0, "outer SGD learning rate on the averaged sparse pseudo-gradients")
     outer_momentum: float = opt(0.0, "outer momentum in [0, 1) (0: the error buffer is the momentum)")
     mean: Literal["workers", "senders"] = opt(
@@ -81,8 +82,8 @@ class SparseLoCoConfig(DiLoCoConfig):
     ef_decay_end: float = opt(-1.0, "the decay at the run's last step, reached linearly from ef_decay, in [0, 1] "
                                     "(-1: ef_decay throughout)",
                               bounds="[0, 1]", note=", or -1 for ef_decay throughout", also=(-1,))
-    flush: str = opt("", "at the end, send what the error buffers hold once through this dense codec "
-                         f"({VALUE_SPECS}; its bytes counted); '': no flush")
+    flush: str = opt("", "at the end, send what the error buffers hold once through this dense codec (its bytes "
+                         "counted)", form=Form(f"'' (no flush) or a dense codec: {VALUE_SPECS}", rf"|{DENSE}"))
     density_end: float = opt(-1.0, "the density at the run's last step, in (0, 1], reached linearly from density "
                                    "from density_from of the run on (-1: density throughout)",
                              bounds="(0, 1]", note=", or -1 for density throughout", also=(-1,))
@@ -95,17 +96,11 @@ class SparseLoCoConfig(DiLoCoConfig):
                                     "towards outer_lr_end", bounds="[0, 1)")
 
     def __post_init__(self):
-        require(isinstance(self.codec, str) and not self.codec.strip().startswith("topk"), "method.codec",
-                self.codec, f"must be a value codec for the kept values: {VALUE_SPECS} (the top-k is method.density)")
         super().__post_init__()
         for field, share in (("method.density", self.density), ("method.density_end", self.density_end)):
             require(share == -1 or round(share * self.chunk) >= 1, field, share,
                     f"keeps round({share:g} x method.chunk={self.chunk}) = 0 of each chunk's values, so nothing would "
                     f"be sent; the smallest is 1/{self.chunk} = {1 / self.chunk:.3g}")
-        require(isinstance(self.flush, str) and not self.flush.strip().startswith("topk"), "method.flush",
-                self.flush, f"must be '' (no flush) or a dense codec: {VALUE_SPECS}")
-        if self.flush.strip():
-            parse_codec(self.flush, "method.flush")
         require(self.error_feedback, "method.error_feedback", self.error_feedback,
                 "must be true: SparseLoCo's error buffer is the method (use diloco with codec=topk:F to go without)")
 

@@ -28,7 +28,7 @@ from collections import defaultdict
 from dataclasses import dataclass
 
 from lowband import procs
-from lowband.errors import UsageError
+from lowband.errors import ConfigError, UsageError
 
 RATE = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(bit|kbit|mbit|gbit)\s*$", re.I)
 DELAY = re.compile(r"^\s*(\d+(?:\.\d+)?)\s*(us|ms|s)\s*$", re.I)
@@ -61,16 +61,19 @@ class LinkSpec:
         return self.wire_seconds(nbytes) + messages * self.latency_s
 
 
+LINK_WORDS = ("RATE[,LATENCY] such as 10mbit,20ms (rate units bit, kbit, mbit, gbit; latency units us, ms, s) "
+              "or 'unlimited'")
+
+
 def parse_link(text: str, field: str = "--link") -> LinkSpec:
-    """'10mbit,20ms' -> LinkSpec(10e6, 0.02); '' or 'unlimited' -> no limit."""
+    """'10mbit,20ms' -> LinkSpec(10e6, 0.02); '' or 'unlimited' -> no limit; else ConfigError naming `field`."""
     if not text or text.strip().lower() == "unlimited":
         return LinkSpec(float("inf"))
     rate_text, _, delay_text = text.partition(",")
     rate = RATE.match(rate_text)
     delay = DELAY.match(delay_text) if delay_text else None
     if not rate or (delay_text and not delay) or float(rate.group(1)) <= 0:
-        raise UsageError(f"{field}={text!r} does not parse: expected RATE[,LATENCY] such as 10mbit,20ms "
-                         f"(rate units bit, kbit, mbit, gbit; latency units us, ms, s) or 'unlimited'")
+        raise ConfigError(field, text, f"must be {LINK_WORDS}")
     latency = float(delay.group(1)) * DELAY_UNITS[delay.group(2).lower()] if delay else 0.0
     return LinkSpec(float(rate.group(1)) * RATE_UNITS[rate.group(2).lower()], latency)
 
