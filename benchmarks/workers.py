@@ -268,6 +268,10 @@ class Row:
         return 100 * (statistics.mean(self.held[s][key] for s in seeds)
                       / statistics.mean(self.ref[s][key] for s in seeds) - 1)
 
+    def seed_gaps(self, key: str = "val_bpb") -> list[float]:
+        """The gap on each held-out seed, against Allreduce's run on the same seed: the spread a mean hides."""
+        return [100 * (self.held[s][key] / self.ref[s][key] - 1) for s in sorted(self._seeds())]
+
     def ratio(self) -> float | None:
         seeds = self._seeds()
         mine = sum(self.held[s]["bytes_sent_per_worker"] for s in seeds)
@@ -302,8 +306,8 @@ def pct(v: float | None) -> str:
 def report(cells: list[Cell], out: str, figure: str) -> None:
     print(f"Worker axis and the regime without repetition (benchmarks/workers.py, commit {commit()}); "
           "gaps to Allreduce on held-out seeds, validation and last-epoch training loss")
-    print("| cell | family | lr | seeds | val bpb | val gap | train-loss gap | fewer bytes |")
-    print("|---|---|---|---|---|---|---|---|")
+    print("| cell | family | lr | seeds | val bpb | val gap | per seed | train-loss gap | fewer bytes |")
+    print("|---|---|---|---|---|---|---|---|---|")
     table = []
     for cell in cells:
         for row in rows(cell, out):
@@ -314,6 +318,7 @@ def report(cells: list[Cell], out: str, figure: str) -> None:
             said = "0 (chose it)" if seeds == [CHOOSE_SEED] else ",".join(map(str, seeds)) or "-"
             print(f"| {row.cell} | {row.family} | {row.lr:g} | {said} | {mean:.4f} | "
                   f"{pct(row.gap('val_bpb')) if row.family != 'allreduce' else '-'} | "
+                  f"{', '.join(pct(g) for g in row.seed_gaps()) if row.family != 'allreduce' else '-'} | "
                   f"{pct(row.gap('train_loss')) if row.family != 'allreduce' else '-'} | "
                   f"{f'{ratio:,.0f}x' if ratio and row.family != 'allreduce' else '-'} |")
             table.append((cell, row))
@@ -360,19 +365,21 @@ def plot(table: list[tuple[Cell, Row]], figure: str) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
     colors = {"sparseloco": "tab:orange", "diloco-0.7": "tab:green"}
-    for (size, epochs), style in {("tiny", 4): "-o", ("small", 4): "--s", ("tiny", 1): ":^", ("small", 1): ":v"}.items():
+    series = {("tiny", 4): "-o", ("small", 4): "--s", ("tiny", 1): ":^", ("small", 1): ":v"}
+    for shift, ((size, epochs), style) in enumerate(series.items()):  # each series a little apart: bars stay readable
         for family, color in colors.items():
-            pts = sorted((c.workers, g) for c, r in table if (c.size, c.epochs) == (size, epochs)
+            pts = sorted((c.workers, g, r.seed_gaps()) for c, r in table if (c.size, c.epochs) == (size, epochs)
                          and r.family == family and (g := r.gap("val_bpb")) is not None)
-            if pts:
-                ax.plot([k for k, _ in pts], [g for _, g in pts], style, color=color, mfc="none" if epochs == 1 else color,
-                        label=f"{family}, {size}, {epochs} epoch{'s' * (epochs > 1)}")
+            if pts:  # the bar spans the held-out seeds' own gaps
+                ax.errorbar([k * 1.04 ** (shift - 1.5) for k, _, _ in pts], [g for _, g, _ in pts], fmt=style, color=color, capsize=3,
+                            yerr=[[g - min(s) for _, g, s in pts], [max(s) - g for _, g, s in pts]],
+                            mfc="none" if epochs == 1 else color, label=f"{family}, {size}, {epochs} epoch{'s' * (epochs > 1)}")
     ax.axhline(0, color="gray", lw=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xticks([2, 4, 8, 16])
     ax.set_xticklabels(["2", "4", "8", "16"])
     ax.set_xlabel("workers K (each a batch of 16 windows; the same samples for every K)")
-    ax.set_ylabel("validation gap to Allreduce (%)")
+    ax.set_ylabel("validation gap to Allreduce (%;\nbars: each held-out seed's)")
     ax.set_title("How far the savers end from Allreduce, by the number of workers")
     ax.legend(fontsize=7)
     fig.tight_layout()
