@@ -83,7 +83,7 @@ class SparseLoCoConfig(DiLoCoConfig):
                                     "(-1: ef_decay throughout)",
                               bounds="[0, 1]", note=", or -1 for ef_decay throughout", also=(-1,))
     flush: str = opt("", "at the end, send what the error buffers hold once through this dense codec (its bytes "
-                         "counted)", form=Form(f"'' (no flush) or a dense codec: {VALUE_SPECS}", rf"|{DENSE}"))
+                         "counted)", form=Form(f"'' (no flush) or a dense codec: {VALUE_SPECS}", rf"\s*|{DENSE}"))
     density_end: float = opt(-1.0, "the density at the run's last step, in (0, 1], reached linearly from density "
                                    "from density_from of the run on (-1: density throughout)",
                              bounds="(0, 1]", note=", or -1 for density throughout", also=(-1,))
