@@ -371,9 +371,10 @@ def plot(table: list[tuple[Cell, Row]], figure: str) -> None:
             pts = sorted((c.workers, g, r.seed_gaps()) for c, r in table if (c.size, c.epochs) == (size, epochs)
                          and r.family == family and (g := r.gap("val_bpb")) is not None)
             if pts:  # the bar spans the held-out seeds' own gaps
-                ax.errorbar([k * 1.04 ** (shift - 1.5) for k, _, _ in pts], [g for _, g, _ in pts], fmt=style, color=color, capsize=3,
-                            yerr=[[g - min(s) for _, g, s in pts], [max(s) - g for _, g, s in pts]],
-                            mfc="none" if epochs == 1 else color, label=f"{family}, {size}, {epochs} epoch{'s' * (epochs > 1)}")
+                ax.errorbar([k * 1.04 ** (shift - 1.5) for k, _, _ in pts], [g for _, g, _ in pts], fmt=style,
+                            yerr=[[g - min(s) for _, g, s in pts], [max(s) - g for _, g, s in pts]], color=color,
+                            capsize=3, mfc="none" if epochs == 1 else color,
+                            label=f"{family}, {size}, {epochs} epoch{'s' * (epochs > 1)}")
     ax.axhline(0, color="gray", lw=0.8)
     ax.set_xscale("log", base=2)
     ax.set_xticks([2, 4, 8, 16])

@@ -128,23 +128,22 @@ def opt(default, help: str, bounds: str = "", note: str = "", also: tuple = (), 
 
 
 @functools.cache
+def _hints(cls: type) -> dict[str, Any]:
+    """The field types of dataclass `cls` ({} when one is only imported for type checking: nothing to check)."""
+    try:
+        return typing.get_type_hints(cls)
+    except NameError:
+        return {}
+
+
 def _choices(cls: type) -> dict[str, tuple]:
     """The fields of dataclass `cls` typed as a Literal, and the values each allows."""
-    try:
-        hints = typing.get_type_hints(cls)
-    except NameError:  # a type only imported for type checking: no choices to check
-        return {}
-    return {name: typing.get_args(tp) for name, tp in hints.items() if typing.get_origin(tp) is Literal}
+    return {name: typing.get_args(tp) for name, tp in _hints(cls).items() if typing.get_origin(tp) is Literal}
 
 
-@functools.cache
 def _integers(cls: type) -> frozenset[str]:
     """The fields of dataclass `cls` typed int, int | None or list[int]."""
-    try:
-        hints = typing.get_type_hints(cls)
-    except NameError:
-        return frozenset()
-    return frozenset(name for name, tp in hints.items() if tp in (int, list[int]) or (
+    return frozenset(name for name, tp in _hints(cls).items() if tp in (int, list[int]) or (
         typing.get_origin(tp) in (typing.Union, types.UnionType) and set(typing.get_args(tp)) == {int, type(None)}))
 
 
