@@ -60,9 +60,12 @@ MAX_TRIES = 3  # a run that fails for another cause than divergence (a worker ki
 FAMILIES = {"allreduce": "allreduce", "sparseloco": ladder.S8, "diloco-0.7": ladder.DILOCO_07,
             # the goal's means at 16 workers: messages 4 times smaller, so its all-gather (K - 1 messages a round)
             # sends about what the 1/64 setting sends at K = 4 (about 577x fewer bytes than Allreduce at any K)
-            "sparseloco-256": "sparseloco:density=0.00390625:codec=lut2:tau=8:outer_lr=3.0"}
+            "sparseloco-256": "sparseloco:density=0.00390625:codec=lut2:tau=8:outer_lr=3.0",
+            # why DiLoCo falls behind at 16 workers: the same replicas with K = 4's number of rounds (tau 16 / 4)
+            "diloco-0.7-tau4": "diloco:tau=4:outer_lr=0.7"}
 LADDER_RATE = {("allreduce", "tiny"): 0.016, ("allreduce", "small"): 0.004,
                ("sparseloco-256", "small"): 0.004,  # not on the ladder: where the 1/64 setting chose at K = 16
+               ("diloco-0.7-tau4", "tiny"): 0.016,  # not on the ladder: where tau 16 chose at K = 16
                ("sparseloco", "tiny"): 0.016, ("sparseloco", "small"): 0.008,
                ("diloco-0.7", "tiny"): 0.008, ("diloco-0.7", "small"): 0.004}
 LADDER_SEEDS = {"allreduce": (10, 11, 12), "sparseloco": (10, 11, 12), "diloco-0.7": (13, 14, 15)}
@@ -90,7 +93,7 @@ class Cell:
 CELLS = (
     Cell("tiny", 4, 1),
     Cell("small", 16, 1, ("allreduce", "sparseloco", "sparseloco-256")),
-    Cell("tiny", 16, 4),
+    Cell("tiny", 16, 4, ("allreduce", "sparseloco", "diloco-0.7", "diloco-0.7-tau4")),
     Cell("tiny", 8, 4),
     Cell("tiny", 2, 4),
     Cell("small", 4, 1, ("allreduce", "sparseloco")),
@@ -368,7 +371,8 @@ def plot(table: list[tuple[Cell, Row]], figure: str) -> None:
     import matplotlib.pyplot as plt
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
-    colors = {"sparseloco": "tab:orange", "diloco-0.7": "tab:green", "sparseloco-256": "tab:red"}
+    colors = {"sparseloco": "tab:orange", "diloco-0.7": "tab:green", "sparseloco-256": "tab:red",
+              "diloco-0.7-tau4": "tab:olive"}
     series = {("tiny", 4): "-o", ("small", 4): "--s", ("tiny", 1): ":^", ("small", 1): ":v"}
     for shift, ((size, epochs), style) in enumerate(series.items()):  # each series a little apart: bars stay readable
         for family, color in colors.items():
