@@ -1,0 +1,70 @@
+"""benchmarks/workers.py's protocol, on records written here: each family's rate bracketed on seed 0 (the
+bracket grows past an edge, at most MAX_RATES rates), the chosen rate alone judged on seeds 10-12, the
+choosing seed in no judged figure, and the report's gaps (mean and per seed) against a computation of
+their own. Run on the goal cell with its third family (sparseloco-256)."""
+
+from __future__ import annotations
+
+import json
+import os
+import sys
+
+import pytest
+
+pytestmark = pytest.mark.unit
+
+BENCH = os.path.join(os.path.dirname(__file__), "..", "..", "benchmarks")
+BEST = {"allreduce": 0.008, "sparseloco": 0.004, "sparseloco-256": 0.016}  # each family's best rate
+
+
+@pytest.fixture
+def wk(tmp_path, monkeypatch):
+    monkeypatch.syspath_prepend(BENCH)
+    sys.modules.pop("workers", None)
+    import workers
+
+    monkeypatch.setattr(workers, "RESULTS", str(tmp_path / "results"))
+    return workers
+
+
+def score(job) -> float:
+    """A family's final val bpb: best at its BEST rate, worse by the distance in octaves; seeds differ."""
+    import math
+
+    return 3.0 + abs(math.log2(job.lr / BEST[job.family])) * 0.1 + job.seed * 0.001 + (job.family != "allreduce") * 0.05
+
+
+def finish(job, bpb: float) -> None:
+    """Write a finished run's committed records: its cell's epochs, the last with `bpb`."""
+    os.makedirs(os.path.dirname(job.kept), exist_ok=True)
+    sent = 1e9 if job.family == "allreduce" else 2e6
+    with open(job.kept, "w") as f:
+        for e in range(1, job.cell.epochs + 1):
+            f.write(json.dumps({"epoch": e, "val_bpb": bpb + (job.cell.epochs - e), "train_loss": bpb / 2,
+                                "bytes_sent_per_worker": sent * e / job.cell.epochs}) + "\n")
+
+
+def test_the_queue_brackets_on_seed_0_then_judges_the_chosen_rate_on_held_out_seeds(wk, tmp_path):
+    cell = wk.Cell("small", 16, 1, ("allreduce", "sparseloco", "sparseloco-256"))
+    out, ran = str(tmp_path / "runs"), []
+    while (job := wk.next_job([cell], out)) is not None:
+        assert job not in ran, f"{job} asked for twice"
+        finish(job, score(job))
+        ran.append(job)
+    rates = {f: sorted(j.lr for j in ran if j.family == f and j.seed == 0) for f in cell.families}
+    assert rates["allreduce"] == [0.004, 0.008, 0.016]  # best at its start's top edge: one past it, then inside
+    assert rates["sparseloco"] == [0.002, 0.004, 0.008, 0.016]  # from (0.008, 0.016) down, MAX_RATES rates in all
+    assert rates["sparseloco-256"] == [0.004, 0.008, 0.016, 0.032]  # from (0.004, 0.008) up past its best
+    for family in cell.families:
+        chosen = wk.chosen(cell, family, out)
+        assert chosen is not None and chosen.lr == BEST[family]
+        held = sorted(j.seed for j in ran if j.family == family and j.seed != 0)
+        assert held == list(wk.HELD_OUT) and {j.lr for j in ran if j.family == family and j.seed != 0} == {chosen.lr}
+    rows = {r.family: r for r in wk.rows(cell, out)}
+    assert 0 not in rows["sparseloco-256"].held  # the choosing seed informs no figure
+    ref = {s: score(wk.Job(cell, "allreduce", BEST["allreduce"], s)) for s in wk.HELD_OUT}
+    mine = {s: score(wk.Job(cell, "sparseloco-256", BEST["sparseloco-256"], s)) for s in wk.HELD_OUT}
+    expect = [100 * (mine[s] / ref[s] - 1) for s in wk.HELD_OUT]
+    assert rows["sparseloco-256"].seed_gaps() == pytest.approx(expect)
+    assert rows["sparseloco-256"].gap("val_bpb") == pytest.approx(100 * (sum(mine.values()) / sum(ref.values()) - 1))
+    assert rows["sparseloco-256"].ratio() == pytest.approx(500.0)  # 1e9 / 2e6 bytes a worker
