@@ -412,11 +412,11 @@ class Config:
         """A target in the workload's own metric: accuracy for a classifier, bits per byte for text; one
         context is enough (`follow_context`)."""
         self.follow_context()
-        wrong, right = ("target_accuracy", "target_bpb") if self.data.is_text else ("target_bpb", "target_accuracy")
-        judged = "trains a language model, judged in bits per byte" if self.data.is_text else \
-            "is classified, judged by accuracy"
-        require(not getattr(self.train, wrong), f"train.{wrong}", getattr(self.train, wrong),
-                f"{self.data.name} {judged}: set train.{right} instead")
+        text = self.data.is_text
+        require(not (text and self.train.target_accuracy), "train.target_accuracy", self.train.target_accuracy,
+                f"{self.data.name} trains a language model, judged in bits per byte: set train.target_bpb instead")
+        require(not (not text and self.train.target_bpb), "train.target_bpb", self.train.target_bpb,
+                f"{self.data.name} is classified, judged by accuracy: set train.target_accuracy instead")
 
 
     def follow_context(self) -> None:
