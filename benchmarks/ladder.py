@@ -879,7 +879,7 @@ def write_summary(found: dict[str, list[Verdict]], out: str) -> None:
             said = (f"held-out seed{'s' * (len(held) > 1)} {', '.join(map(str, held))}"
                     + (f" ({len(held)} of {len(v.seeds)})" if len(held) < len(v.seeds) else "") if held
                     else f"in-sample: seed{'s' * (n > 1)} that chose the setting")
-            rows.append({"method": v.family, "spec": v.job.spec, "lr": v.job.lr, "fewer_bytes": round(ratio, 1),
+            rows.append({"method": v.family, "spec": v.job.spec, "lr": v.job.lr, "fewer_bytes": math.floor(ratio * 10) / 10,
                          "gap_pct": round(v.gap() if held else in_gap, 2), "seeds": said, "seed_list": seeds})
         sizes.append({"size": size, "params": PARAMS[size], "methods": rows})
     with open(SUMMARY, "w") as f:

@@ -327,7 +327,7 @@ def report(cells: list[Cell], out: str, figure: str) -> None:
                   f"{pct(row.gap('val_bpb')) if row.family != 'allreduce' else '-'} | "
                   f"{', '.join(pct(g) for g in row.seed_gaps()) if row.family != 'allreduce' else '-'} | "
                   f"{pct(row.gap('train_loss')) if row.family != 'allreduce' else '-'} | "
-                  f"{f'{ratio:,.0f}x' if ratio and row.family != 'allreduce' else '-'} |")
+                  f"{ladder.fewer(ratio) if ratio and row.family != 'allreduce' else '-'} |")
             table.append((cell, row))
     print(f"{write_csv(cells, out)} runs in {os.path.relpath(CSV)}")
     write_summary(table)
@@ -355,7 +355,8 @@ def write_summary(table: list[tuple[Cell, Row]]) -> None:
                                              "workers": cell.workers, "epochs": cell.epochs, "methods": []})
         entry["methods"].append({"method": row.family, "spec": FAMILIES[row.family], "lr": row.lr,
                                  "gap_pct": round(gap, 2), "train_gap_pct": round(train_gap or 0.0, 2),
-                                 "fewer_bytes": round(ratio, 1), "seeds": f"held-out seeds {', '.join(map(str, seeds))}"})
+                                 "fewer_bytes": math.floor(ratio * 10) / 10,  # rounded down, as the ladder's
+                                 "seeds": f"held-out seeds {', '.join(map(str, seeds))}"})
     os.makedirs(os.path.dirname(os.path.abspath(SUMMARY)), exist_ok=True)
     with open(SUMMARY, "w") as f:
         json.dump({"commit": commit(), "workload": "GPT on the whole KJV, batch 16 windows a worker, the same samples "

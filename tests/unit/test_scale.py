@@ -68,7 +68,7 @@ def test_the_packaged_ladder_agrees_with_the_committed_runs():
 
         assert 100 * (mean(mine, "val_bpb") / mean(ref, "val_bpb") - 1) == pytest.approx(m["gap_pct"], abs=0.006)
         ratio = mean(ref, "bytes_sent_per_worker") / mean(mine, "bytes_sent_per_worker")
-        assert ratio == pytest.approx(m["fewer_bytes"], abs=0.06), (size, m["method"])
+        assert m["fewer_bytes"] <= ratio + 1e-9 < m["fewer_bytes"] + 0.1, (size, m["method"])  # a tenth, rounded down
 
 
 def test_the_lm_small_suite_runs_what_the_ladder_chose_at_small():
