@@ -43,6 +43,8 @@ import sys
 import time
 from dataclasses import dataclass
 
+from scipy.stats import t as t_dist
+
 import ladder
 from common import commit
 
@@ -279,6 +281,16 @@ class Row:
         """The gap on each held-out seed, against Allreduce's run on the same seed: the spread a mean hides."""
         return [100 * (self.held[s][key] / self.ref[s][key] - 1) for s in sorted(self._seeds())]
 
+    def interval(self, key: str = "val_bpb") -> tuple[float, float] | None:
+        """The 95% interval of the gap (Student's t over the per-seed gaps, each seed paired with Allreduce's
+        run on that seed), centred on their mean (a little off the gap of the means the table leads with): a
+        gap whose interval holds 0, or 2%, cannot be told from it on these seeds."""
+        gaps = self.seed_gaps(key)
+        if len(gaps) < 2:
+            return None
+        half = t_dist.ppf(0.975, len(gaps) - 1) * statistics.stdev(gaps) / math.sqrt(len(gaps))
+        return statistics.mean(gaps) - half, statistics.mean(gaps) + half
+
     def ratio(self) -> float | None:
         seeds = self._seeds()
         mine = sum(self.held[s]["bytes_sent_per_worker"] for s in seeds)
@@ -310,11 +322,15 @@ def pct(v: float | None) -> str:
     return "-" if v is None else f"{v:+.2f}%"
 
 
+def span(interval: tuple[float, float] | None) -> str:
+    return "-" if interval is None else f"{interval[0]:+.1f} to {interval[1]:+.1f}%"
+
+
 def report(cells: list[Cell], out: str, figure: str) -> None:
     print(f"Worker axis and the regime without repetition (benchmarks/workers.py, commit {commit()}); "
           "gaps to Allreduce on held-out seeds, validation and last-epoch training loss")
-    print("| cell | family | lr | seeds | val bpb | val gap | per seed | train-loss gap | fewer bytes |")
-    print("|---|---|---|---|---|---|---|---|---|")
+    print("| cell | family | lr | seeds | val bpb | val gap | per seed | 95% interval | train-loss gap | fewer bytes |")
+    print("|---|---|---|---|---|---|---|---|---|---|")
     table = []
     for cell in cells:
         for row in rows(cell, out):
@@ -326,6 +342,7 @@ def report(cells: list[Cell], out: str, figure: str) -> None:
             print(f"| {row.cell} | {row.family} | {row.lr:g} | {said} | {mean:.4f} | "
                   f"{pct(row.gap('val_bpb')) if row.family != 'allreduce' else '-'} | "
                   f"{', '.join(pct(g) for g in row.seed_gaps()) if row.family != 'allreduce' else '-'} | "
+                  f"{span(row.interval()) if row.family != 'allreduce' else '-'} | "
                   f"{pct(row.gap('train_loss')) if row.family != 'allreduce' else '-'} | "
                   f"{ladder.fewer(ratio) if ratio and row.family != 'allreduce' else '-'} |")
             table.append((cell, row))

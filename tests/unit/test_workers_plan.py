@@ -1,7 +1,7 @@
 """benchmarks/workers.py's protocol, on records written here: each family's rate bracketed on seed 0 (the
 bracket grows past an edge, at most MAX_RATES rates), the chosen rate alone judged on seeds 10-12, the
 choosing seed in no judged figure, and the report's gaps (mean and per seed) against a computation of
-their own. Run on the goal cell with its third family (sparseloco-256)."""
+their own (the 95% interval against NumPy and a t table). Run on the goal cell with its third family (sparseloco-256)."""
 
 from __future__ import annotations
 
@@ -9,6 +9,7 @@ import json
 import os
 import sys
 
+import numpy as np
 import pytest
 
 pytestmark = pytest.mark.unit
@@ -66,5 +67,7 @@ def test_the_queue_brackets_on_seed_0_then_judges_the_chosen_rate_on_held_out_se
     mine = {s: score(wk.Job(cell, "sparseloco-256", BEST["sparseloco-256"], s)) for s in wk.HELD_OUT}
     expect = [100 * (mine[s] / ref[s] - 1) for s in wk.HELD_OUT]
     assert rows["sparseloco-256"].seed_gaps() == pytest.approx(expect)
+    half = 4.302653 * np.std(expect, ddof=1) / np.sqrt(3)  # Student's t, 2 degrees of freedom, 97.5% (a table's)
+    assert rows["sparseloco-256"].interval() == pytest.approx((np.mean(expect) - half, np.mean(expect) + half))
     assert rows["sparseloco-256"].gap("val_bpb") == pytest.approx(100 * (sum(mine.values()) / sum(ref.values()) - 1))
     assert rows["sparseloco-256"].ratio() == pytest.approx(500.0)  # 1e9 / 2e6 bytes a worker
