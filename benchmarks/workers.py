@@ -8,7 +8,9 @@ How the batch moves with K: **each worker keeps the ladder's batch of 16 windows
 is 16K and, for the same samples (E epochs of the training split), each worker takes 1/K of the steps.
 That is a user with a fixed budget who adds machines: each machine does less, the global batch grows, and
 Allreduce takes fewer, larger steps. The scaling-law paper (Charles et al. 2025) holds the token budget and
-tunes the batch; here the rate is re-chosen per cell instead (a larger batch wants a larger rate).
+tunes the batch; here the rate is re-chosen per cell instead (a larger batch wants a larger rate). One cell,
+`small-k16-e1-b4`, holds K = 4's global batch instead (4 windows a worker, the same 840 steps as small-k4-e1),
+so that the number of replicas is the one thing that differs; it stays out of workers.json and the figure.
 
 E = 1 is the regime without repetition: every training window is seen once, as in LLM pre-training.
 
@@ -70,6 +72,7 @@ LADDER_RATE = {("allreduce", "tiny"): 0.016, ("allreduce", "small"): 0.004,
                ("diloco-0.7-tau4", "tiny"): 0.016,  # not on the ladder: where tau 16 chose at K = 16
                ("sparseloco", "tiny"): 0.016, ("sparseloco", "small"): 0.008,
                ("diloco-0.7", "tiny"): 0.008, ("diloco-0.7", "small"): 0.004}
+BATCH = 16  # the ladder's windows a worker a step
 LADDER_SEEDS = {"allreduce": (10, 11, 12), "sparseloco": (10, 11, 12), "diloco-0.7": (13, 14, 15)}
 
 
@@ -79,10 +82,11 @@ class Cell:
     workers: int
     epochs: int
     families: tuple[str, ...] = ("allreduce", "sparseloco", "diloco-0.7")
+    batch: int = BATCH  # windows a worker a step; another batch names the cell -bB and stays out of workers.json
 
     @property
     def name(self) -> str:
-        return f"{self.size}-k{self.workers}-e{self.epochs}"
+        return f"{self.size}-k{self.workers}-e{self.epochs}" + (f"-b{self.batch}" if self.batch != BATCH else "")
 
     def start_rates(self, family: str) -> tuple[float, ...]:
         """Where the bracket starts: the ladder's rate and the neighbour a larger global batch or a shorter
@@ -100,6 +104,9 @@ CELLS = (
     Cell("tiny", 2, 4),
     Cell("small", 4, 1, ("allreduce", "sparseloco")),
     Cell("small", 16, 4),
+    # the goal's question where Allreduce's seeds agree: 16 workers with K = 4's global batch (64 windows) and
+    # steps (840), so the replicas are the one thing that differs from small-k4-e1
+    Cell("small", 16, 1, ("allreduce", "sparseloco-256", "sparseloco"), batch=4),
 )
 
 
@@ -187,7 +194,8 @@ def command(job: Job, run_dir: str) -> list[str]:
     if os.path.exists(os.path.join(run_dir, "config.toml")):
         return ["--resume", run_dir]
     name, *opts = FAMILIES[job.family].split(":")
-    return ["--method", name, *ladder.BASE, "--set", f"model.size='{job.cell.size}'", "--workers", str(job.cell.workers),
+    return ["--method", name, *ladder.BASE, "--batch-size", str(job.cell.batch), "--set", f"model.size='{job.cell.size}'",
+            "--workers", str(job.cell.workers),
             "--epochs", str(job.cell.epochs), "--set", f"optim.lr={job.lr}", "--seed", str(job.seed),
             "--run-dir", run_dir, *[a for o in opts for a in ("--set", "method." + o)],
             *(["--set", "method.round_evals=0"] if name != "allreduce" else [])]
@@ -366,7 +374,8 @@ def write_summary(table: list[tuple[Cell, Row]]) -> None:
     for cell, row in table:
         seeds = sorted(row.held)
         gap, train_gap, ratio = row.gap("val_bpb"), row.gap("train_loss"), row.ratio()
-        if row.family == "allreduce" or not seeds or seeds == [CHOOSE_SEED] or gap is None or ratio is None:
+        if (row.family == "allreduce" or not seeds or seeds == [CHOOSE_SEED] or gap is None or ratio is None
+                or cell.batch != BATCH):  # a report quotes the cells of its own workload's batch
             continue
         entry = cells.setdefault(cell.name, {"size": cell.size, "params": ladder.params_of(cell.size),
                                              "workers": cell.workers, "epochs": cell.epochs, "methods": []})
@@ -383,7 +392,8 @@ def write_summary(table: list[tuple[Cell, Row]]) -> None:
 
 
 def plot(table: list[tuple[Cell, Row]], figure: str) -> None:
-    """Gap to Allreduce (validation) against K at 4 epochs, per size; the one-epoch cells as open marks."""
+    """Gap to Allreduce (validation) against K at 4 epochs, per size; the one-epoch cells as open marks (the
+    cells of the ladder's batch only: one of another batch is in the table, not the figure)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -394,8 +404,8 @@ def plot(table: list[tuple[Cell, Row]], figure: str) -> None:
     series = {("tiny", 4): "-o", ("small", 4): "--s", ("tiny", 1): ":^", ("small", 1): ":v"}
     for shift, ((size, epochs), style) in enumerate(series.items()):  # each series a little apart: bars stay readable
         for family, color in colors.items():
-            pts = sorted((c.workers, g, r.seed_gaps()) for c, r in table if (c.size, c.epochs) == (size, epochs)
-                         and r.family == family and (g := r.gap("val_bpb")) is not None)
+            pts = sorted((c.workers, g, r.seed_gaps()) for c, r in table if (c.size, c.epochs, c.batch) ==
+                         (size, epochs, BATCH) and r.family == family and (g := r.gap("val_bpb")) is not None)
             if pts:  # the bar spans the held-out seeds' own gaps
                 ax.errorbar([k * 1.04 ** (shift - 1.5) for k, _, _ in pts], [g for _, g, _ in pts], fmt=style,
                             yerr=[[g - min(s) for _, g, s in pts], [max(s) - g for _, g, s in pts]], color=color,
@@ -418,7 +428,7 @@ def plot(table: list[tuple[Cell, Row]], figure: str) -> None:
 def write_csv(cells: list[Cell], out: str) -> int:
     """workers.csv: every run of the new cells that ended, with its committed records."""
     fields = ["size", "params", "workers", "method", "spec", "lr", "seed", "epochs", "val_bpb", "train_loss",
-              "bytes_sent_per_worker", "records"]
+              "bytes_sent_per_worker", "records", "batch"]
     found = []
     for cell in cells:
         if (cell.workers, cell.epochs) == (4, 4):
@@ -434,7 +444,7 @@ def write_csv(cells: list[Cell], out: str) -> int:
                           "epochs": last.get("epoch", 0), "val_bpb": f"{last['val_bpb']:.6f}" if ok else "failed",
                           "train_loss": f"{last['train_loss']:.6f}" if ok else "",
                           "bytes_sent_per_worker": f"{last.get('bytes_sent_per_worker', 0):.0f}",
-                          "records": os.path.relpath(job.kept, os.path.dirname(HERE))})
+                          "records": os.path.relpath(job.kept, os.path.dirname(HERE)), "batch": cell.batch})
     os.makedirs(os.path.dirname(os.path.abspath(CSV)), exist_ok=True)
     with open(CSV, "w", newline="") as f:
         writer = csv.DictWriter(f, fieldnames=fields)

@@ -71,3 +71,14 @@ def test_the_queue_brackets_on_seed_0_then_judges_the_chosen_rate_on_held_out_se
     assert rows["sparseloco-256"].interval() == pytest.approx((np.mean(expect) - half, np.mean(expect) + half))
     assert rows["sparseloco-256"].gap("val_bpb") == pytest.approx(100 * (sum(mine.values()) / sum(ref.values()) - 1))
     assert rows["sparseloco-256"].ratio() == pytest.approx(500.0)  # 1e9 / 2e6 bytes a worker
+
+
+def test_a_cell_of_another_batch_trains_with_it_under_its_own_name(wk, tmp_path):
+    """The goal cell at K = 4's global batch: its runs ask lowband for 4 windows a worker (the last
+    --batch-size wins over the ladder's 16), live in their own folders, and the ladder's batch names no cell."""
+    b4, b16 = wk.Cell("small", 16, 1, batch=4), wk.Cell("small", 16, 1)
+    assert (b4.name, b16.name) == ("small-k16-e1-b4", "small-k16-e1")
+    args = wk.command(wk.Job(b4, "allreduce", 0.004, 0), str(tmp_path / "run"))
+    last = len(args) - 1 - args[::-1].index("--batch-size")
+    assert args[last + 1] == "4" and args[args.index("--workers") + 1] == "16"
+    assert wk.Job(b4, "allreduce", 0.004, 0).kept != wk.Job(b16, "allreduce", 0.004, 0).kept
