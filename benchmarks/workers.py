@@ -382,7 +382,8 @@ def write_summary(table: list[tuple[Cell, Row]]) -> None:
         entry["methods"].append({"method": row.family, "spec": FAMILIES[row.family], "lr": row.lr,
                                  "gap_pct": round(gap, 2), "train_gap_pct": round(train_gap or 0.0, 2),
                                  "fewer_bytes": math.floor(ratio * 10) / 10,  # rounded down, as the ladder's
-                                 "seeds": f"held-out seeds {', '.join(map(str, seeds))}"})
+                                 "seeds": f"held-out seeds {', '.join(map(str, seeds))}",
+                                 "seed_gaps_pct": [round(g, 2) for g in row.seed_gaps()]})  # the spread a mean hides
     os.makedirs(os.path.dirname(os.path.abspath(SUMMARY)), exist_ok=True)
     with open(SUMMARY, "w") as f:
         json.dump({"commit": commit(), "workload": "GPT on the whole KJV, batch 16 windows a worker, the same samples "

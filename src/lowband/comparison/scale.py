@@ -82,13 +82,18 @@ def pool_note(runs: list[SummaryRow], found: dict | None = None) -> list[str]:
                 + abs(math.log(c["epochs"] / epochs)))
 
     near = min(cells, key=distance)
-    gaps = ", ".join(f"{m['method']} {m['gap_pct']:+.2f}% (training loss {m['train_gap_pct']:+.2f}%) at "
+    gaps = ", ".join(f"{m['method']} {m['gap_pct']:+.2f}% (training loss {m['train_gap_pct']:+.2f}%{_by_seed(m)}) at "
                      f"{math.floor(m['fewer_bytes']):,}x fewer bytes ({m['seeds']})" for m in near["methods"])
     epoch_word = "epoch" if near["epochs"] == 1 else "epochs"
     return [f"Pool: this comparison ({params:,} parameters, {workers} workers, {epochs} epochs) is nearest the "
             f"worker-axis cell {near['size']} with {near['workers']} workers and {near['epochs']} {epoch_word} "
             f"(benchmarks/workers.py; {found.get('workload', 'GPT on the KJV')}), where the gaps to Allreduce's "
             f"validation bits per byte were: {gaps}."]
+
+
+def _by_seed(m: dict) -> str:
+    """'; by seed: +11.74, -4.73, -4.86%' where the summary has each held-out seed's gap (a mean can hide them)."""
+    return "; by seed: " + ", ".join(f"{g:+.2f}" for g in m["seed_gaps_pct"]) + "%" if m.get("seed_gaps_pct") else ""
 
 
 def _method(m: dict) -> str:
