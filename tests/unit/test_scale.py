@@ -119,7 +119,8 @@ def pool_run(params: int, workers: int, epochs: int, method: str = "sparseloco")
 def test_a_report_quotes_the_worker_axis_cell_nearest_its_size_workers_and_epochs(params, workers, epochs, cell):
     [line] = pool_note([pool_run(params, workers, epochs), pool_run(params, 1, epochs, "single")], POOLS)
     assert f"nearest the worker-axis cell {cell}" in line
-    assert f"({params:,} parameters, {workers} workers, {epochs} epochs)" in line  # single's one worker aside
+    said = f"{epochs} epoch" + "s" * (epochs > 1)
+    assert f"({params:,} parameters, {workers} workers, {said})" in line  # single's one worker aside
     if cell.startswith("tiny with 4 workers and 1"):
         assert ("sparseloco +10.46% (training loss +11.75%; by seed: +8.95, +10.53, +11.92%) at 577x fewer bytes "
                 "(held-out 10-12)") in line

@@ -84,11 +84,14 @@ def pool_note(runs: list[SummaryRow], found: dict | None = None) -> list[str]:
     near = min(cells, key=distance)
     gaps = ", ".join(f"{m['method']} {m['gap_pct']:+.2f}% (training loss {m['train_gap_pct']:+.2f}%{_by_seed(m)}) at "
                      f"{math.floor(m['fewer_bytes']):,}x fewer bytes ({m['seeds']})" for m in near["methods"])
-    epoch_word = "epoch" if near["epochs"] == 1 else "epochs"
-    return [f"Pool: this comparison ({params:,} parameters, {workers} workers, {epochs} epochs) is nearest the "
-            f"worker-axis cell {near['size']} with {near['workers']} workers and {near['epochs']} {epoch_word} "
+    return [f"Pool: this comparison ({params:,} parameters, {workers} workers, {_epochs(epochs)}) is nearest the "
+            f"worker-axis cell {near['size']} with {near['workers']} workers and {_epochs(near['epochs'])} "
             f"(benchmarks/workers.py; {found.get('workload', 'GPT on the KJV')}), where the gaps to Allreduce's "
             f"validation bits per byte were: {gaps}."]
+
+
+def _epochs(n: int) -> str:
+    return f"{n} epoch" + "s" * (n != 1)
 
 
 def _by_seed(m: dict) -> str:
