@@ -14,12 +14,16 @@ so that the number of replicas is the one thing that differs; it stays out of wo
 
 E = 1 is the regime without repetition: every training window is seen once, as in LLM pre-training.
 
+SparseLoCo's outer lr: the `sparseloco` family keeps the ladder's 3 at every K, as the issue asked; the
+`-scaled` families follow the rule docs/choosing.md gives, an outer lr that grows with K (0.75 K: 3 at K = 4,
+12 at K = 16), because the mean over K workers divides a coordinate that about one worker sent by K.
+
 The protocol is the ladder's: in every cell each family's rate is bracketed on seed 0 (starting from its
 chosen rate at K = 4, E = 4, and the neighbour the batch or the shorter run points to), then the chosen
 rate is judged on seeds 10, 11 and 12, which informed no choice. K = 4, E = 4 is the ladder's own cell:
 its records are read from benchmarks/results/ladder/, not run again.
 
-Run:     python benchmarks/workers.py --run [--cells tiny-k4-e1,small-k16-e1] [--out runs/workers]
+Run:     python benchmarks/workers.py --run [--cells tiny-k4-e1,small-k16-e1] [--families F,...] [--out runs/workers]
 Plan:    python benchmarks/workers.py --plan
 Report:  python benchmarks/workers.py --report [--publish] [--figure PNG]
          (the table; workers.csv, workers.json and workers.png into --out; --publish writes them where
@@ -43,7 +47,7 @@ import statistics
 import subprocess
 import sys
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from scipy.stats import t as t_dist
 
@@ -66,14 +70,26 @@ FAMILIES = {"allreduce": "allreduce", "sparseloco": ladder.S8, "diloco-0.7": lad
             # sends about what the 1/64 setting sends at K = 4 (about 577x fewer bytes than Allreduce at any K)
             "sparseloco-256": "sparseloco:density=0.00390625:codec=lut2:tau=8:outer_lr=3.0",
             # why DiLoCo falls behind at 16 workers: the same replicas with K = 4's number of rounds (tau 16 / 4)
-            "diloco-0.7-tau4": "diloco:tau=4:outer_lr=0.7"}
+            "diloco-0.7-tau4": "diloco:tau=4:outer_lr=0.7",
+            # SparseLoCo's documented rule (docs/choosing.md): the outer lr grows with K, since the mean over K
+            # workers divides a coordinate that about one worker sent by K; 0.75 K is the ladder's 3 at K = 4
+            "sparseloco-scaled": "sparseloco:density=0.015625:codec=lut2:tau=8:outer_lr={outer}",
+            "sparseloco-256-scaled": "sparseloco:density=0.00390625:codec=lut2:tau=8:outer_lr={outer}"}
+OUTER_PER_WORKER = 0.75  # the scaled families' outer lr is this times K
 LADDER_RATE = {("allreduce", "tiny"): 0.016, ("allreduce", "small"): 0.004,
                ("sparseloco-256", "small"): 0.004,  # not on the ladder: where the 1/64 setting chose at K = 16
                ("diloco-0.7-tau4", "tiny"): 0.016,  # not on the ladder: where tau 16 chose at K = 16
+               ("sparseloco-scaled", "tiny"): 0.016, ("sparseloco-scaled", "small"): 0.008,  # the ladder's (K = 4)
+               ("sparseloco-256-scaled", "small"): 0.004,  # where the 1/256 setting's bracket started at K = 16
                ("sparseloco", "tiny"): 0.016, ("sparseloco", "small"): 0.008,
                ("diloco-0.7", "tiny"): 0.008, ("diloco-0.7", "small"): 0.004}
 BATCH = 16  # the ladder's windows a worker a step
 LADDER_SEEDS = {"allreduce": (10, 11, 12), "sparseloco": (10, 11, 12), "diloco-0.7": (13, 14, 15)}
+
+
+def spec(family: str, workers: int) -> str:
+    """The family's method spec at K workers (only the scaled families' depends on K)."""
+    return FAMILIES[family].format(outer=f"{OUTER_PER_WORKER * workers:.1f}")  # 3.0 at K = 4, as the ladder writes it
 
 
 @dataclass(frozen=True)
@@ -99,14 +115,14 @@ class Cell:
 CELLS = (
     Cell("tiny", 4, 1),
     Cell("small", 16, 1, ("allreduce", "sparseloco", "sparseloco-256")),
-    Cell("tiny", 16, 4, ("allreduce", "sparseloco", "diloco-0.7", "diloco-0.7-tau4")),
-    Cell("tiny", 8, 4),
-    Cell("tiny", 2, 4),
+    Cell("tiny", 16, 4, ("allreduce", "sparseloco", "diloco-0.7", "diloco-0.7-tau4", "sparseloco-scaled")),
+    Cell("tiny", 8, 4, ("allreduce", "sparseloco", "diloco-0.7", "sparseloco-scaled")),
+    Cell("tiny", 2, 4, ("allreduce", "sparseloco", "diloco-0.7", "sparseloco-scaled")),
     Cell("small", 4, 1, ("allreduce", "sparseloco")),
     Cell("small", 16, 4),
     # the goal's question where Allreduce's seeds agree: 16 workers with K = 4's global batch (64 windows) and
     # steps (840), so the replicas are the one thing that differs from small-k4-e1
-    Cell("small", 16, 1, ("allreduce", "sparseloco-256", "sparseloco"), batch=4),
+    Cell("small", 16, 1, ("allreduce", "sparseloco-256-scaled", "sparseloco-scaled"), batch=4),
 )
 
 
@@ -119,7 +135,11 @@ class Job:
 
     @property
     def name(self) -> str:
-        return ladder.Job(self.cell.size, FAMILIES[self.family], self.lr, self.seed).name
+        return ladder.Job(self.cell.size, self.spec, self.lr, self.seed).name
+
+    @property
+    def spec(self) -> str:
+        return spec(self.family, self.cell.workers)
 
     @property
     def kept(self) -> str:
@@ -193,7 +213,7 @@ def next_job(cells: list[Cell], out: str) -> Job | None:
 def command(job: Job, run_dir: str) -> list[str]:
     if os.path.exists(os.path.join(run_dir, "config.toml")):
         return ["--resume", run_dir]
-    name, *opts = FAMILIES[job.family].split(":")
+    name, *opts = job.spec.split(":")
     return ["--method", name, *ladder.BASE, "--batch-size", str(job.cell.batch), "--set", f"model.size='{job.cell.size}'",
             "--workers", str(job.cell.workers),
             "--epochs", str(job.cell.epochs), "--set", f"optim.lr={job.lr}", "--seed", str(job.seed),
@@ -261,7 +281,7 @@ def stop(signum: int, frame: object) -> None:
 
 def ladder_final(family: str, size: str, seed: int) -> dict | None:
     """The ladder's K = 4, E = 4 run of `family` at its chosen rate."""
-    job = ladder.Job(size, FAMILIES[family], LADDER_RATE[(family, size)], seed)
+    job = ladder.Job(size, spec(family, 4), LADDER_RATE[(family, size)], seed)
     recs = ladder.read_records(ladder.kept_path(job)) or ladder.read_records(
         os.path.join(ladder.LM_STUDY, job.name + ".jsonl"))
     return recs[-1] if recs and recs[-1]["epoch"] >= ladder.EPOCHS else None
@@ -379,7 +399,7 @@ def write_summary(table: list[tuple[Cell, Row]]) -> None:
             continue
         entry = cells.setdefault(cell.name, {"size": cell.size, "params": ladder.params_of(cell.size),
                                              "workers": cell.workers, "epochs": cell.epochs, "methods": []})
-        entry["methods"].append({"method": row.family, "spec": FAMILIES[row.family], "lr": row.lr,
+        entry["methods"].append({"method": row.family, "spec": spec(row.family, cell.workers), "lr": row.lr,
                                  "gap_pct": round(gap, 2), "train_gap_pct": round(train_gap or 0.0, 2),
                                  "fewer_bytes": math.floor(ratio * 10) / 10,  # rounded down, as the ladder's
                                  "seeds": f"held-out seeds {', '.join(map(str, seeds))}",
@@ -401,12 +421,14 @@ def plot(table: list[tuple[Cell, Row]], figure: str) -> None:
 
     fig, ax = plt.subplots(figsize=(7, 4.2))
     colors = {"sparseloco": "tab:orange", "diloco-0.7": "tab:green", "sparseloco-256": "tab:red",
-              "diloco-0.7-tau4": "tab:olive"}
+              "diloco-0.7-tau4": "tab:olive", "sparseloco-scaled": "tab:purple", "sparseloco-256-scaled": "tab:brown"}
     series = {("tiny", 4): "-o", ("small", 4): "--s", ("tiny", 1): ":^", ("small", 1): ":v"}
     for shift, ((size, epochs), style) in enumerate(series.items()):  # each series a little apart: bars stay readable
         for family, color in colors.items():
+            same = (family, family.removesuffix("-scaled"))  # at K = 4 a scaled family is its base (outer lr 3)
             pts = sorted((c.workers, g, r.seed_gaps()) for c, r in table if (c.size, c.epochs, c.batch) ==
-                         (size, epochs, BATCH) and r.family == family and (g := r.gap("val_bpb")) is not None)
+                         (size, epochs, BATCH) and r.family in same[:1 + (c.workers == 4)]
+                         and (g := r.gap("val_bpb")) is not None)
             if pts:  # the bar spans the held-out seeds' own gaps
                 ax.errorbar([k * 1.04 ** (shift - 1.5) for k, _, _ in pts], [g for _, g, _ in pts], fmt=style,
                             yerr=[[g - min(s) for _, g, s in pts], [max(s) - g for _, g, s in pts]], color=color,
@@ -441,7 +463,7 @@ def write_csv(cells: list[Cell], out: str) -> int:
             last = recs[-1] if recs else {}
             ok = bool(recs) and last["epoch"] >= cell.epochs
             found.append({"size": cell.size, "params": ladder.params_of(cell.size), "workers": cell.workers,
-                          "method": job.family, "spec": FAMILIES[job.family], "lr": f"{job.lr:g}", "seed": job.seed,
+                          "method": job.family, "spec": job.spec, "lr": f"{job.lr:g}", "seed": job.seed,
                           "epochs": last.get("epoch", 0), "val_bpb": f"{last['val_bpb']:.6f}" if ok else "failed",
                           "train_loss": f"{last['train_loss']:.6f}" if ok else "",
                           "bytes_sent_per_worker": f"{last.get('bytes_sent_per_worker', 0):.0f}",
@@ -462,6 +484,8 @@ def main() -> None:
     p.add_argument("--report", action="store_true", help="print the table, write workers.csv and the figure")
     names = [c.name for c in CELLS]
     p.add_argument("--cells", default=",".join(names), help=f"comma-separated cells, of {', '.join(names)}")
+    p.add_argument("--families", default="", help="--run and --plan take only these families' runs (comma-separated, "
+                   f"of {', '.join(FAMILIES)}; default: every family of each cell)")
     p.add_argument("--out", default="runs/workers", help="parent of the run directories (default runs/workers)")
     p.add_argument("--figure", default="", help="the figure's PNG (default: workers.png in --out; with --publish "
                    "benchmarks/figures/workers.png)")
@@ -487,15 +511,20 @@ def main() -> None:
         writable_file(args.figure, "--figure")
     except UsageError as e:
         p.error(str(e))
+    only = [f.strip() for f in args.families.split(",") if f.strip()]
+    if set(only) - set(FAMILIES):
+        p.error(f"--families {args.families!r}: {', '.join(sorted(set(only) - set(FAMILIES)))} is not one of "
+                f"{', '.join(FAMILIES)}")
     cells = [c for c in CELLS if c.name in want]
+    queue = [replace(c, families=tuple(f for f in c.families if f in only)) for c in cells] if only else cells
     signal.signal(signal.SIGTERM, stop)
     try:
         if args.plan:
-            for cell in cells:
+            for cell in queue:
                 for job in cell_jobs(cell, args.out):
                     if not done(job, args.out):
                         print(f"{cell.name:14} {job.family:11} lr={job.lr:g} seed {job.seed}")
-        while args.run and not STOPPING and (job := next_job(cells, args.out)) is not None:
+        while args.run and not STOPPING and (job := next_job(queue, args.out)) is not None:
             train(job, args.out)
         if args.report:
             publish_to(args.out, args.publish)
