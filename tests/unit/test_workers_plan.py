@@ -84,12 +84,12 @@ def test_a_cell_of_another_batch_trains_with_it_under_its_own_name(wk, tmp_path)
     assert wk.Job(b4, "allreduce", 0.004, 0).kept != wk.Job(b16, "allreduce", 0.004, 0).kept
 
 
-def test_the_scaled_families_follow_the_documented_outer_rate_rule(wk, tmp_path):
-    """SparseLoCo's outer lr grows with the workers (docs/choosing.md): 0.75 K, so at K = 4 the scaled family
-    is the ladder's own setting (its K = 4 point is the ladder's runs) and at K = 16 it asks for outer lr 12."""
+def test_the_scaled_family_is_the_ladders_setting_at_4_workers(wk, tmp_path):
+    """The outer lr of `sparseloco-scaled` is 0.75 K: at K = 4 it is the ladder's own setting (its K = 4 point is
+    the ladder's runs), at K = 16 the command asks for outer lr 12, and the run has a name of its own."""
     import ladder
 
     assert wk.spec("sparseloco-scaled", 4) == ladder.S8
-    k16 = wk.Job(wk.Cell("tiny", 16, 4), "sparseloco-scaled", 0.032, 0)
+    k16 = wk.Job(wk.Cell("tiny", 16, 4), "sparseloco-scaled", 0.016, 0)
     assert "method.outer_lr=12.0" in wk.command(k16, str(tmp_path / "run"))
-    assert "outer_lr-12.0" in k16.name and wk.spec("sparseloco-256-scaled", 8).endswith("outer_lr=6.0")
+    assert "outer_lr-12.0" in k16.name and wk.spec("sparseloco-scaled", 8).endswith("outer_lr=6.0")
