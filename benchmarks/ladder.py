@@ -611,6 +611,11 @@ def fewer(ratio: float | None) -> str:
     return "-" if ratio is None else f"{math.floor(ratio):,}x"
 
 
+def tenth_down(ratio: float) -> float:
+    """A byte ratio as the summaries store it: a tenth, rounded down, so that `fewer` of it is `fewer` of the ratio."""
+    return math.floor(ratio * 10) / 10
+
+
 def pct(value: float | None) -> str:
     return "-" if value is None else f"{value:+.2f}%"
 
@@ -879,7 +884,7 @@ def write_summary(found: dict[str, list[Verdict]], out: str) -> None:
             said = (f"held-out seed{'s' * (len(held) > 1)} {', '.join(map(str, held))}"
                     + (f" ({len(held)} of {len(v.seeds)})" if len(held) < len(v.seeds) else "") if held
                     else f"in-sample: seed{'s' * (n > 1)} that chose the setting")
-            rows.append({"method": v.family, "spec": v.job.spec, "lr": v.job.lr, "fewer_bytes": math.floor(ratio * 10) / 10,
+            rows.append({"method": v.family, "spec": v.job.spec, "lr": v.job.lr, "fewer_bytes": tenth_down(ratio),
                          "gap_pct": round(v.gap() if held else in_gap, 2), "seeds": said, "seed_list": seeds})
         sizes.append({"size": size, "params": PARAMS[size], "methods": rows})
     with open(SUMMARY, "w") as f:

@@ -407,7 +407,7 @@ def write_summary(table: list[tuple[Cell, Row]]) -> None:
                                              "workers": cell.workers, "epochs": cell.epochs, "methods": []})
         entry["methods"].append({"method": row.family, "spec": spec(row.family, cell.workers), "lr": row.lr,
                                  "gap_pct": round(gap, 2), "train_gap_pct": round(train_gap or 0.0, 2),
-                                 "fewer_bytes": math.floor(ratio * 10) / 10,  # rounded down, as the ladder's
+                                 "fewer_bytes": ladder.tenth_down(ratio),
                                  "seeds": f"held-out seeds {', '.join(map(str, seeds))}",
                                  "seed_gaps_pct": [round(g, 2) for g in row.seed_gaps()]})  # the spread a mean hides
     os.makedirs(os.path.dirname(os.path.abspath(SUMMARY)), exist_ok=True)
