@@ -352,6 +352,13 @@ def rows(cell: Cell, out: str) -> list[Row]:
     return found
 
 
+def judged(row: Row) -> bool:
+    """Whether a row's figures come from held-out seeds: a cell still choosing (its seed 0 only) is printed in
+    the table, marked "chose it", and is in neither workers.json nor the figure."""
+    seeds = sorted(s for s in row.held if s in row.ref)
+    return bool(seeds) and seeds != [CHOOSE_SEED]
+
+
 def pct(v: float | None) -> str:
     return "-" if v is None else f"{v:+.2f}%"
 
@@ -400,7 +407,7 @@ def write_summary(table: list[tuple[Cell, Row]]) -> None:
     for cell, row in table:
         seeds = sorted(row.held)
         gap, train_gap, ratio = row.gap("val_bpb"), row.gap("train_loss"), row.ratio()
-        if (row.family == "allreduce" or not seeds or seeds == [CHOOSE_SEED] or gap is None or ratio is None
+        if (row.family == "allreduce" or not judged(row) or gap is None or ratio is None
                 or cell.batch != BATCH):  # a report quotes the cells of its own workload's batch
             continue
         entry = cells.setdefault(cell.name, {"size": cell.size, "params": ladder.params_of(cell.size),
@@ -418,9 +425,17 @@ def write_summary(table: list[tuple[Cell, Row]]) -> None:
     print(f"summary for the report: {os.path.relpath(SUMMARY)}")
 
 
+def points(table: list[tuple[Cell, Row]], size: str, epochs: int, family: str) -> list[tuple[int, float, list[float]]]:
+    """One series of the figure: (K, the gap of the means, each held-out seed's gap) for each judged cell of
+    the ladder's batch at this size and these epochs."""
+    return sorted((c.workers, g, r.seed_gaps()) for c, r in table if (c.size, c.epochs, c.batch) == (size, epochs, BATCH)
+                  and r.family == family and judged(r) and (g := r.gap("val_bpb")) is not None)
+
+
 def plot(table: list[tuple[Cell, Row]], figure: str) -> None:
     """Gap to Allreduce (validation) against K at 4 epochs, per size; the one-epoch cells as open marks (the
-    cells of the ladder's batch only: one of another batch is in the table, not the figure)."""
+    cells of the ladder's batch only: one of another batch is in the table, not the figure; a cell judged so
+    far only on the choosing seed is in neither the figure nor workers.json)."""
     import matplotlib
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
@@ -431,8 +446,7 @@ def plot(table: list[tuple[Cell, Row]], figure: str) -> None:
     series = {("tiny", 4): "-o", ("small", 4): "--s", ("tiny", 1): ":^", ("small", 1): ":v"}
     for shift, ((size, epochs), style) in enumerate(series.items()):  # each series a little apart: bars stay readable
         for family, color in colors.items():
-            pts = sorted((c.workers, g, r.seed_gaps()) for c, r in table if (c.size, c.epochs, c.batch) ==
-                         (size, epochs, BATCH) and r.family == family and (g := r.gap("val_bpb")) is not None)
+            pts = points(table, size, epochs, family)
             if pts:  # the bar spans the held-out seeds' own gaps
                 ax.errorbar([k * 1.04 ** (shift - 1.5) for k, _, _ in pts], [g for _, g, _ in pts], fmt=style,
                             yerr=[[g - min(s) for _, g, s in pts], [max(s) - g for _, g, s in pts]], color=color,

@@ -94,3 +94,24 @@ def test_the_scaled_family_is_the_ladders_setting_at_4_workers(wk, tmp_path):
     k16 = wk.Job(wk.Cell("tiny", 16, 4), "sparseloco-scaled", 0.016, 0)
     assert "method.outer_lr=12.0" in wk.command(k16, str(tmp_path / "run"))
     assert "outer_lr-12.0" in k16.name and wk.spec("sparseloco-scaled", 8).endswith("outer_lr=6.0")
+
+
+def test_a_cell_still_choosing_is_in_the_table_only(wk, tmp_path, monkeypatch):
+    """A cell whose savers have run only on the choosing seed prints its rows, marked "chose it", but is not
+    judged: workers.json quotes the held-out cell alone, and the figure has no point for it."""
+    done = wk.Cell("small", 16, 1, ("allreduce", "sparseloco"))
+    choosing = wk.Cell("small", 8, 1, ("allreduce", "sparseloco"))
+    out = str(tmp_path / "runs")
+    while (job := wk.next_job([done], out)) is not None:
+        finish(job, score(job))
+    while (job := wk.next_job([choosing], out)) is not None and job.seed == 0:  # the bracket, not the judging
+        finish(job, score(job))
+    assert [wk.judged(r) for r in wk.rows(choosing, out)] == [False, False]
+    tables = []
+    monkeypatch.setattr(wk, "plot", lambda table, figure: tables.append(table))
+    wk.publish_to(str(tmp_path / "report"), publish=False)
+    wk.report([done, choosing], out, str(tmp_path / "report" / "workers.png"))
+    with open(tmp_path / "report" / "workers.json") as f:
+        assert [c["workers"] for c in json.load(f)["cells"]] == [16]
+    assert [k for k, _, _ in wk.points(tables[0], "small", 1, "sparseloco")] == [16]
+    assert any(c.workers == 8 and r.family == "sparseloco" for c, r in tables[0])  # in the table all the same
