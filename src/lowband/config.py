@@ -10,6 +10,7 @@ from __future__ import annotations
 import dataclasses
 import functools
 import math
+import os
 import re
 import types
 import typing
@@ -28,10 +29,26 @@ MAX_SEED = 2**32 - 1  # numpy's seeds
 MAX_WORKERS = 1024  # worker processes on one machine: each needs memory, a port and a process
 MAX_TIMEOUT_S = 7 * 24 * 3600.0
 MAX_LR = 1e3
+MAX_EPOCHS = 1_000_000
+MAX_STEPS = 10**12  # a loop's optimizer steps (lowband.wrap's total_steps)
+MAX_SAMPLES = 1_000_000  # MNIST-1D is generated on the machine (about 2,000 samples a second on one core)
+MAX_THREADS = 1024  # and at most this machine's cores (lowband.training.session.check_threads)
 GptSize = Literal["nano", "tiny", "small", "medium", "large"]  # their shapes: lowband.models.gpt.SIZES
 
 
 TEXT = "text"  # data.name of the built-in corpus; "text:PATH" names a UTF-8 file or directory (lowband.data.text)
+
+
+def machine_cores() -> int:
+    """The cores this process may run on (its CPU affinity where the system says it)."""
+    return len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count() or 1
+
+
+def check_threads(threads: int, field: str) -> None:
+    """Refuse more torch threads a process than this machine has cores, before any process starts them (past
+    the cores they only slow it; by the thousand a worker fails to start its thread pool)."""
+    if threads > (cores := machine_cores()):
+        raise ConfigError(field, threads, f"must be <= {cores}, this machine's cores")
 
 
 def is_text_data(name: str) -> bool:
@@ -191,19 +208,19 @@ def _check(value, name: str, rule: Bounds | Form | None, integer: bool) -> None:
 @dataclass(kw_only=True)
 class TrainConfig:
     workers: int = opt(4, "worker processes K (ignored under torchrun, which sets the world size)", bounds=f"1..{MAX_WORKERS}")
-    epochs: int = opt(30, "passes over each worker's data", bounds=">= 1")
+    epochs: int = opt(30, "passes over each worker's data", bounds=f"1..{MAX_EPOCHS}")
     batch_size: int = opt(32, "minibatch size per worker", bounds=">= 1")
     seed: int = opt(0, "seed for model initialisation, data partition and data order", bounds=f"0..{MAX_SEED}")
-    eval_every: int = opt(1, "evaluate on the test set every this many epochs", bounds=">= 1")
-    eval_batch_size: int = opt(1000, "batch size for evaluation", bounds=">= 1")
+    eval_every: int = opt(1, "evaluate on the test set every this many epochs", bounds=f"1..{MAX_EPOCHS}")
+    eval_batch_size: int = opt(1000, "batch size for evaluation", bounds="1..1000000")
     eval_ranks: int = opt(8, "past this many workers, each evaluated epoch only rank 0, the rank with the lowest "
                              "training loss and this many evenly spaced ranks evaluate their own model (the others' "
                              "per-rank figures are null; the global model is evaluated as always); 0: every rank",
                           bounds=f"0..{MAX_WORKERS}", note=" (0: every rank)")
     checkpoint_every: int = opt(1, "write a resumable checkpoint every this many epochs",
-                                bounds=">= 0", note=" (0: only at the end)")
+                                bounds=f"0..{MAX_EPOCHS}", note=" (0: only at the end)")
     max_restarts: int = opt(0, "when a worker dies, restart all from the latest checkpoint, at most this many times",
-                            bounds=">= 0")
+                            bounds="0..1000")
     device: Literal["auto", "cpu", "cuda"] = opt("auto", "auto: cuda when available, else cpu; local worker r "
                                                          "trains on GPU r % the GPUs")
     backend: Literal["auto", "gloo", "nccl"] = opt("auto", "auto: nccl when every worker on a machine has a GPU of "
@@ -216,7 +233,7 @@ class TrainConfig:
                                                      "BENCHMARKS.md)")
     timeout_s: float = opt(300.0, "process-group timeout: a collective waiting longer fails",
                            bounds=f"(0, {MAX_TIMEOUT_S:g}]", note=" seconds")
-    threads: int = opt(1, "torch threads per worker process", bounds=">= 1")
+    threads: int = opt(1, "torch threads per worker process (at most this machine's cores)", bounds=f"1..{MAX_THREADS}")
     target_accuracy: float = opt(0.0, "report the first epoch whose validation accuracy reaches this (0: none)", bounds="[0, 1]")
     target_bpb: float = opt(0.0, "language models: report the first epoch whose validation bits per byte is within "
                                  "1% of this (0: none)", bounds=">= 0", note=" (0: none)")
@@ -237,12 +254,13 @@ class DataConfig:
                                      "package.module:factory or PATH.npz (your own; see lowband.data.custom), "
                                      "text (the King James Bible as bytes) or text:PATH (a UTF-8 file or directory)")
     root: str = opt("", "directory holding cifar10/cifar100/imagefolder data")
-    num_samples: int = opt(5000, "mnist1d: samples generated (80% train, 20% test)", bounds=">= 50")
+    num_samples: int = opt(5000, "mnist1d: samples generated (80% train, 20% test)", bounds=f"50..{MAX_SAMPLES}",
+                           note=" (generated on this machine, about 2,000 a second)")
     partition: Literal["iid", "dirichlet", "same"] = opt(
         "iid", "iid: disjoint random shards; dirichlet: non-IID label skew; same: every worker all data")
     alpha: float = opt(0.5, "dirichlet concentration: small is more skewed", bounds="> 0")
     augment: Literal["auto", "on", "off"] = opt("auto", "random crop + flip; auto: on for cifar/imagefolder")
-    image_size: int = opt(32, "imagefolder: images are resized to this square size", bounds=">= 8")
+    image_size: int = opt(32, "imagefolder: images are resized to this square size", bounds="8..1024")
     cache_dir: str = opt("", "where generated data sets are cached (default ~/.cache/lowband)")
     val_fraction: float = opt(0.1, "share of the training data held out for validation (stratified, never trained "
                                    "on); model selection, targets and early stopping read it, never the test set; "
@@ -267,18 +285,18 @@ class DataConfig:
 class ModelConfig:
     name: str = opt("cnn1d", "mlp, cnn1d, cnn2d, resnet20, resnet32, vgg16, nin, cnn13, gpt (text data), "
                              "or package.module:factory")
-    hidden: int = opt(256, "mlp: hidden width", bounds=">= 1")
+    hidden: int = opt(256, "mlp: hidden width", bounds="1..65536")
     channels: int = opt(25, "cnn1d: channels of each convolution (25 in the MNIST-1D paper; wider makes a teacher)",
-                        bounds=">= 1")
+                        bounds="1..4096")
     size: GptSize = opt("tiny", "gpt: named size (parameters at vocabulary 256, context 128): nano 2 layers x 24 "
                                 "(23,712), tiny 4 x 64 (224,640), small 4 x 128 (842,496), medium 6 x 192 "
                                 "(2,743,296), large 10 x 512 (31,721,472)")
-    n_layer: int = opt(0, "gpt: transformer blocks (0: from model.size)", bounds=">= 0", note=" (0: the default, see its help)")
+    n_layer: int = opt(0, "gpt: transformer blocks (0: from model.size)", bounds="0..256", note=" (0: the default, see its help)")
     n_head: int = opt(0, "gpt: attention heads, must divide model.n_embd (0: from model.size)",
-                      bounds=">= 0", note=" (0: the default, see its help)")
-    n_embd: int = opt(0, "gpt: embedding width (0: from model.size)", bounds=">= 0", note=" (0: the default, see its help)")
+                      bounds="0..1024", note=" (0: the default, see its help)")
+    n_embd: int = opt(0, "gpt: embedding width (0: from model.size)", bounds="0..65536", note=" (0: the default, see its help)")
     context: int = opt(0, "gpt: longest input in tokens, the position table's length (0: the data's window, "
-                          "data.context)", bounds=">= 0", note=" (0: the default, see its help)")
+                          "data.context)", bounds="0..1048576", note=" (0: the default, see its help)")
     dropout: float = opt(0.0, "gpt: dropout probability after attention, MLP and embeddings", bounds="[0, 1)")
     kwargs: dict = opt({}, "package.module:factory models: keyword arguments for the factory, e.g. "
                            "--set model.kwargs.width=128 (a [model.kwargs] table in TOML)")
@@ -367,20 +385,23 @@ class MethodConfig:
 class ElasticConfig:
     on: bool = opt(False, "elastic membership (local_sgd, diloco, sparseloco): workers may leave and join (`lowband join RUN`) "
                           "while the job trains; they meet in a quorum at every outer step")
-    min_workers: int = opt(1, "the fewest workers a round runs with; below it the job waits and says so", bounds=">= 1")
-    max_workers: int = opt(0, "the most workers a round takes (0: no limit); more wait for a free place")
+    min_workers: int = opt(1, "the fewest workers a round runs with; below it the job waits and says so",
+                          bounds=f"1..{MAX_WORKERS}")
+    max_workers: int = opt(0, "the most workers a round takes (0: no limit); more wait for a free place",
+                           bounds=f"0..{MAX_WORKERS}", note=" (0: no limit)")
     coordinator: str = opt("", "Redis URL keeping membership (redis://HOST:PORT/DB); empty: an embedded one on "
                                "127.0.0.1, started by `lowband train`",
                            form=Form("empty or a redis://, rediss:// or unix:// URL", r"|(redis|rediss|unix)://.*"))
     host: str = opt("127.0.0.1", "address this machine's workers listen on for their quorum's process group")
-    heartbeat_s: float = opt(1.0, "seconds between a worker's heartbeats", bounds="> 0", note=" seconds")
+    heartbeat_s: float = opt(1.0, "seconds between a worker's heartbeats", bounds=f"(0, {MAX_TIMEOUT_S:g}]", note=" seconds")
     dead_after_s: float = opt(5.0, "a worker silent this long is out of the job (it rejoins when it speaks again)",
-                              bounds="> 0", note=" seconds")
+                              bounds=f"(0, {MAX_TIMEOUT_S:g}]", note=" seconds")
     timeout_s: float = opt(30.0, "how long a quorum waits for a live worker to arrive, and a collective for a peer "
                                  "(then it fails and the round is redone without the silent worker); longer than "
-                                 "an exchange takes on your link", bounds="> 0", note=" seconds")
+                                 "an exchange takes on your link", bounds=f"(0, {MAX_TIMEOUT_S:g}]", note=" seconds")
     wait_s: float = opt(600.0, "how long a worker waits without progress (below min_workers, or for a coordinator "
-                               "that is away) before it gives up (exit code 3)", bounds="> 0", note=" seconds")
+                               "that is away) before it gives up (exit code 3)", bounds=f"(0, {MAX_TIMEOUT_S:g}]",
+                        note=" seconds")
     scale_with_quorum: bool = opt(True, "a round with fewer workers than were launched takes a smaller step: "
                                         "DiLoCo's and SparseLoCo's outer step divides the pseudo-gradients' sum by "
                                         "the workers launched (an absent one counts as zero), local SGD's scaled rate "
@@ -388,7 +409,7 @@ class ElasticConfig:
                                         "the launched rates)")
     max_failed_rounds: int = opt(5, "a round whose exchange fails this many times in a row for the same cause ends "
                                     "the job (or the joiner) with one line naming the cause, exit code 3; a joiner "
-                                    "whose first exchange fails leaves at once", bounds=">= 1")
+                                    "whose first exchange fails leaves at once", bounds="1..1000")
 
     def __post_init__(self):
         check_bounds(self, "elastic")

@@ -138,7 +138,7 @@ class Sync:
 class WrapArgs:
     """wrap's own sizes and choices, each declaring what it allows (checked when built, before anything starts)."""
 
-    total_steps: int = opt(1, "the optimizer steps the caller's loop takes", bounds=">= 1", name="total_steps")
+    total_steps: int = opt(1, "the optimizer steps the caller's loop takes", bounds=f"1..{C.MAX_STEPS}", name="total_steps")
     seed: int = opt(0, "the method's seed", bounds=f"0..{C.MAX_SEED}", name="seed")
     precision: Literal["fp32", "bf16"] = opt("fp32", "the caller's precision", name="precision")
     workers: int = opt(1, "an elastic job's workers launched together", bounds="1..1024", name="workers")

@@ -7,6 +7,7 @@ import os
 import pytest
 
 from lowband.cli import main
+from lowband.config import machine_cores
 
 FACTORIES = '''
 def raises(in_shape, num_classes):
@@ -75,7 +76,7 @@ CASES = {
     "server-timeout-zero": (["--method", "codistill", *SET("exchange=server", "server_timeout_s=0"), "--workers", "2"],
                             "method.server_timeout_s"),
     "server-timeout-too-short": (["--method", "codistill", *SET("exchange=server", "server_timeout_s=1e-6"),
-                                  "--workers", "2"], "method.server_timeout_s=1e-06 is invalid: must be >= 0.01 s"),
+                                  "--workers", "2"], "method.server_timeout_s=1e-06 is invalid: must be in [0.01, 604800] s"),
     "key-under-a-value": (["--set", "train.epochs.x=1"], "train.epochs.x=1 is invalid: train.epochs is a value (1)"),
     "value-over-a-table": (["--model", "badfactories:raises", "--set", "model.kwargs.a=1", "--set", "model.kwargs=5"],
                            "model.kwargs=5 is invalid: model.kwargs is a table"),
@@ -139,8 +140,19 @@ CASES = {
                     ("density_end=0.0001", "method.density_end")]},
     "run-dir-empty": (["--run-dir", ""], "--run-dir is empty"),  # not taken as "no --run-dir"
     "resume-empty": (["--resume", ""], "--resume is empty"),
-    "model-beyond-memory": (["--model", "gpt", "--dataset", "text", "--set", "model.n_embd=1000000000000",
+    "model-beyond-memory": (["--model", "gpt", "--dataset", "text", "--set", "model.n_embd=65536",
                              "--set", "model.n_head=1"], "does not fit in this machine's memory"),
+    # every size a user gives is bounded (tests/unit/test_config.py: each declares its largest value)
+    "n-embd-1e12": (["--model", "gpt", "--dataset", "text", "--set", "model.n_embd=1000000000000"], "model.n_embd"),
+    "n-layer-1e6": (["--model", "gpt", "--dataset", "text", "--set", "model.n_layer=1000000"],
+                    "model.n_layer=1000000 is invalid: must be in 0..256"),
+    "samples-1e12": (["--samples", "1000000000000"], "data.num_samples=1000000000000 is invalid: must be in 50..1000000"),
+    "threads-past-the-cores": (["--set", f"train.threads={machine_cores() + 1}"], "this machine's cores"),
+    "threads-1e5": (["--set", "train.threads=100000"], "train.threads=100000 is invalid: must be in 1..1024"),
+    "epochs-1e7": (["--epochs", "10000000"], "train.epochs=10000000"),
+    "outer-lr-1e9": (["--method", "diloco", *SET("outer_lr=1e9")], "method.outer_lr=1000000000.0 is invalid"),
+    "dead-after-1e12": (["--set", "elastic.dead_after_s=1e12"], "elastic.dead_after_s"),
+    "teachers-1e6": (["--method", "edl", *SET("local_teachers=1000000")], "method.local_teachers=1000000"),
 }
 
 
@@ -230,3 +242,33 @@ def test_a_per_method_table_for_a_method_the_suite_does_not_run_is_one_line(tmp_
 
     plan, _ = plan_for(Request(suite_file=str(suite), overrides={"train": {"epochs": 1}}, out=str(out)))
     assert plan.configs["local_sgd:tau=4"]["optim"]["lr"] == 0.2
+
+
+def test_a_model_that_fits_once_but_not_once_a_worker_is_refused_before_any_worker(tmp_path, capsys, monkeypatch):
+    """The memory check counts the model on the meta device and charges each worker 3 fp32 copies (weights,
+    gradients, an optimizer state): with room for two workers' copies, 4 workers are refused in one line
+    that gives the count, and 2 are not refused by it."""
+    import torch
+
+    from lowband import config as C
+    from lowband.models import build_for_task
+    from lowband.training import runconfig
+
+    count = sum(p.numel() for p in build_for_task(C.ModelConfig(name="mlp"), (1, 40), 10, "classify").parameters())
+    monkeypatch.setattr(runconfig, "available_memory", lambda: 2 * 12 * count + 1)
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    out = tmp_path / "runs"
+    code = main(["train", "--out", str(out), "--samples", "200", "--epochs", "1", "--model", "mlp", "--workers", "4"])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and not out.exists(), err
+    assert f"{count:,} parameters, at least {48 * count / 2**30:,.1f} GiB for 4 worker(s)" in err, err
+    with pytest.raises(SystemExit):  # past the check: it stops at the first worker, which we do not start
+        monkeypatch.setattr(runconfig, "_check_memory", _stop_after(runconfig._check_memory))
+        main(["train", "--out", str(out), "--samples", "200", "--epochs", "1", "--model", "mlp", "--workers", "2"])
+
+
+def _stop_after(check):
+    def checked(*args):
+        check(*args)
+        raise SystemExit(0)
+    return checked

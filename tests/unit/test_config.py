@@ -125,3 +125,53 @@ def test_one_context_is_enough(model, data, want):
         raw["data"]["context"] = data
     cfg = build(raw)
     assert (cfg.model.context, cfg.data.context) == want
+
+
+#: the sizes bounded by the run rather than by their declaration, each with the check that bounds it
+BOUNDED_AT_RUN = {
+    "train.batch_size": "partition.steps_per_epoch: at most the smallest worker's shard",
+    "data.context": "the text's loader: at most a split of the corpus",
+    "data.max_bytes": "reads at most the corpus",
+    "link.sites": "net.sites.site_map: at most the workers",
+    "link.site_of": "net.sites.site_map: each rank's site below the workers",
+    "method.group_size": "the method's check: it divides the workers",
+    "method.chunk": "SparseLoCo.check_model: at most the model's parameters",
+    "method.fragments": "DiLoCo: at most tau and the model's parameter tensors",
+    "method.overlap": "DiLoCo: below tau / fragments",
+    "method.answer_topk": "codistillation: k >= the classes sends all",
+    # a count of steps: one past the run's steps never comes (tau: the workers meet once, at the end)
+    "method.tau": "steps", "method.interval": "steps", "method.burn_in": "steps", "method.sync_every": "steps",
+}
+
+
+def test_every_size_a_user_gives_is_bounded():
+    """Every whole-number field (a count of processes, threads, layers, samples, epochs...) and every time in
+    seconds declares a finite largest value where it is defined, unless the run bounds it (BOUNDED_AT_RUN)."""
+    import dataclasses
+    import math
+
+    tables = [("train", C.TrainConfig), ("data", C.DataConfig), ("model", C.ModelConfig), ("optim", C.OptimConfig),
+              ("link", C.LinkConfig), ("elastic", C.ElasticConfig)]
+    tables += [("method", cls) for cls in method_configs().values()]
+    from lowband.comparison.space import Tune
+    from lowband.wrapping import WrapArgs
+
+    tables += [("wrap", WrapArgs), ("tune", Tune)]
+    open_ended = set()
+    for section, cls in tables:
+        rules, ints = C.bounds_of(cls), C._integers(cls)
+        for f in dataclasses.fields(cls):
+            name = f"{section}.{f.name}"
+            if not (f.name in ints or f.name.endswith("_s")) or name in BOUNDED_AT_RUN:
+                continue
+            rule = rules.get(f.name)
+            if not isinstance(rule, C.Bounds) or rule._interval()[1] == math.inf:
+                open_ended.add(name)
+    assert not open_ended, f"no largest value declared: {sorted(open_ended)}"
+
+
+def test_threads_past_the_cores_are_refused_naming_the_cores(monkeypatch):
+    monkeypatch.setattr(C, "machine_cores", lambda: 2)
+    C.check_threads(2, "train.threads")
+    with pytest.raises(ConfigError, match=r"train.threads=3 is invalid: must be <= 2, this machine's cores"):
+        C.check_threads(3, "train.threads")

@@ -26,7 +26,7 @@ import torch
 
 from lowband.comm.rendezvous import check_bindable
 from lowband.comm.store import CheckpointStore
-from lowband.config import MethodConfig, opt
+from lowband.config import MAX_TIMEOUT_S, MethodConfig, opt
 from lowband.distill.losses import codistill_loss
 from lowband.distill.peer_answers import PeerAnswers
 from lowband.errors import ConfigError
@@ -49,7 +49,7 @@ class CodistillConfig(MethodConfig):
                      only=("exchange", "store", " (the prediction servers use no store: leave it empty)"))
     temperature: float = opt(1.0, "distillation temperature T", bounds="> 0")
     wait_s: float = opt(0.0, "lockstep: wait this long for peers' checkpoints (or answers) of the same "
-                                    "step (0: take the newest)", bounds=">= 0")
+                                    "step (0: take the newest)", bounds=f"[0, {MAX_TIMEOUT_S:g}]")
     codec: Literal["fp32", "fp16", "bf16", "int8"] = opt("fp32", "precision of what is exchanged: the checkpoints "
                                                                   "written to the store, or the server's answers "
                                                                   "(fp16/bf16: half the bytes, int8 about a quarter; "
@@ -65,7 +65,7 @@ class CodistillConfig(MethodConfig):
                                         "workers on several machines)")
     server_timeout_s: float = opt(30.0, "exchange=server: a peer that does not answer within this many seconds is "
                                         "skipped (training goes on without its term) until the next exchange",
-                                  bounds=f">= {MIN_ANSWER_S:g}",
+                                  bounds=f"[{MIN_ANSWER_S:g}, {MAX_TIMEOUT_S:g}]",
                                   note=" s: no answer comes back sooner, so every peer's term would be dropped and "
                                        "distillation would be off")
 

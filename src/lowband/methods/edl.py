@@ -25,7 +25,7 @@ from typing import Literal
 import torch
 
 from lowband.comm import launched_by_torchrun
-from lowband.config import opt
+from lowband.config import MAX_THREADS, MAX_TIMEOUT_S, check_threads, opt
 from lowband.distill.losses import kd_loss
 from lowband.distill.sources import InProcessTeacher, NoTeacher, RemoteTeachers, TeacherSource
 from lowband.distill.teacher import token_from_env
@@ -41,22 +41,27 @@ class EDLConfig(AllreduceConfig):
         "edl", "edl: remote teacher servers; online: teacher in the student process; ntrain: no teacher")
     teacher: str = opt("", "teacher checkpoint: a lowband run dir, its model.safetensors or a checkpoints/*.pt")
     coordinator: str = opt("", "Redis URL of the Coordinator, e.g. redis://host:6379/0 (empty: an embedded one)")
-    local_teachers: int = opt(0, "start this many teacher processes on this machine for the run", bounds=">= 0")
-    teacher_threads: int = opt(1, "torch threads of each local teacher", bounds=">= 1")
+    local_teachers: int = opt(0, "start this many teacher processes on this machine for the run", bounds="0..64")
+    teacher_threads: int = opt(1, "torch threads of each local teacher", bounds=f"1..{MAX_THREADS}")
     teacher_max_rate: float = opt(0.0, "cap each local teacher's samples/s (emulates slower devices; 0: no cap)", bounds=">= 0")
     alpha: float = opt(0.5, "weight of the hard-label cross-entropy", bounds=">= 0")
     beta: float = opt(0.5, "weight of the distillation term T^2 * KL", bounds=">= 0")
     temperature: float = opt(2.0, "softmax temperature T of the distillation term (T = 4 with the default lr "
                                   "was unstable on MNIST-1D: the soft term's gradient grows with T)", bounds="> 0")
-    teachers: int = opt(0, "teachers per student rank at start; 0: from measured student/teacher throughputs")
-    max_teachers: int = opt(8, "most teachers one student rank holds")
-    ut: int = opt(32, "upper threshold: stop sending batches to teachers above this many unused soft labels")
-    lt: int = opt(8, "lower threshold: resume sending below this many unused soft labels")
-    depth: int = opt(2, "requests in flight per teacher connection", bounds=">= 1")
-    request_batches: int = opt(4, "minibatches per request to a teacher (fewer, larger frames)", bounds=">= 1")
-    teacher_timeout_s: float = opt(300.0, "with no teacher at all, wait this long (saying so), then fail", bounds="> 0")
-    request_timeout_s: float = opt(30.0, "a teacher that does not answer a batch within this is considered dead", bounds="> 0")
-    lease_s: float = opt(5.0, "a dead student's teachers become free after this", bounds="> 0")
+    teachers: int = opt(0, "teachers per student rank at start; 0: from measured student/teacher throughputs",
+                         bounds="0..1024")
+    max_teachers: int = opt(8, "most teachers one student rank holds", bounds="1..1024")
+    ut: int = opt(32, "upper threshold: stop sending batches to teachers above this many unused soft labels",
+                   bounds="1..1000000")
+    lt: int = opt(8, "lower threshold: resume sending below this many unused soft labels", bounds="0..1000000")
+    depth: int = opt(2, "requests in flight per teacher connection", bounds="1..64")
+    request_batches: int = opt(4, "minibatches per request to a teacher (fewer, larger frames)", bounds="1..1024")
+    teacher_timeout_s: float = opt(300.0, "with no teacher at all, wait this long (saying so), then fail",
+                                      bounds=f"(0, {MAX_TIMEOUT_S:g}]")
+    request_timeout_s: float = opt(30.0, "a teacher that does not answer a batch within this is considered dead",
+                                      bounds=f"(0, {MAX_TIMEOUT_S:g}]")
+    lease_s: float = opt(5.0, "a dead student's teachers become free after this",
+                            bounds=f"(0, {MAX_TIMEOUT_S:g}]")
     log_samples: bool = opt(False, "write the sample ids each rank trained on to samples.rank{R}.jsonl")
 
     def __post_init__(self):
@@ -81,6 +86,8 @@ class EDL(Allreduce):
                     "under torchrun, start teachers with `lowband teacher` and give their Redis URL")
             require(cfg.local_teachers == 0, "method.local_teachers", cfg.local_teachers,
                     "needs lowband's own launcher; under torchrun start teachers with `lowband teacher`")
+        if cfg.local_teachers:
+            check_threads(cfg.teacher_threads, "method.teacher_threads")
 
     @classmethod
     def services(cls, cfg: EDLConfig):

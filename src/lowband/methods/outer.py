@@ -27,7 +27,7 @@ from torch.nn.utils import parameters_to_vector, vector_to_parameters
 
 from lowband.comm.reduce import compressed_mean
 from lowband.comm.value_codecs import Codec, ErrorFeedback
-from lowband.config import opt
+from lowband.config import MAX_LR, opt
 from lowband.errors import require
 from lowband.methods.base import Method
 from lowband.methods.rounds import RoundsConfig
@@ -62,7 +62,8 @@ def parse_tau_schedule(spec: str, base: int, field: str = "method.tau_schedule")
 class OuterConfig(RoundsConfig):
     """Options of every method with an outer optimizer on averaged pseudo-gradients (DiLoCo, SparseLoCo)."""
 
-    outer_lr: float = opt(0.7, "outer SGD learning rate (1 with outer_momentum 0 is local SGD)", bounds="> 0")
+    outer_lr: float = opt(0.7, "outer SGD learning rate (1 with outer_momentum 0 is local SGD)",
+                          bounds=f"(0, {MAX_LR:g}]")
     outer_momentum: float = opt(0.9, "outer momentum in [0, 1) (0: plain SGD)", bounds="[0, 1)")
     outer_nesterov: bool = opt(True, "Nesterov's form of the outer momentum (false: heavy ball)")
     tau_schedule: str = opt("", f"a tau that grows during the run: {SCHEDULE_HELP}")

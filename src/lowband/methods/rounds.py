@@ -20,7 +20,8 @@ from lowband.config import MethodConfig, opt
 @dataclass(kw_only=True)
 class RoundsConfig(MethodConfig):
     tau: int = opt(16, "local steps per communication round", bounds=">= 1")
-    round_evals: int = opt(100, "report at most this many rounds (evenly spaced) in rounds.jsonl; 0: none", bounds=">= 0")
+    round_evals: int = opt(100, "report at most this many rounds (evenly spaced) in rounds.jsonl; 0: none",
+                           bounds="0..100000")
 
 
 class RoundLog:

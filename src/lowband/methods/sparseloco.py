@@ -58,7 +58,7 @@ import torch
 from lowband.comm.quorum import Round
 from lowband.comm.reduce import compressed_mean
 from lowband.comm.value_codecs import DENSE, VALUE_SPECS, Codec, TopKCodec, parse_codec
-from lowband.config import Form, opt
+from lowband.config import MAX_LR, Form, opt
 from lowband.errors import ConfigError, require
 from lowband.methods.diloco import DiLoCo, DiLoCoConfig
 from lowband.methods.outer import Fragment, ramp
@@ -92,7 +92,7 @@ class SparseLoCoConfig(DiLoCoConfig):
                                    "towards density_end", bounds="[0, 1)")
     outer_lr_end: float = opt(-1.0, "the outer lr at the run's last step, > 0, reached linearly from outer_lr from "
                                     "outer_lr_from of the run on (-1: outer_lr throughout)",
-                              bounds="> 0", note=", or -1 for outer_lr throughout", also=(-1,))
+                              bounds=f"(0, {MAX_LR:g}]", note=", or -1 for outer_lr throughout", also=(-1,))
     outer_lr_from: float = opt(0.0, "the share of the run's steps, in [0, 1), after which the outer lr moves "
                                     "towards outer_lr_end", bounds="[0, 1)")
 

@@ -57,10 +57,17 @@ def read_run_config(run_dir: str, asked_by: str = "--resume") -> C.Config:
     return C.from_dict(C.read_toml(run.config_path, asked_by), method_configs())
 
 
-def check_model(cfg: C.Config, data) -> None:
-    """The model builds for `data` in this machine's memory, or one line saying it does not."""
+COPIES = 3  # what a worker holds of its model at the least: weights, gradients and one optimizer state, fp32
+
+
+def check_model(cfg: C.Config, data, workers: int = 1) -> None:
+    """The model builds for `data`, and `workers` of it fit in this machine's memory, or one line saying
+    they do not: first counted on the meta device (no memory: a model of 10^12 parameters is refused at
+    once), then built once."""
     from lowband.models import build_for_task  # torch: reading a run's config need not load it
 
+    if (count := _parameters(cfg, data)) is not None:
+        _check_memory(cfg, count, workers)
     try:
         model = build_for_task(cfg.model, data.in_shape, data.num_classes, data.task)
     except (RuntimeError, MemoryError) as e:  # e.g. model.n_embd=10**12: the allocator refuses
@@ -70,6 +77,45 @@ def check_model(cfg: C.Config, data) -> None:
                          f"({_allocation(e)}); make it smaller (model.size, n_layer, n_embd, context, "
                          "hidden)") from None
     METHODS.get(cfg.method.name).check_model(cfg.method, model)
+
+
+def _parameters(cfg: C.Config, data) -> int | None:
+    """The model's parameter count, built on the meta device; None when it cannot be built there (a factory
+    of the user's that computes on its tensors): the real build then judges it."""
+    import torch
+
+    from lowband.models import build_for_task
+
+    try:
+        with torch.device("meta"):
+            model = build_for_task(cfg.model, data.in_shape, data.num_classes, data.task)
+        return sum(p.numel() for p in model.parameters())
+    except Exception:  # noqa: BLE001 - any failure here is the real build's to report
+        return None
+
+
+def _check_memory(cfg: C.Config, count: int, workers: int) -> None:
+    """Refuse a model whose `workers` copies (COPIES each; one, the launcher's, when they train on GPUs) need
+    more than this machine's available memory."""
+    import torch
+
+    gpus = cfg.train.device == "cuda" or (cfg.train.device == "auto" and torch.cuda.is_available())
+    need, free = 4 * COPIES * count * (1 if gpus else workers), available_memory()
+    if free is not None and need > free:
+        raise UsageError(f"model.name={cfg.model.name!r} with these settings does not fit in this machine's memory: "
+                         f"{count:,} parameters, at least {need / 2**30:,.1f} GiB for {workers} worker(s) (weights, "
+                         f"gradients and an optimizer state in fp32) against {free / 2**30:,.1f} GiB available; "
+                         "make it smaller (model.size, n_layer, n_embd, context, hidden) or use fewer workers")
+
+
+def available_memory() -> int | None:
+    """Bytes of memory available to new processes (Linux's MemAvailable); None where the system does not say."""
+    try:
+        with open("/proc/meminfo") as f:
+            found = re.search(r"^MemAvailable:\s+(\d+) kB", f.read(), re.M)
+    except OSError:
+        return None
+    return int(found.group(1)) * 1024 if found else None
 
 
 def _allocation(error: BaseException) -> str:

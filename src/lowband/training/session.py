@@ -74,7 +74,7 @@ def change_world(run_dir: str, old: int, new: int) -> None:
 
 def check_plan(spec: RunSpec) -> None:
     """Fail fast in the launcher, before any worker starts: data, shards, model all fit."""
-    check_model(spec.cfg, worker_data(spec.cfg, spec.world).data)
+    check_model(spec.cfg, worker_data(spec.cfg, spec.world).data, spec.world)
 
 
 def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = False,
@@ -157,7 +157,7 @@ def many_workers_note(cfg: C.Config, world: int) -> None:
     """Past EVAL_SHARE_FROM workers on one machine, say once how lowband runs them (the evaluation's share)."""
     if world <= EVAL_SHARE_FROM:
         return
-    cores = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    cores = C.machine_cores()
     n = cfg.train.eval_ranks
     who = "every worker" if n == 0 or world <= n else f"rank 0, the lowest training loss and {n} spaced ranks"
     shared = " sharing one copy of the text windows" if cfg.data.is_text else ""

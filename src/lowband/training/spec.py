@@ -42,6 +42,7 @@ def resolve(cfg: C.Config, world: int | None = None) -> RunSpec:
     if world < method.min_workers:
         raise ConfigError("train.workers", world, f"method {cfg.method.name} needs at least {method.min_workers} workers")
     method.check(cfg.method, world)
+    C.check_threads(cfg.train.threads, "train.threads")
     if method.language_model_refused and task_of(cfg.data.name) == "lm":
         raise ConfigError("method.name", cfg.method.name, f"cannot train a language model ({cfg.data.name}): "
                                                           f"{method.language_model_refused}")

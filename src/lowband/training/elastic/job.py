@@ -78,7 +78,7 @@ def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = 
         print(f"lowband: the elastic job in {run_dir} has finished its {cfg.train.epochs} epoch(s) (model.safetensors "
               "is written); nothing to resume: give --epochs N to train it further", file=sys.stderr)
         return 0, run_dir
-    check_model(cfg, load_dataset(cfg.data))
+    check_model(cfg, load_dataset(cfg.data), cfg.train.workers)
     field = given_flag(run_dir, resume)
     run_dir = run_dir or new_run_dir(out, cfg.method.name)
     if cfg.elastic.coordinator:
