@@ -272,3 +272,19 @@ def _stop_after(check):
         check(*args)
         raise SystemExit(0)
     return checked
+
+
+def test_an_interval_longer_than_the_run_is_said_once_and_the_run_goes_on(tmp_path, capsys):
+    """tau past the run's steps a worker is legal (the workers meet only at the end), but said in one line
+    naming the field, the value and the run's steps; a tau inside the run says nothing."""
+    from lowband import config as C
+    from lowband.training.runconfig import method_configs
+    from lowband.training.session import note_long_intervals
+
+    cfg = C.from_dict({"method": {"name": "diloco", "tau": 500}, "train": {"epochs": 2}}, method_configs())
+    note_long_intervals(cfg, 56)
+    assert capsys.readouterr().err == ("lowband: method.tau=500 is more than the run's 56 steps a worker (2 epoch(s)): "
+                                       "no round ends inside the run\n")
+    note_long_intervals(cfg, 500)
+    note_long_intervals(C.from_dict({"method": {"name": "allreduce"}}, method_configs()), 1)
+    assert capsys.readouterr().err == ""

@@ -73,8 +73,26 @@ def change_world(run_dir: str, old: int, new: int) -> None:
 
 
 def check_plan(spec: RunSpec) -> None:
-    """Fail fast in the launcher, before any worker starts: data, shards, model all fit."""
-    check_model(spec.cfg, worker_data(spec.cfg, spec.world).data, spec.world)
+    """Fail fast in the launcher, before any worker starts: data, shards, model all fit; say once when an
+    interval between exchanges is longer than the run."""
+    plan = worker_data(spec.cfg, spec.world)
+    check_model(spec.cfg, plan.data, spec.world)
+    note_long_intervals(spec.cfg, plan.steps * spec.cfg.train.epochs)
+
+
+#: a method's steps between exchanges, and what a value past the run's steps means
+INTERVALS = {"tau": "no round ends inside the run", "interval": "no exchange falls inside the run",
+             "sync_every": "the workers never mix", "burn_in": "distillation never starts"}
+
+
+def note_long_intervals(cfg: C.Config, steps: int) -> None:
+    """One line for each of the method's intervals (INTERVALS) longer than the run's `steps` a worker: a typo
+    (tau=10000 for 1000) would otherwise train K models that meet only at the end, or never, in silence."""
+    for key, means in INTERVALS.items():
+        value = getattr(cfg.method, key, None)
+        if isinstance(value, int) and value > steps:
+            print(f"lowband: method.{key}={value} is more than the run's {steps:,} steps a worker "
+                  f"({cfg.train.epochs} epoch(s)): {means}", file=sys.stderr)
 
 
 def start(cfg: C.Config, run_dir: str | None, out: str = "runs", resume: bool = False,
