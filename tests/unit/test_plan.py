@@ -16,9 +16,15 @@ from lowband.training.spec import resolve
 
 def test_seeds_are_distinct_non_negative_integers():
     assert P.parse_seeds("0,1,2") == [0, 1, 2] and P.parse_seeds(" 7 ") == [7]
-    for bad in ("", "a", "-1", "0,,1", "1.5", "0,0"):
+    assert len(P.parse_seeds(",".join(map(str, range(P.MAX_RUNS_LISTED))))) == P.MAX_RUNS_LISTED
+    for bad in ("", "a", "-1", "0,,1", "1.5", "0,0", ",".join(map(str, range(P.MAX_RUNS_LISTED + 1)))):
         with pytest.raises(ConfigError, match="--seeds"):
             P.parse_seeds(bad)
+
+
+def test_a_comparison_lists_at_most_max_runs_listed_method_specs():
+    with pytest.raises(ConfigError, match=r"--methods='101 specs' is invalid: at most 100 specs"):
+        plan([f"diloco:tau={t}" for t in range(1, P.MAX_RUNS_LISTED + 2)])
 
 
 def test_tune_lists_log_spacing_and_ranges():

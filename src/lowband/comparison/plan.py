@@ -72,12 +72,16 @@ def parse_spec(spec: str, field: str = "--methods") -> tuple[str, dict]:
     return name, values
 
 
+MAX_RUNS_LISTED = 100  # seeds, or method specs, in one comparison: each is a whole training run of every other
+
+
 def parse_seeds(text: str) -> list[int]:
-    """'0,1,2' -> [0, 1, 2]: distinct seeds."""
-    allowed = f"a comma-separated list of distinct integers in 0..{C.MAX_SEED}, e.g. 0,1,2"
+    """'0,1,2' -> [0, 1, 2]: distinct seeds, at most MAX_RUNS_LISTED."""
+    allowed = f"a comma-separated list of at most {MAX_RUNS_LISTED} distinct integers in 0..{C.MAX_SEED}, e.g. 0,1,2"
     items = [item.strip() for item in text.split(",")]
     seeds = [int(item) if item.isascii() and item.isdigit() else -1 for item in items]
-    require(min(seeds) >= 0 and max(seeds) <= C.MAX_SEED and len(set(seeds)) == len(seeds), "--seeds", text, allowed)
+    require(min(seeds) >= 0 and max(seeds) <= C.MAX_SEED and len(set(seeds)) == len(seeds) <= MAX_RUNS_LISTED,
+            "--seeds", text if len(text) <= 60 else text[:57] + "...", allowed)
     return seeds
 
 
@@ -257,6 +261,8 @@ def make_plan(specs: list[str], base: dict, overrides: dict, folder: str, *, see
     prepare, per_method, method_defaults = suite.get("prepare"), suite.get("per_method"), suite.get("method_defaults")
     layout = layout or steps_layout
     require(len(set(specs)) == len(specs), "--methods", ",".join(specs), "each method spec at most once")
+    require(len(specs) <= MAX_RUNS_LISTED, "--methods", f"{len(specs)} specs",
+            f"at most {MAX_RUNS_LISTED} specs, each a training run per seed")
     for key in per_method or {}:
         require(parse_spec(key)[0] in method_configs, f"per_method.{key}", (per_method or {})[key],
                 "names no method; known: " + ", ".join(sorted(method_configs)))
