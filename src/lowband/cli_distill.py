@@ -22,13 +22,27 @@ from lowband.training import session
 
 
 # ---- lowband teacher --------------------------------------------------------------------------
+def check_teacher_flags(args) -> None:
+    """Each of `lowband teacher`'s sizes within its bounds, or one line naming the flag, the value and them."""
+    seconds = f"in (0, {C.MAX_TIMEOUT_S:g}] seconds"
+    for flag, value, ok, allowed in (
+            ("--threads", args.threads, 1 <= args.threads <= C.machine_cores(), f"in 1..{C.machine_cores()}, this "
+                                                                                 "machine's cores"),
+            ("--port", args.port, 0 <= args.port <= 65535, "in 0..65535 (0: a free one)"),
+            ("--ttl", args.ttl, 0 < args.ttl <= C.MAX_TIMEOUT_S, seconds),
+            ("--max-batch", args.max_batch, 1 <= args.max_batch <= 1_000_000, "in 1..1000000"),
+            ("--max-rate", args.max_rate, 0 <= args.max_rate < float("inf"), ">= 0 samples a second (0: no cap)"),
+            ("--idle-timeout", args.idle_timeout, 0 < args.idle_timeout <= C.MAX_TIMEOUT_S, seconds),
+            ("--read-timeout", args.read_timeout, 0 < args.read_timeout <= C.MAX_TIMEOUT_S, seconds),
+            ("--max-connections", args.max_connections, 1 <= args.max_connections <= 10_000, "in 1..10000")):
+        if not ok:
+            raise ConfigError(flag, value, f"must be {allowed}")
+
+
 def run_teacher(args) -> int:
     if args.device == "cuda" and not torch.cuda.is_available():
         raise ConfigError("--device", args.device, "CUDA is not available here; use cpu")
-    if args.threads < 1 or args.ttl <= 0 or args.max_rate < 0 or args.max_batch < 1:
-        raise UsageError("--threads and --max-batch must be >= 1, --ttl > 0, --max-rate >= 0")
-    if not (0 < args.idle_timeout < 1e6 and 0 < args.read_timeout < 1e6 and 1 <= args.max_connections <= 10_000):
-        raise UsageError("--idle-timeout and --read-timeout must be in (0, 1e6) s, --max-connections in 1..10000")
+    check_teacher_flags(args)
     url = args.coordinator or os.environ.get("LOWBAND_COORDINATOR", "")
     if not url:
         raise UsageError("--coordinator is missing: give the coordinator's Redis URL, or set LOWBAND_COORDINATOR")

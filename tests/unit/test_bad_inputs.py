@@ -288,3 +288,14 @@ def test_an_interval_longer_than_the_run_is_said_once_and_the_run_goes_on(tmp_pa
     note_long_intervals(cfg, 500)
     note_long_intervals(C.from_dict({"method": {"name": "allreduce"}}, method_configs()), 1)
     assert capsys.readouterr().err == ""
+
+
+@pytest.mark.parametrize("flag, value, allowed", [
+    ("--threads", "100000", "must be in 1.."), ("--port", "70000", "must be in 0..65535"),
+    ("--ttl", "1e12", "(0, 604800] seconds"), ("--max-batch", "1000000000000", "in 1..1000000"),
+    ("--max-rate", "nan", ">= 0 samples a second"), ("--idle-timeout", "inf", "(0, 604800] seconds"),
+    ("--read-timeout", "0", "(0, 604800] seconds"), ("--max-connections", "0", "in 1..10000")])
+def test_a_teacher_flag_out_of_bounds_is_one_line_before_the_coordinator_is_asked(capsys, flag, value, allowed):
+    code = main(["teacher", "--checkpoint", "/no/such/run", flag, value])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and f"{flag}=" in err and allowed in err, err
