@@ -76,6 +76,8 @@ def run_teacher(args) -> int:
 
 # ---- lowband coordinator ----------------------------------------------------------------------
 def run_coordinator(args) -> int:
+    if not 0 <= args.watch <= C.MAX_TIMEOUT_S:  # before any Redis starts
+        raise ConfigError("--watch", args.watch, f"must be in [0, {C.MAX_TIMEOUT_S:g}] seconds (0: list once)")
     if args.redis_url:
         coord = Coordinator(args.redis_url)
         coord.ping()

@@ -299,3 +299,10 @@ def test_a_teacher_flag_out_of_bounds_is_one_line_before_the_coordinator_is_aske
     code = main(["teacher", "--checkpoint", "/no/such/run", flag, value])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and f"{flag}=" in err and allowed in err, err
+
+
+@pytest.mark.parametrize("value", ["nan", "-5", "1e12"])
+def test_a_coordinators_watch_out_of_bounds_is_one_line_before_any_redis(capsys, value):
+    code = main(["coordinator", "--watch", value])
+    err = capsys.readouterr().err
+    assert code == 2 and err.count("\n") == 1 and "--watch=" in err and "[0, 604800] seconds" in err, err
