@@ -32,7 +32,7 @@ MAX_LR = 1e3
 MAX_EPOCHS = 1_000_000
 MAX_STEPS = 10**12  # a loop's optimizer steps (lowband.wrap's total_steps)
 MAX_SAMPLES = 1_000_000  # MNIST-1D is generated on the machine (about 2,000 samples a second on one core)
-MAX_THREADS = 1024  # and at most this machine's cores (lowband.training.session.check_threads)
+MAX_THREADS = 1024  # and at most this machine's cores (check_threads, below)
 GptSize = Literal["nano", "tiny", "small", "medium", "large"]  # their shapes: lowband.models.gpt.SIZES
 
 
