@@ -95,11 +95,11 @@ def _parameters(cfg: C.Config, data) -> int | None:
 
 
 def _check_memory(cfg: C.Config, count: int, workers: int) -> None:
-    """Refuse a model whose `workers` copies (COPIES each; one, the launcher's, when they train on GPUs) need
-    more than this machine's available memory."""
-    import torch
+    """Refuse a model whose `workers` copies (COPIES each; one, the launcher's, when they train on GPUs: the
+    placement's decision) need more than this machine's available memory."""
+    from lowband.comm.placement import here  # torch: reading a run's config need not load it
 
-    gpus = cfg.train.device == "cuda" or (cfg.train.device == "auto" and torch.cuda.is_available())
+    gpus = here(cfg.train.device, cfg.train.backend, workers).device == "cuda"
     need, free = 4 * COPIES * count * (1 if gpus else workers), available_memory()
     if free is not None and need > free:
         raise UsageError(f"model.name={cfg.model.name!r} with these settings does not fit in this machine's memory: "
