@@ -19,8 +19,9 @@ HEAD = """# Every option
 Generated from the config schema (`src/lowband/config.py`) by `python docs/options.py`
 (`tests/unit/test_docs.py` fails when this page is stale). On the command line an option is
 `--set SECTION.KEY=VALUE` (a TOML value: `--set optim.name='adamw'`, `--set link.site_of=[0,0,1,1]`), in a
-config file a `[SECTION]` table; `lowband config` prints the resolved values of a run. A bad value is
-refused before anything starts, in one line naming the field, the value and what is allowed (exit 2).
+config file a `[SECTION]` table; `lowband config` prints the resolved values of a run, after every check
+`lowband train` makes (a dry run). A bad value is refused before anything starts, in one line naming the
+field, the value and what is allowed (exit 2).
 Shortcut flags (`--workers`, `--epochs`, `--lr`, `--dataset`, `--model`, ...) set the same fields. The
 method's own options (`[method]`) are in [METHODS.md](METHODS.md).
 """

@@ -227,7 +227,11 @@ def cmd_report(args) -> int:
 
 
 def cmd_config(args) -> int:
-    print(C.describe(config_from_args(args)))
+    from lowband.training.session import check_only
+
+    cfg = config_from_args(args)
+    check_only(cfg)  # a dry run: what `lowband train` would refuse, this refuses too
+    print(C.describe(cfg))
     return 0
 
 

@@ -188,7 +188,8 @@ def parser() -> argparse.ArgumentParser:
     c.add_argument("--resume", metavar="COMPARE_DIR", help="continue a comparison: skip its finished runs "
                    "(plan.json, done.jsonl), continue an interrupted one from its checkpoint")
     fmt = argparse.RawDescriptionHelpFormatter
-    g = sub.add_parser("config", help="print the resolved configuration with every option explained",
+    g = sub.add_parser("config", help="print the resolved configuration with every option explained, after every check "
+                       "`lowband train` makes before its workers start (a dry run)",
                        epilog=CONFIG_EXAMPLES, formatter_class=fmt)
     _common(g)
     sub.add_parser("list", help="list the methods (with their options), models, data sets and suites",

@@ -306,3 +306,18 @@ def test_a_coordinators_watch_out_of_bounds_is_one_line_before_any_redis(capsys,
     code = main(["coordinator", "--watch", value])
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "--watch=" in err and "[0, 604800] seconds" in err, err
+
+
+@pytest.mark.parametrize("args, field", [
+    (["--batch-size", "100000000000000000000"], "the smallest worker's shard"),  # bounded by the run, not the field
+    (["--set", "elastic.on=true", "--method", "ec_dnn"], "method.name='ec_dnn'"),  # what an elastic job refuses
+])
+def test_config_is_a_dry_run_refusing_what_train_refuses(capsys, args, field):
+    """`lowband config` prints only a config `lowband train` would start: the same one line, exit 2, and
+    nothing on stdout; a good config prints with the run's notes on stderr."""
+    code = main(["config", "--samples", "200", *args])
+    out, err = capsys.readouterr()
+    assert code == 2 and out == "" and err.count("\n") == 1 and field in err, err
+    assert main(["config", "--samples", "200", "--method", "diloco", "--set", "method.tau=100000"]) == 0
+    out, err = capsys.readouterr()
+    assert 'name = "diloco"' in out and "method.tau=100000 is more than the run's" in err

@@ -85,6 +85,21 @@ INTERVALS = {"tau": "no round ends inside the run", "interval": "no exchange fal
              "sync_every": "the workers never mix", "burn_in": "distillation never starts"}
 
 
+def check_only(cfg: C.Config) -> None:
+    """Every check `start` makes of `cfg` before a worker starts, for a config that is only printed (`lowband
+    config`): what a run would refuse (a batch larger than a worker's shard, a model that does not fit) is
+    refused here in the same line, and the notes a run would print are printed."""
+    loggers.check(cfg.train.loggers)
+    if cfg.elastic.on:  # as training/elastic/job.py's start checks it
+        from lowband.data import load_dataset
+        from lowband.training.elastic.job import check as check_elastic  # redis: loaded by elastic jobs alone
+
+        check_elastic(cfg)
+        check_model(cfg, load_dataset(cfg.data), cfg.train.workers)
+    else:
+        check_plan(resolve(cfg))
+
+
 def note_long_intervals(cfg: C.Config, steps: int) -> None:
     """One line for each of the method's intervals (INTERVALS) longer than the run's `steps` a worker: a typo
     (tau=10000 for 1000) would otherwise train K models that meet only at the end, or never, in silence."""
