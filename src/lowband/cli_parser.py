@@ -10,7 +10,7 @@ from lowband import config as C
 
 EXAMPLES = """\
 examples:
-  lowband compare --suite demo           (a GPT on text, 4 workers: Allreduce, local SGD, DiLoCo; bits per byte)
+  lowband compare --suite demo           (a GPT on text, 4 workers: what reaches Allreduce's loss first, on which link)
   lowband compare --suite lm             (every method that runs on a language model)
   lowband compare --suite quick          (every method side by side on MNIST-1D, 4 workers)
   lowband compare --methods local_sgd:tau=16,ec_dnn:ensemble=margin,ec_dnn:ensemble=regression
