@@ -326,6 +326,12 @@ class Row:
         half = t_dist.ppf(0.975, len(gaps) - 1) * statistics.stdev(gaps) / math.sqrt(len(gaps))
         return statistics.mean(gaps) - half, statistics.mean(gaps) + half
 
+    def spread(self, key: str = "val_bpb") -> float | None:
+        """How far apart this family's own held-out runs end (max - min): beside Allreduce's, it says whose
+        noise a wide interval is."""
+        values = [self.held[s][key] for s in self._seeds()]
+        return max(values) - min(values) if len(values) > 1 else None
+
     def ratio(self) -> float | None:
         seeds = self._seeds()
         mine = sum(self.held[s]["bytes_sent_per_worker"] for s in seeds)
@@ -371,8 +377,9 @@ def span(interval: tuple[float, float] | None) -> str:
 def report(cells: list[Cell], out: str, figure: str) -> None:
     print(f"Worker axis and the regime without repetition (benchmarks/workers.py, commit {commit()}); "
           "gaps to Allreduce on held-out seeds, validation and last-epoch training loss")
-    print("| cell | family | lr | seeds | val bpb | val gap | per seed | 95% interval | train-loss gap | fewer bytes |")
-    print("|---|---|---|---|---|---|---|---|---|---|")
+    print("| cell | family | lr | seeds | val bpb | seeds' spread | val gap | per seed | 95% interval | train-loss gap "
+          "| fewer bytes |")
+    print("|---|---|---|---|---|---|---|---|---|---|---|")
     table = []
     for cell in cells:
         for row in rows(cell, out):
@@ -381,7 +388,9 @@ def report(cells: list[Cell], out: str, figure: str) -> None:
             row.held = {s: row.held[s] for s in seeds}
             ratio = row.ratio()
             said = "0 (chose it)" if seeds == [CHOOSE_SEED] else ",".join(map(str, seeds)) or "-"
+            spread = row.spread()
             print(f"| {row.cell} | {row.family} | {row.lr:g} | {said} | {mean:.4f} | "
+                  f"{'-' if spread is None else f'{spread:.4f}'} | "
                   f"{pct(row.gap('val_bpb')) if row.family != 'allreduce' else '-'} | "
                   f"{', '.join(pct(g) for g in row.seed_gaps()) if row.family != 'allreduce' else '-'} | "
                   f"{span(row.interval()) if row.family != 'allreduce' else '-'} | "

@@ -71,6 +71,8 @@ def test_the_queue_brackets_on_seed_0_then_judges_the_chosen_rate_on_held_out_se
     assert rows["sparseloco-256"].interval() == pytest.approx((np.mean(expect) - half, np.mean(expect) + half))
     assert rows["sparseloco-256"].gap("val_bpb") == pytest.approx(100 * (sum(mine.values()) / sum(ref.values()) - 1))
     assert rows["sparseloco-256"].ratio() == pytest.approx(500.0)  # 1e9 / 2e6 bytes a worker
+    assert rows["sparseloco-256"].spread() == pytest.approx(max(mine.values()) - min(mine.values()))  # 0.002
+    assert rows["allreduce"].spread() == pytest.approx(max(ref.values()) - min(ref.values()))
 
 
 def test_a_cell_of_another_batch_trains_with_it_under_its_own_name(wk, tmp_path):
