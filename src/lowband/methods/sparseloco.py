@@ -46,7 +46,8 @@ every worker sends then moves 12 times its value; `mean=senders` at outer lr 1 e
 mean on the held-out seeds (+6.1% from Allreduce against +6.6%), steadier but behind it on two of three.
 At outer lr 3 the inner rate's best rises with it (0.016 against 0.008 at outer lr 1). An inner rate whose
 factor rises over the run (DiLoCo's `inner_lr_factor_end`, 0.5 to 1 or 1 to 2), 4-bit values at 63 of each
-4,096, and tau 16 at twice the density all ended further behind. The default stays the paper's outer lr 1; the suites name their setting.
+4,096, and tau 16 at twice the density all ended further behind. The default stays the paper's outer lr 1;
+the suites name their setting.
 """
 
 from __future__ import annotations
