@@ -2,10 +2,12 @@
 every method of the lm suite, and the lm study's trio at length; samples per second for each.
 
 Checks, in order (each a real `lowband` process; a failure is printed and the script goes on):
-  one      allreduce, 1 worker, device auto: the GPU alone (1 MB of the KJV, 1 epoch)
-  shared   the same with --workers K and no backend option: K workers on one GPU (the backend lowband picks)
-  mps      the same with CUDA MPS started first, when nvidia-cuda-mps-control exists (kernels of the K
-           processes then share the GPU instead of taking turns)
+  one      allreduce, 1 worker, device auto: the GPU alone (--max-bytes of the KJV, 1 epoch)
+  shared   each of --methods with --workers K and no backend option: K workers on one GPU (the backend
+           lowband picks), the same text and batch of 16 a worker
+  mps      one worker and the same K-worker runs with CUDA MPS started first, when
+           nvidia-cuda-mps-control exists (kernels of the K processes then share the GPU instead of taking
+           turns)
   agree    a short run (2 workers, gloo, 200 kB, 1 epoch) on the CPU and on CUDA: the validation bits
            per byte of the two, and their difference
   suite    `lowband compare --suite lm --epochs 1` on 300 kB: every method of the lm suite runs on the GPU
@@ -19,7 +21,9 @@ Prints one line per check and a summary; writes every figure to --json. On one G
 checks take about 2 minutes (H200); `suite` about 5 (15 methods at ~20 s each, H100); the trio at 16
 epochs about 7 (H100, 407 s beside `suite`).
 
-Run: python benchmarks/gpu_check.py [--checks one,shared,mps,agree,suite] [--trio] [--json gpu_check.json]
+Run: python benchmarks/gpu_check.py [--checks one,shared,mps,agree,suite] [--workers 8] [--max-bytes 1000000]
+         [--methods allreduce,diloco:tau=16:outer_lr=0.7] [--trio] [--json gpu_check.json]
+The summary divides each K-worker run's samples a second by one worker's (under MPS: by MPS's one worker).
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ LM = ["--dataset", "text", "--model", "gpt", "--set", "model.size='tiny'", "--se
 TRIO = [("allreduce", "allreduce", 0.016), ("diloco", "diloco:tau=16:outer_lr=1.0", 0.004),
         ("sparseloco", "sparseloco:density=0.015625:codec=lut2:tau=8:outer_lr=3.0", 0.016)]
 CHECKS = ("one", "shared", "mps", "agree", "suite")
+EPOCHS = [1]  # one, shared, mps: --epochs; the last epoch's rate is read (from 2 on: past CUDA's warm-up)
 
 
 def lowband(args: list[str], timeout: float = 600) -> tuple[int, float, str]:
@@ -77,16 +82,23 @@ def banner(run: str) -> str:
     return ""
 
 
+def method_args(spec: str) -> list[str]:
+    """`diloco:tau=16:outer_lr=0.7` as `--method diloco --set method.tau=16 --set method.outer_lr=0.7`."""
+    method, *opts = spec.split(":")
+    return ["--method", method, *[a for o in opts for a in ("--set", "method." + o)]]
+
+
 def train(work: str, name: str, workers: int, extra: list[str], max_bytes: int = 1_000_000,
-          epochs: int = 1) -> dict:
-    """One `lowband train` of allreduce on the first `max_bytes` of the KJV; its figures."""
+          epochs: int = 1, spec: str = "allreduce") -> dict:
+    """One `lowband train` of the method `spec` on the first `max_bytes` of the KJV; its figures."""
     run = os.path.join(work, name)
-    code, secs, tail = lowband(["train", "-q", "--method", "allreduce", *LM, "--workers", str(workers),
+    code, secs, tail = lowband(["train", "-q", *method_args(spec), *LM, "--workers", str(workers),
                                 "--epochs", str(epochs), "--set", f"data.max_bytes={max_bytes}",
                                 "--set", "optim.lr=0.008", "--run-dir", run, *extra])
     rec = last_record(run)
-    out = {"check": name, "exit": code, "wall_s": round(secs, 1), "workers": workers,
-           "samples_per_s": rec.get("samples_per_s"), "val_bpb": rec.get("val_bpb"), "banner": banner(run)}
+    out = {"check": name, "method": spec, "exit": code, "wall_s": round(secs, 1), "workers": workers,
+           "samples_per_s": rec.get("samples_per_s"), "time": rec.get("time"),
+           "val_bpb": rec.get("val_bpb"), "banner": banner(run)}
     if code:
         out["error"] = tail
     return out
@@ -106,24 +118,31 @@ def mps_stop() -> None:
         subprocess.run([ctl], input=b"quit\n", capture_output=True, check=False)
 
 
-def check_one(work: str, k: int) -> list[dict]:
-    return [train(work, "one", 1, [])]
+def label(prefix: str, k: int, spec: str) -> str:
+    """`shared-8` for allreduce, `shared-8-diloco` for another method."""
+    method = spec.split(":")[0]
+    return f"{prefix}-{k}" + ("" if method == "allreduce" else f"-{method}")
 
 
-def check_shared(work: str, k: int) -> list[dict]:
-    return [train(work, f"shared-{k}", k, [])]
+def check_one(work: str, k: int, specs: list[str], max_bytes: int) -> list[dict]:
+    return [train(work, "one", 1, [], max_bytes, EPOCHS[0])]
 
 
-def check_mps(work: str, k: int) -> list[dict]:
+def check_shared(work: str, k: int, specs: list[str], max_bytes: int) -> list[dict]:
+    return [train(work, label("shared", k, s), k, [], max_bytes, EPOCHS[0], s) for s in specs]
+
+
+def check_mps(work: str, k: int, specs: list[str], max_bytes: int) -> list[dict]:
     if not mps_start():
         return [{"check": "mps", "exit": None, "note": "no nvidia-cuda-mps-control, or it did not start"}]
     try:
-        return [train(work, "mps-1", 1, []), train(work, f"mps-{k}", k, [])]
+        return [train(work, "mps-1", 1, [], max_bytes, EPOCHS[0]),
+                *[train(work, label("mps", k, s), k, [], max_bytes, EPOCHS[0], s) for s in specs]]
     finally:
         mps_stop()
 
 
-def check_agree(work: str, k: int) -> list[dict]:
+def check_agree(work: str, k: int, specs: list[str], max_bytes: int) -> list[dict]:
     runs = [train(work, f"agree-{d}", 2, ["--set", f"train.device={d}", "--set", "train.backend=gloo"],
                   max_bytes=200_000) for d in ("cpu", "cuda")]
     a, b = (r.get("val_bpb") for r in runs)
@@ -184,6 +203,14 @@ def main() -> None:
     p = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     p.add_argument("--checks", default=",".join(CHECKS), help=f"which of {','.join(CHECKS)} to run")
     p.add_argument("--workers", type=int, default=4, help="K, the workers that share the GPU")
+    p.add_argument("--methods", default="allreduce", metavar="SPEC,SPEC",
+                   help="shared, mps: the methods K workers run, each `name[:option=value...]` "
+                        "(e.g. diloco:tau=16:outer_lr=0.7); one worker is always allreduce")
+    p.add_argument("--epochs", type=int, default=1,
+                   help="one, shared, mps: epochs each; the last one's samples a second are read (2: the rate "
+                        "once every process is warm)")
+    p.add_argument("--max-bytes", type=int, default=1_000_000,
+                   help="one, shared, mps: the bytes of the KJV they train on for one epoch (0: all of it)")
     p.add_argument("--suite-methods", default="", metavar="M1,M2",
                    help="suite: only these of the lm suite's methods (default: all of them)")
     p.add_argument("--trio", action="store_true", help="also the lm study's trio on the whole KJV")
@@ -200,9 +227,10 @@ def main() -> None:
     work = args.work or tempfile.mkdtemp(prefix="gpu_check-")
     results: list[dict] = []
     steps = {"one": check_one, "shared": check_shared, "mps": check_mps, "agree": check_agree,
-             "suite": lambda work, k: check_suite(work, k, args.suite_methods)}
+             "suite": lambda work, k, specs, max_bytes: check_suite(work, k, args.suite_methods)}
+    specs = [s for s in args.methods.split(",") if s]
     for name in [c for c in args.checks.split(",") if c]:
-        for r in steps[name](work, args.workers):
+        for r in steps[name](work, args.workers, specs, args.max_bytes):
             print(json.dumps(r), flush=True)
             results.append(r)
     if args.trio:
@@ -226,6 +254,13 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
         p.error(f"--checks {args.checks!r}: unknown {', '.join(unknown)}; each of {', '.join(CHECKS)}")
     if not 1 <= args.workers <= 64 or not 1 <= args.trio_epochs <= 1000:
         p.error("--workers must be in [1, 64] and --trio-epochs in [1, 1000]")
+    if not 1 <= args.epochs <= 100:
+        p.error(f"--epochs {args.epochs}: must be in [1, 100]")
+    EPOCHS[0] = args.epochs
+    if not 0 <= args.max_bytes <= 10**9:
+        p.error(f"--max-bytes {args.max_bytes}: must be in [0, 1e9] (0: the whole KJV)")
+    if not args.methods.strip(",") or any(not s.split(":")[0] for s in args.methods.split(",") if s):
+        p.error(f"--methods {args.methods!r}: give method specs like allreduce,diloco:tau=16")
     folder = os.path.dirname(os.path.abspath(args.json))
     if not os.path.isdir(folder) or os.path.isdir(args.json):
         p.error(f"--json {args.json!r}: its folder {folder} must exist, and it must not be a directory")
@@ -234,12 +269,14 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
 
 
 def summarize(results: list[dict]) -> None:
-    """The ratio of K workers' samples/s to one worker's, with and without MPS."""
+    """The ratio of K workers' samples/s to one worker's: under MPS to MPS's one worker, else to `one`."""
     rate = {r["check"]: r.get("samples_per_s") for r in results if r.get("samples_per_s")}
-    one = rate.get("one")
     for name, value in rate.items():
-        if one and name != "one" and not name.startswith(("agree", "trio")):
-            print(f"{name}: {value:,.0f} samples/s, {value / one:.2f}x one worker's {one:,.0f}")
+        if name in ("one", "mps-1") or name.startswith(("agree", "trio")):
+            continue
+        ref = "mps-1" if name.startswith("mps") else "one"
+        if rate.get(ref):
+            print(f"{name}: {value:,.0f} samples/s, {value / rate[ref]:.2f}x one worker's {rate[ref]:,.0f} ({ref})")
 
 
 if __name__ == "__main__":
