@@ -113,3 +113,24 @@ def test_compare_refuses_cuda_at_planning_and_leaves_no_folder(tmp_path, capsys,
     err = capsys.readouterr().err
     assert code == 2 and err.count("\n") == 1 and "train.device='cuda'" in err, err
     assert not out.exists()
+
+
+@pytest.mark.parametrize("gpus, ranks, mps, hinted", [(1, 8, False, True), (1, 8, True, False), (4, 4, False, False),
+                                                      (0, 4, False, False)])
+def test_workers_sharing_a_gpu_without_mps_are_told_how_to_let_their_kernels_run_together(
+        monkeypatch, tmp_path, capsys, gpus, ranks, mps, hinted):
+    from lowband.training import session
+
+    monkeypatch.setattr(session, "mps_running", lambda: mps)
+    where = place("auto", "auto", gpus, ranks)
+    session.announce(where, str(tmp_path))
+    err = capsys.readouterr().err
+    assert ("nvidia-cuda-mps-control -d" in err) == hinted, err
+    assert where.sharing == (gpus == 1)
+
+
+def test_mps_is_running_when_its_control_pipe_exists(monkeypatch, tmp_path):
+    monkeypatch.setenv("CUDA_MPS_PIPE_DIRECTORY", str(tmp_path))
+    assert not placement.mps_running()
+    (tmp_path / "control").touch()
+    assert placement.mps_running()

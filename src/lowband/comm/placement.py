@@ -40,6 +40,11 @@ class Placement:
         return torch.device("cpu") if self.device == "cpu" else torch.device("cuda", local_rank % self.gpus)
 
     @property
+    def sharing(self) -> bool:
+        """Several of this machine's workers train on one GPU."""
+        return self.device == "cuda" and self.local_world > self.gpus
+
+    @property
     def devices(self) -> list[str]:
         """Each local rank's device, in rank order ("cpu", "cuda:0", ...)."""
         return [str(self.device_of(r)) for r in range(self.local_world)]
@@ -100,6 +105,13 @@ def _gpus(n: int) -> str:
 def visible_gpus() -> int:
     """The CUDA devices this process sees (0 without CUDA); counting them does not initialise CUDA."""
     return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def mps_running() -> bool:
+    """The CUDA MPS control daemon is up: its pipe directory (CUDA_MPS_PIPE_DIRECTORY, by default
+    /tmp/nvidia-mps) holds its `control` pipe. With it, the kernels of processes sharing a GPU run together."""
+    pipes = os.environ.get("CUDA_MPS_PIPE_DIRECTORY", "/tmp/nvidia-mps")
+    return os.path.exists(os.path.join(pipes, "control"))
 
 
 def local_rank() -> int:
