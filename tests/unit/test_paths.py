@@ -208,6 +208,10 @@ def tool(*argv: str) -> subprocess.CompletedProcess:
     (["workers.py"], "nothing to do"),
     (["workers.py", "--run", "--cells", "tiny-k3-e1"], "--cells"),
     (["workers.py", "--report", "--figure", "{afile}/x.png"], "--figure"),
+    (["gpu_check.py", "--epochs", "0"], "--epochs 0"),
+    (["gpu_check.py", "--max-bytes", "-1"], "--max-bytes -1"),
+    (["gpu_check.py", "--methods", ",:tau=4"], "--methods"),
+    (["gpu_check.py", "--json", "{afile}/x.json"], "--json"),
 ])
 def test_a_shipped_tool_refuses_bad_arguments_in_one_line_before_any_work(tmp_path, argv, says):
     (tmp_path / "afile").write_text("keep")
