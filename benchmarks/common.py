@@ -16,6 +16,13 @@ def run_compare(args: list[str], out: str) -> list[dict]:
         return list(csv.DictReader(f))
 
 
+def method_flags(spec: str) -> list[str]:
+    """A method spec as `lowband train` flags: `diloco:tau=16:outer_lr=0.7` is
+    `--method diloco --set method.tau=16 --set method.outer_lr=0.7`."""
+    name, *opts = spec.split(":")
+    return ["--method", name, *[a for o in opts for a in ("--set", "method." + o)]]
+
+
 def commit() -> str:
     """The short hash of the checked-out commit, to print beside a benchmark's figures."""
     if os.environ.get("LOWBAND_COMMIT"):  # a copy of the tree without its .git (a GPU machine) says it

@@ -37,7 +37,7 @@ import sys
 import tempfile
 import time
 
-from common import commit
+from common import commit, method_flags
 
 LM = ["--dataset", "text", "--model", "gpt", "--set", "model.size='tiny'", "--set", "data.context=64",
       "--batch-size", "16", "--set", "optim.name='adamw'", "--set", "optim.weight_decay=0.1",
@@ -45,7 +45,6 @@ LM = ["--dataset", "text", "--model", "gpt", "--set", "model.size='tiny'", "--se
 TRIO = [("allreduce", "allreduce", 0.016), ("diloco", "diloco:tau=16:outer_lr=1.0", 0.004),
         ("sparseloco", "sparseloco:density=0.015625:codec=lut2:tau=8:outer_lr=3.0", 0.016)]
 CHECKS = ("one", "shared", "mps", "agree", "suite")
-EPOCHS = [1]  # one, shared, mps: --epochs; the last epoch's rate is read (from 2 on: past CUDA's warm-up)
 
 
 def lowband(args: list[str], timeout: float = 600) -> tuple[int, float, str]:
@@ -82,17 +81,11 @@ def banner(run: str) -> str:
     return ""
 
 
-def method_args(spec: str) -> list[str]:
-    """`diloco:tau=16:outer_lr=0.7` as `--method diloco --set method.tau=16 --set method.outer_lr=0.7`."""
-    method, *opts = spec.split(":")
-    return ["--method", method, *[a for o in opts for a in ("--set", "method." + o)]]
-
-
 def train(work: str, name: str, workers: int, extra: list[str], max_bytes: int = 1_000_000,
           epochs: int = 1, spec: str = "allreduce") -> dict:
     """One `lowband train` of the method `spec` on the first `max_bytes` of the KJV; its figures."""
     run = os.path.join(work, name)
-    code, secs, tail = lowband(["train", "-q", *method_args(spec), *LM, "--workers", str(workers),
+    code, secs, tail = lowband(["train", "-q", *method_flags(spec), *LM, "--workers", str(workers),
                                 "--epochs", str(epochs), "--set", f"data.max_bytes={max_bytes}",
                                 "--set", "optim.lr=0.008", "--run-dir", run, *extra])
     rec = last_record(run)
@@ -124,25 +117,32 @@ def label(prefix: str, k: int, spec: str) -> str:
     return f"{prefix}-{k}" + ("" if method == "allreduce" else f"-{method}")
 
 
-def check_one(work: str, k: int, specs: list[str], max_bytes: int) -> list[dict]:
-    return [train(work, "one", 1, [], max_bytes, EPOCHS[0])]
+def specs(args) -> list[str]:
+    """--methods, one spec each."""
+    return [s for s in args.methods.split(",") if s]
 
 
-def check_shared(work: str, k: int, specs: list[str], max_bytes: int) -> list[dict]:
-    return [train(work, label("shared", k, s), k, [], max_bytes, EPOCHS[0], s) for s in specs]
+def check_one(work: str, args) -> list[dict]:
+    return [train(work, "one", 1, [], args.max_bytes, args.epochs)]
 
 
-def check_mps(work: str, k: int, specs: list[str], max_bytes: int) -> list[dict]:
+def check_shared(work: str, args) -> list[dict]:
+    k = args.workers
+    return [train(work, label("shared", k, s), k, [], args.max_bytes, args.epochs, s) for s in specs(args)]
+
+
+def check_mps(work: str, args) -> list[dict]:
     if not mps_start():
         return [{"check": "mps", "exit": None, "note": "no nvidia-cuda-mps-control, or it did not start"}]
+    k = args.workers
     try:
-        return [train(work, "mps-1", 1, [], max_bytes, EPOCHS[0]),
-                *[train(work, label("mps", k, s), k, [], max_bytes, EPOCHS[0], s) for s in specs]]
+        return [train(work, "mps-1", 1, [], args.max_bytes, args.epochs),
+                *[train(work, label("mps", k, s), k, [], args.max_bytes, args.epochs, s) for s in specs(args)]]
     finally:
         mps_stop()
 
 
-def check_agree(work: str, k: int, specs: list[str], max_bytes: int) -> list[dict]:
+def check_agree(work: str, args) -> list[dict]:
     runs = [train(work, f"agree-{d}", 2, ["--set", f"train.device={d}", "--set", "train.backend=gloo"],
                   max_bytes=200_000) for d in ("cpu", "cuda")]
     a, b = (r.get("val_bpb") for r in runs)
@@ -151,10 +151,10 @@ def check_agree(work: str, k: int, specs: list[str], max_bytes: int) -> list[dic
     return runs
 
 
-def check_suite(work: str, k: int, methods: str = "") -> list[dict]:
+def check_suite(work: str, args) -> list[dict]:
     out = os.path.join(work, "suite")
     code, secs, tail = lowband(["compare", "--suite", "lm", "--epochs", "1", "--set", "data.max_bytes=300000",
-                                "--out", out, *(["--methods", methods] if methods else [])])
+                                "--out", out, *(["--methods", args.suite_methods] if args.suite_methods else [])])
     rows = []
     for folder in sorted(os.listdir(out)) if os.path.isdir(out) else []:
         summary = os.path.join(out, folder, "summary.csv")
@@ -173,11 +173,10 @@ def check_trio(work: str, epochs: int) -> list[dict]:
     """The lm study's trio on the whole KJV, side by side, each 4 workers through gloo on the GPU."""
     procs = []
     for name, spec, lr in TRIO:
-        method, *opts = spec.split(":")
         run = os.path.join(work, f"trio-{name}")
-        args = [sys.executable, "-m", "lowband", "train", "-q", "--method", method, *LM, "--workers", "4",
+        args = [sys.executable, "-m", "lowband", "train", "-q", *method_flags(spec), *LM, "--workers", "4",
                 "--epochs", str(epochs), "--set", "data.max_bytes=0", "--set", f"optim.lr={lr}",
-                "--set", "train.backend=gloo", "--run-dir", run, *[a for o in opts for a in ("--set", "method." + o)]]
+                "--set", "train.backend=gloo", "--run-dir", run]
         procs.append((name, run, subprocess.Popen(args, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)))
     t0, out = time.time(), []
     for name, run, p in procs:
@@ -226,11 +225,9 @@ def main() -> None:
     print(json.dumps(head), flush=True)
     work = args.work or tempfile.mkdtemp(prefix="gpu_check-")
     results: list[dict] = []
-    steps = {"one": check_one, "shared": check_shared, "mps": check_mps, "agree": check_agree,
-             "suite": lambda work, k, specs, max_bytes: check_suite(work, k, args.suite_methods)}
-    specs = [s for s in args.methods.split(",") if s]
+    steps = {"one": check_one, "shared": check_shared, "mps": check_mps, "agree": check_agree, "suite": check_suite}
     for name in [c for c in args.checks.split(",") if c]:
-        for r in steps[name](work, args.workers, specs, args.max_bytes):
+        for r in steps[name](work, args):
             print(json.dumps(r), flush=True)
             results.append(r)
     if args.trio:
@@ -256,7 +253,6 @@ def check_args(p: argparse.ArgumentParser, args) -> None:
         p.error("--workers must be in [1, 64] and --trio-epochs in [1, 1000]")
     if not 1 <= args.epochs <= 100:
         p.error(f"--epochs {args.epochs}: must be in [1, 100]")
-    EPOCHS[0] = args.epochs
     if not 0 <= args.max_bytes <= 10**9:
         p.error(f"--max-bytes {args.max_bytes}: must be in [0, 1e9] (0: the whole KJV)")
     if not args.methods.strip(",") or any(not s.split(":")[0] for s in args.methods.split(",") if s):
