@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 import pytest
 import torch
@@ -194,3 +195,22 @@ def test_a_finished_run_keeps_no_temporary_and_no_checkpoint_without_its_checksu
     assert sorted(p.name for p in folder.iterdir()) == sorted(
         ["rank0-epoch0002.pt", "rank0-epoch0002.pt.sha256", f"rank0-epoch0004.pt.tmp-{os.getpid()}"])
     assert checkpoint.load_state(str(sealed))["epoch"] == 2
+
+
+def test_a_checkpoint_comes_into_view_sealed(tmp_path, monkeypatch):
+    """A reader that sees rank{R}-epoch{E}.pt (a restart choosing its epoch, a test waiting for one) finds its
+    checksum beside it: once a kill between the rename and the sidecar made a whole checkpoint look damaged,
+    and a restart began from scratch (test_edl's killed student)."""
+    path = str(tmp_path / "rank0-epoch0001.pt")
+    seen = []
+    rename = os.replace
+
+    def watched(src, dst):
+        if dst == path:
+            sidecar = Path(path + checkpoint.SIDECAR)
+            seen.append(sidecar.exists() and sidecar.read_text().strip() == checkpoint.file_digest(src))
+        rename(src, dst)
+
+    monkeypatch.setattr(os, "replace", watched)
+    checkpoint.save_state({"w": torch.ones(3)}, path)
+    assert seen == [True] and checkpoint.damage(path) is None

@@ -1,7 +1,8 @@
 """Checkpoints that a crash cannot leave half-written, loaded without unpickling code.
 
 Resumable state goes to checkpoints/rank{R}-epoch{E}.pt (torch.save, read back with
-weights_only=True), each with a sidecar rank{R}-epoch{E}.pt.sha256 holding the file's SHA-256;
+weights_only=True), each with a sidecar rank{R}-epoch{E}.pt.sha256 holding the file's SHA-256, written
+before the checkpoint takes its name (a checkpoint in view is sealed);
 resume uses the newest epoch whose files every rank has and whose checksums match (`resumable_epoch`);
 the newest KEEP of each rank's are kept. An elastic job has one state, not one per worker: the round's
 source writes it as rank 0's file, and the job resumes from rank 0's newest intact one (`newest_intact`).
@@ -42,12 +43,15 @@ def file_digest(path: str) -> str:
 
 
 def save_state(state: dict, path: str) -> None:
-    """Write resumable state, then its checksum sidecar (a file without one is never resumed from). A write the
-    system refuses (a full disk, the file-size limit, a read-only file system) is one line naming the file;
-    the checkpoint before it stays."""
+    """Write resumable state and its checksum sidecar, the sidecar first: a checkpoint under its final name is
+    sealed (one without a sidecar is never resumed from). A write the system refuses (a full disk, the
+    file-size limit, a read-only file system) is one line naming the file; the checkpoint before it stays."""
+    def write(tmp: str) -> None:
+        torch.save(state, tmp)
+        write_text_atomic(path + SIDECAR, file_digest(tmp) + "\n")
+
     try:
-        write_atomic(path, lambda tmp: torch.save(state, tmp))
-        write_text_atomic(path + SIDECAR, file_digest(path) + "\n")
+        write_atomic(path, write)
     except (OSError, RuntimeError) as e:
         raise UsageError(f"could not write the checkpoint {path} ({why_unwritten(e)}); the one before it is kept: "
                          "free space or raise the limit, then --resume") from None
