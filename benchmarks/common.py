@@ -16,11 +16,14 @@ def run_compare(args: list[str], out: str) -> list[dict]:
         return list(csv.DictReader(f))
 
 
-def method_flags(spec: str) -> list[str]:
+def method_flags(spec: str, round_evals: bool = True) -> list[str]:
     """A method spec as `lowband train` flags: `diloco:tau=16:outer_lr=0.7` is
-    `--method diloco --set method.tau=16 --set method.outer_lr=0.7`."""
+    `--method diloco --set method.tau=16 --set method.outer_lr=0.7`. `round_evals=False` adds
+    `method.round_evals=0` to a method that has it (all but allreduce and single): a study reads the epochs'
+    figures, and each round's own evaluation would take most of a small model's time."""
     name, *opts = spec.split(":")
-    return ["--method", name, *[a for o in opts for a in ("--set", "method." + o)]]
+    quiet = [] if round_evals or name in ("allreduce", "single") else ["--set", "method.round_evals=0"]
+    return ["--method", name, *[a for o in opts for a in ("--set", "method." + o)], *quiet]
 
 
 def commit() -> str:

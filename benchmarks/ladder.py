@@ -92,7 +92,7 @@ import threading
 import time
 from dataclasses import dataclass
 
-from common import commit
+from common import commit, method_flags
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results", "ladder")
@@ -340,14 +340,11 @@ def next_job(sizes: list[str], out: str) -> Job | None:
 # ---- running -----------------------------------------------------------------------------------------
 
 def command(job: Job, run_dir: str) -> list[str]:
-    name, *opts = job.spec.split(":")
     if os.path.exists(os.path.join(run_dir, "config.toml")):
         return ["--resume", run_dir]
-    return ["--method", name, *BASE, "--set", f"model.size='{job.size}'", "--workers", str(WORKERS),
+    return [*method_flags(job.spec, round_evals=False), *BASE, "--set", f"model.size='{job.size}'", "--workers", str(WORKERS),
             "--epochs", str(EPOCHS), "--set", f"optim.lr={job.lr}", "--seed", str(job.seed), "--run-dir", run_dir,
-            *DEVICE, "--set", f"train.precision='{PRECISION.get(job.size, 'fp32')}'",
-            *[a for o in opts for a in ("--set", "method." + o)],
-            *(["--set", "method.round_evals=0"] if name not in ("allreduce", "single") else [])]
+            *DEVICE, "--set", f"train.precision='{PRECISION.get(job.size, 'fp32')}'"]
 
 
 def train(job: Job, out: str) -> int:

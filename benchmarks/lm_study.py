@@ -51,7 +51,7 @@ import subprocess
 import sys
 import time
 
-from common import commit, mean_sd
+from common import commit, mean_sd, method_flags
 
 BASE = ["--dataset", "text", "--model", "gpt", "--set", "model.size='tiny'", "--set", "data.max_bytes=0",
         "--set", "data.context=64", "--batch-size", "16",
@@ -191,12 +191,9 @@ def train(out: str, spec: str, lr: float, seed: int, workers: int = 4, epochs: i
         return
     if os.path.isdir(path) and not records(path):  # stopped before its first epoch's checkpoint: start again
         shutil.rmtree(path)
-    name, *opts = spec.split(":")
     args = ["--resume", path] if os.path.exists(os.path.join(path, "config.toml")) else [
-        "--method", name, *BASE, "--workers", str(workers), "--epochs", str(epochs),
-        "--set", f"optim.lr={lr}", "--seed", str(seed), "--run-dir", path, *DEVICE,
-        *[a for o in opts for a in ("--set", "method." + o)],
-        *(["--set", "method.round_evals=0"] if name not in ("allreduce", "single") else [])]
+        *method_flags(spec, round_evals=False), *BASE, "--workers", str(workers), "--epochs", str(epochs),
+        "--set", f"optim.lr={lr}", "--seed", str(seed), "--run-dir", path, *DEVICE]
     t0 = time.time()
     print(f"$ lowband train {' '.join(args)}", flush=True)
     code = subprocess.run([sys.executable, "-m", "lowband", "train", "-q", *args], check=False).returncode

@@ -58,7 +58,7 @@ from dataclasses import dataclass, replace
 from scipy.stats import t as t_dist
 
 import ladder
-from common import commit
+from common import commit, method_flags
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 RESULTS = os.path.join(HERE, "results", "workers")
@@ -220,12 +220,9 @@ def next_job(cells: list[Cell], out: str) -> Job | None:
 def command(job: Job, run_dir: str) -> list[str]:
     if os.path.exists(os.path.join(run_dir, "config.toml")):
         return ["--resume", run_dir]
-    name, *opts = job.spec.split(":")
-    return ["--method", name, *ladder.BASE, "--batch-size", str(job.cell.batch), "--set", f"model.size='{job.cell.size}'",
-            "--workers", str(job.cell.workers),
-            "--epochs", str(job.cell.epochs), "--set", f"optim.lr={job.lr}", "--seed", str(job.seed),
-            "--run-dir", run_dir, "--set", "train.eval_ranks=1", *[a for o in opts for a in ("--set", "method." + o)],
-            *(["--set", "method.round_evals=0"] if name != "allreduce" else [])]
+    return [*method_flags(job.spec, round_evals=False), *ladder.BASE, "--batch-size", str(job.cell.batch),
+            "--set", f"model.size='{job.cell.size}'", "--workers", str(job.cell.workers), "--epochs", str(job.cell.epochs),
+            "--set", f"optim.lr={job.lr}", "--seed", str(job.seed), "--run-dir", run_dir, "--set", "train.eval_ranks=1"]
 
 
 LIVE: list[subprocess.Popen] = []
