@@ -22,9 +22,13 @@ def test_seeds_are_distinct_non_negative_integers():
             P.parse_seeds(bad)
 
 
-def test_a_comparison_lists_at_most_max_runs_listed_method_specs():
-    with pytest.raises(ConfigError, match=r"--methods='101 specs' is invalid: at most 100 specs"):
+def test_a_comparison_lists_at_most_max_runs_listed_method_specs_each_once():
+    with pytest.raises(ConfigError, match=r"--methods='101 specs: diloco:tau=1,diloco:tau=2,.*\.\.\.' is invalid: "
+                                          r"at most 100 specs, each once"):
         plan([f"diloco:tau={t}" for t in range(1, P.MAX_RUNS_LISTED + 2)])
+    with pytest.raises(ConfigError, match=r"--methods='3 specs: allreduce,diloco,allreduce' is invalid: at most 100 "
+                                          r"specs, each once"):
+        plan(["allreduce", "diloco", "allreduce"])
 
 
 def test_tune_lists_log_spacing_and_ranges():

@@ -260,9 +260,10 @@ def make_plan(specs: list[str], base: dict, overrides: dict, folder: str, *, see
     suite = suite or {}
     prepare, per_method, method_defaults = suite.get("prepare"), suite.get("per_method"), suite.get("method_defaults")
     layout = layout or steps_layout
-    require(len(set(specs)) == len(specs), "--methods", ",".join(specs), "each method spec at most once")
-    require(len(specs) <= MAX_RUNS_LISTED, "--methods", f"{len(specs)} specs",
-            f"at most {MAX_RUNS_LISTED} specs, each a training run per seed")
+    listed = ",".join(specs)
+    require(len(set(specs)) == len(specs) <= MAX_RUNS_LISTED, "--methods",
+            f"{len(specs)} specs: {listed if len(listed) <= 60 else listed[:57] + '...'}",
+            f"at most {MAX_RUNS_LISTED} specs, each once (each is a training run per seed)")
     for key in per_method or {}:
         require(parse_spec(key)[0] in method_configs, f"per_method.{key}", (per_method or {})[key],
                 "names no method; known: " + ", ".join(sorted(method_configs)))
