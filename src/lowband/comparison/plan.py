@@ -81,8 +81,13 @@ def parse_seeds(text: str) -> list[int]:
     items = [item.strip() for item in text.split(",")]
     seeds = [int(item) if item.isascii() and item.isdigit() else -1 for item in items]
     require(min(seeds) >= 0 and max(seeds) <= C.MAX_SEED and len(set(seeds)) == len(seeds) <= MAX_RUNS_LISTED,
-            "--seeds", text if len(text) <= 60 else text[:57] + "...", allowed)
+            "--seeds", shown(text), allowed)
     return seeds
+
+
+def shown(text: str) -> str:
+    """A list the user gave, cut to 60 characters for a one-line refusal."""
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 def fill(raw, folder: str):
@@ -260,9 +265,7 @@ def make_plan(specs: list[str], base: dict, overrides: dict, folder: str, *, see
     suite = suite or {}
     prepare, per_method, method_defaults = suite.get("prepare"), suite.get("per_method"), suite.get("method_defaults")
     layout = layout or steps_layout
-    listed = ",".join(specs)
-    require(len(set(specs)) == len(specs) <= MAX_RUNS_LISTED, "--methods",
-            f"{len(specs)} specs: {listed if len(listed) <= 60 else listed[:57] + '...'}",
+    require(len(set(specs)) == len(specs) <= MAX_RUNS_LISTED, "--methods", f"{len(specs)} specs: {shown(','.join(specs))}",
             f"at most {MAX_RUNS_LISTED} specs, each once (each is a training run per seed)")
     for key in per_method or {}:
         require(parse_spec(key)[0] in method_configs, f"per_method.{key}", (per_method or {})[key],
